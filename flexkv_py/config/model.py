@@ -1,0 +1,65 @@
+"""The effective configuration (typed, immutable) and where each value came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from flexkv_py.config.admission import AdmissionSpec, parse_admission
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class FlexKVConfig:
+    cpu_cache_gb: float = 16.0
+    ssd_cache_gb: float = 0.0
+    ssd_cache_dir: tuple[str, ...] = ()
+    enable_gds: bool = False
+    eviction_policy: str = "lru"
+    admission: str = "write_back"
+    ssd_io_engine: str = "auto"
+    iouring_entries: int = 512
+    ssd_compression: str = "none"
+    zstd_level: int = 1
+    content_hash: str = "xxh3-128"
+    durability: str = "process"
+    ssd_preallocate: bool = True
+    log_level: str = "INFO"
+    enable_metrics: bool = False
+    object_store_url: str | None = None
+    transfer_engine: str = "auto"
+    host_huge_pages: bool = False
+    max_file_size_gb: float | None = None
+
+    @property
+    def ssd_enabled(self) -> bool:
+        return self.ssd_cache_gb > 0
+
+    @property
+    def cpu_cache_bytes(self) -> int:
+        return int(self.cpu_cache_gb * GIB)
+
+    @property
+    def ssd_cache_bytes(self) -> int:
+        return int(self.ssd_cache_gb * GIB)
+
+    @property
+    def admission_spec(self) -> AdmissionSpec:
+        return parse_admission(self.admission)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """`config` plus, per key, its origin: "default", "env:FLEXKV_X", "file:<path>", "override"."""
+
+    config: FlexKVConfig
+    sources: dict[str, str] = field(default_factory=dict)
+    config_path: str | None = None
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        """(key, value, source) in schema order, for printing."""
+        return [(k, v, self.sources.get(k, "default")) for k, v in self.config.as_dict().items()]

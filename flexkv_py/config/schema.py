@@ -1,0 +1,172 @@
+"""Every configuration key: its type, default and one line of help.
+
+A key is FlexKV's env var name minus ``FLEXKV_``, lower-cased (``FLEXKV_CPU_CACHE_GB`` ->
+``cpu_cache_gb``). The same keys are accepted from env, a config file and vLLM's
+``kv_connector_extra_config``. `coerce` turns a raw value (an env string or a YAML/JSON value)
+into the key's type; range and cross-key checks live in `validate.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flexkv_py.config.admission import parse_admission
+from flexkv_py.errors import ConfigError
+
+ENV_PREFIX = "FLEXKV_"
+CONFIG_PATH_ENV = "FLEXKV_CONFIG_PATH"
+
+EVICTION_POLICIES = ("lru", "fifo", "lfu")
+SSD_IO_ENGINES = ("auto", "io_uring", "psync")
+SSD_COMPRESSIONS = ("none", "zstd")
+CONTENT_HASHES = ("xxh3-128", "blake3")
+DURABILITIES = ("process", "power")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TRANSFER_ENGINES = ("auto", "triton", "copy_engine", "torch")
+OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a number, got a boolean {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected an integer, got a boolean {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected an integer, got {value!r}")
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ConfigError(f"{key}: expected a boolean (true/false/1/0), got {value!r}")
+
+
+def _as_str(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value.strip()
+    raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+
+
+def _as_optional_str(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _as_str(key, value)
+    return text or None
+
+
+def _as_dirs(key: str, value: Any) -> tuple[str, ...]:
+    """FlexKV's ';'-separated string, or a list of strings (file / overrides)."""
+    if isinstance(value, str):
+        parts = value.split(";")
+    elif isinstance(value, (list, tuple)):
+        parts = []
+        for item in value:
+            if not isinstance(item, str):
+                raise ConfigError(f"{key}: every directory must be a string, got {item!r}")
+            parts.extend(item.split(";"))
+    else:
+        raise ConfigError(f"{key}: expected a ';'-separated string or a list, got {value!r}")
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+def _as_admission(key: str, value: Any) -> str:
+    return str(parse_admission(_as_str(key, value), key=key))
+
+
+def _choice(*choices: str, upper: bool = False) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        text = _as_str(key, value)
+        text = text.upper() if upper else text.lower()
+        if text not in choices:
+            raise ConfigError(
+                f"{key}: unknown value {value!r}; expected one of {', '.join(choices)}"
+            )
+        return text
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Field:
+    key: str
+    parse: Callable[[str, Any], Any]
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("cpu_cache_gb", _as_float, 16.0, "host (pinned memory) tier size in GiB, > 0"),
+    Field("ssd_cache_gb", _as_float, 0.0, "SSD tier size in GiB; 0 disables the SSD tier"),
+    Field("ssd_cache_dir", _as_dirs, (), "SSD directories, ';'-separated, one per disk"),
+    Field("enable_gds", _as_bool, False, "GPU Direct Storage (FlexKV key; not supported: false)"),
+    Field("eviction_policy", _choice(*EVICTION_POLICIES), "lru", "host and SSD eviction"),
+    Field("admission", _as_admission, "write_back", "host->SSD admission, see config/admission.py"),
+    Field("ssd_io_engine", _choice(*SSD_IO_ENGINES), "auto", "SSD I/O engine"),
+    Field("iouring_entries", _as_int, 512, "SSD queue depth (io_uring entries)"),
+    Field("ssd_compression", _choice(*SSD_COMPRESSIONS), "none", "SSD block compression"),
+    Field("zstd_level", _as_int, 1, "zstd level when ssd_compression=zstd (1..22)"),
+    Field("content_hash", _choice(*CONTENT_HASHES), "xxh3-128", "SSD dedup/checksum hash"),
+    Field(
+        "durability",
+        _choice(*DURABILITIES),
+        "process",
+        "acked SSD writes survive process|power loss",
+    ),
+    Field("ssd_preallocate", _as_bool, True, "fallocate SSD files at start"),
+    Field("log_level", _choice(*LOG_LEVELS, upper=True), "INFO", "flexkv_py logger level"),
+    Field("enable_metrics", _as_bool, False, "export connector metrics/stats"),
+    Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),
+    Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
+    Field("host_huge_pages", _as_bool, False, "back the host pool with huge pages"),
+    Field("max_file_size_gb", _as_float, None, "FlexKV key, accepted and ignored"),
+)
+
+FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
+# Accepted for compatibility with FlexKV config files but without effect here.
+IGNORED_KEYS = frozenset({"max_file_size_gb"})
+
+
+def coerce(key: str, value: Any) -> Any:
+    field = FIELDS_BY_KEY.get(key)
+    if field is None:
+        known = ", ".join(FIELDS_BY_KEY)
+        raise ConfigError(f"{key}: unknown configuration key; known keys: {known}")
+    if value is None and field.default is None:
+        return None
+    return field.parse(key, value)

@@ -1,0 +1,85 @@
+"""The one place that checks a whole configuration: ranges and cross-key rules.
+
+Every error names the key (and the value) so a user can fix it without reading code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from urllib.parse import urlparse
+
+from flexkv_py.config.admission import parse_admission
+from flexkv_py.config.model import FlexKVConfig
+from flexkv_py.config.schema import OBJECT_STORE_SCHEMES
+from flexkv_py.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+MAX_IOURING_ENTRIES = 32768  # the kernel's IORING_MAX_ENTRIES
+
+
+def _positive(key: str, value: float) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key}: must be a positive number, got {value!r}")
+
+
+def _check_dir(key: str, path: str) -> None:
+    if not os.path.isabs(path) and path.startswith("~"):
+        raise ConfigError(f"{key}: '~' is not expanded; give an absolute path, got {path!r}")
+    if not os.path.exists(path):
+        raise ConfigError(f"{key}: directory {path!r} does not exist (create it first)")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{key}: {path!r} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: directory {path!r} is not writable by this process")
+
+
+def validate(cfg: FlexKVConfig) -> FlexKVConfig:
+    """Raise ConfigError naming the first bad key; return `cfg` unchanged when it is valid."""
+    _positive("cpu_cache_gb", cfg.cpu_cache_gb)
+    if not math.isfinite(cfg.ssd_cache_gb) or cfg.ssd_cache_gb < 0:
+        raise ConfigError(f"ssd_cache_gb: must be >= 0 (0 disables SSD), got {cfg.ssd_cache_gb!r}")
+    if cfg.enable_gds:
+        raise ConfigError("enable_gds: GPU Direct Storage is not supported here; set it to false")
+
+    if cfg.ssd_enabled:
+        if not cfg.ssd_cache_dir:
+            raise ConfigError("ssd_cache_dir: required when ssd_cache_gb > 0 (';'-separated dirs)")
+        if cfg.ssd_cache_gb <= cfg.cpu_cache_gb:
+            raise ConfigError(
+                f"ssd_cache_gb: the SSD tier ({cfg.ssd_cache_gb:g} GiB) must be larger than the "
+                f"host tier cpu_cache_gb ({cfg.cpu_cache_gb:g} GiB); it holds everything the host "
+                "tier evicts"
+            )
+        seen: dict[str, str] = {}
+        for path in cfg.ssd_cache_dir:
+            _check_dir("ssd_cache_dir", path)
+            real = os.path.realpath(path)
+            if real in seen:
+                raise ConfigError(
+                    f"ssd_cache_dir: {path!r} and {seen[real]!r} are the same directory"
+                )
+            seen[real] = path
+    elif cfg.ssd_cache_dir:
+        logger.warning("ssd_cache_dir is set but ssd_cache_gb is 0: the SSD tier is disabled")
+
+    if not 1 <= cfg.iouring_entries <= MAX_IOURING_ENTRIES:
+        raise ConfigError(
+            f"iouring_entries: must be in 1..{MAX_IOURING_ENTRIES}, got {cfg.iouring_entries}"
+        )
+    if not 1 <= cfg.zstd_level <= 22:
+        raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
+    parse_admission(cfg.admission)
+    if cfg.object_store_url is not None:
+        scheme = urlparse(cfg.object_store_url).scheme
+        if scheme not in OBJECT_STORE_SCHEMES:
+            raise ConfigError(
+                f"object_store_url: unsupported scheme {scheme!r} in {cfg.object_store_url!r}; "
+                f"expected one of {', '.join(OBJECT_STORE_SCHEMES)}"
+            )
+    if cfg.max_file_size_gb is not None:
+        _positive("max_file_size_gb", cfg.max_file_size_gb)
+        logger.warning("max_file_size_gb is accepted for FlexKV compatibility and ignored")
+    return cfg
