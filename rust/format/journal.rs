@@ -1,0 +1,204 @@
+//! Journal records. The journal is the store's only metadata: replaying it rebuilds the index.
+//! A record is appended only after its block's data write completed, so every record names
+//! complete bytes; a torn tail fails its CRC and replay stops there.
+//!
+//! Frame: `len: u32 | crc32(body): u32 | body`.
+
+use super::{Reader, MAX_KEY_LEN};
+use crate::hashing::ContentHash;
+
+pub const FILE_MAGIC: &[u8; 8] = b"FLXKVJNL";
+pub const FILE_VERSION: u32 = 1;
+/// Bytes of the file header: magic, version, hash algo, dir count, store id.
+pub const FILE_HEADER_LEN: usize = 8 + 4 + 1 + 2 + 8;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub dir: u16,
+    /// Byte offset of the block's header page in the directory's data file.
+    pub offset: u64,
+    pub stored_len: u64,
+    pub raw_len: u64,
+    pub compressed: bool,
+    pub seq: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// `key` now maps to content `hash` stored at `loc`.
+    Put { key: Vec<u8>, hash: ContentHash, loc: Location },
+    /// `key` was deleted or evicted.
+    Delete { key: Vec<u8> },
+    /// The store was closed cleanly at `unix_secs`; nothing may follow except a new session.
+    CleanShutdown { unix_secs: u64 },
+}
+
+const TAG_PUT: u8 = 1;
+const TAG_DELETE: u8 = 2;
+const TAG_CLEAN: u8 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileHeader {
+    pub hash_algo: u8,
+    pub dir_count: u16,
+    pub store_id: u64,
+}
+
+impl FileHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(FILE_HEADER_LEN);
+        w.extend_from_slice(FILE_MAGIC);
+        w.extend_from_slice(&FILE_VERSION.to_le_bytes());
+        w.push(self.hash_algo);
+        w.extend_from_slice(&self.dir_count.to_le_bytes());
+        w.extend_from_slice(&self.store_id.to_le_bytes());
+        w
+    }
+
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(buf);
+        if r.bytes(8)? != FILE_MAGIC || r.u32()? != FILE_VERSION {
+            return None;
+        }
+        Some(FileHeader { hash_algo: r.u8()?, dir_count: r.u16()?, store_id: r.u64()? })
+    }
+}
+
+impl Record {
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut body = Vec::with_capacity(96);
+        match self {
+            Record::Put { key, hash, loc } => {
+                body.push(TAG_PUT);
+                put_key(&mut body, key);
+                body.extend_from_slice(hash);
+                body.extend_from_slice(&loc.dir.to_le_bytes());
+                body.extend_from_slice(&loc.offset.to_le_bytes());
+                body.extend_from_slice(&loc.stored_len.to_le_bytes());
+                body.extend_from_slice(&loc.raw_len.to_le_bytes());
+                body.push(loc.compressed as u8);
+                body.extend_from_slice(&loc.seq.to_le_bytes());
+            }
+            Record::Delete { key } => {
+                body.push(TAG_DELETE);
+                put_key(&mut body, key);
+            }
+            Record::CleanShutdown { unix_secs } => {
+                body.push(TAG_CLEAN);
+                body.extend_from_slice(&unix_secs.to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+    }
+
+    fn decode_body(body: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(body);
+        let record = match r.u8()? {
+            TAG_PUT => {
+                let key = get_key(&mut r)?;
+                let hash = r.hash()?;
+                let loc = Location {
+                    dir: r.u16()?,
+                    offset: r.u64()?,
+                    stored_len: r.u64()?,
+                    raw_len: r.u64()?,
+                    compressed: r.u8()? != 0,
+                    seq: r.u64()?,
+                };
+                Record::Put { key, hash, loc }
+            }
+            TAG_DELETE => Record::Delete { key: get_key(&mut r)? },
+            TAG_CLEAN => Record::CleanShutdown { unix_secs: r.u64()? },
+            _ => return None,
+        };
+        (r.pos() == body.len()).then_some(record)
+    }
+}
+
+fn put_key(body: &mut Vec<u8>, key: &[u8]) {
+    body.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    body.extend_from_slice(key);
+}
+
+fn get_key(r: &mut Reader) -> Option<Vec<u8>> {
+    let n = r.u16()? as usize;
+    if n > MAX_KEY_LEN {
+        return None;
+    }
+    r.bytes(n).map(<[u8]>::to_vec)
+}
+
+/// Result of decoding a journal body (everything after the file header).
+pub struct Decoded {
+    pub records: Vec<Record>,
+    /// Bytes of valid frames; anything after is a torn or corrupt tail to truncate.
+    pub valid_len: usize,
+}
+
+pub fn decode_all(buf: &[u8]) -> Decoded {
+    let mut records = Vec::new();
+    let mut pos = 0usize;
+    while let Some(frame) = buf.get(pos..pos + 8) {
+        let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+        let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+        let Some(body) = buf.get(pos + 8..pos + 8 + len) else { break };
+        if crc32fast::hash(body) != crc {
+            break;
+        }
+        let Some(record) = Record::decode_body(body) else { break };
+        records.push(record);
+        pos += 8 + len;
+    }
+    Decoded { records, valid_len: pos }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_record() -> impl Strategy<Value = Record> {
+        let key = proptest::collection::vec(any::<u8>(), 0..80);
+        prop_oneof![
+            (key.clone(), any::<[u8; 16]>(), any::<u16>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), any::<u64>())
+                .prop_map(|(key, hash, dir, offset, stored_len, raw_len, compressed, seq)| Record::Put {
+                    key, hash, loc: Location { dir, offset, stored_len, raw_len, compressed, seq } }),
+            key.prop_map(|key| Record::Delete { key }),
+            any::<u64>().prop_map(|unix_secs| Record::CleanShutdown { unix_secs }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(records in proptest::collection::vec(arb_record(), 0..40)) {
+            let mut buf = Vec::new();
+            for r in &records { r.encode_into(&mut buf); }
+            let decoded = decode_all(&buf);
+            prop_assert_eq!(decoded.valid_len, buf.len());
+            prop_assert_eq!(decoded.records, records);
+        }
+
+        #[test]
+        fn torn_tail_keeps_only_whole_records(records in proptest::collection::vec(arb_record(), 1..20), cut in any::<prop::sample::Index>()) {
+            let mut buf = Vec::new();
+            let mut ends = Vec::new();
+            for r in &records { r.encode_into(&mut buf); ends.push(buf.len()); }
+            let cut = cut.index(buf.len());
+            let decoded = decode_all(&buf[..cut]);
+            let whole = ends.iter().filter(|&&e| e <= cut).count();
+            prop_assert_eq!(decoded.records.len(), whole);
+            prop_assert_eq!(&decoded.records[..], &records[..whole]);
+        }
+    }
+
+    #[test]
+    fn file_header_roundtrip() {
+        let h = FileHeader { hash_algo: 2, dir_count: 3, store_id: 99 };
+        let enc = h.encode();
+        assert_eq!(enc.len(), FILE_HEADER_LEN);
+        assert_eq!(FileHeader::decode(&enc), Some(h));
+        assert_eq!(FileHeader::decode(b"garbage-garbage-garbage"), None);
+    }
+}

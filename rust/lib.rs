@@ -1,0 +1,20 @@
+//! flexkv-py's native core: a crash-safe, content-deduplicated block store for KV-cache
+//! pages over io_uring + O_DIRECT, and an aligned host pool. The data path, module by module:
+//! `store` (batches) → `index` (key → content → extent) → `device` (directories, files,
+//! allocation) → `io` (engines, queues) with `format` defining every on-disk byte.
+
+pub mod compression;
+pub mod device;
+pub mod error;
+pub mod format;
+pub mod hashing;
+pub mod host_pool;
+pub mod index;
+pub mod io;
+pub mod store;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{Result, StoreError};
+pub use store::{BlockResult, BlockStore, RawBuf, Status, StoreConfig};

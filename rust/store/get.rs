@@ -1,0 +1,177 @@
+//! The get path. Lock: look up and pin each block's content (so eviction cannot reuse the
+//! extent mid-read). No lock: one vectored read per block (header page + payload, straight
+//! into caller memory when aligned), then verify header and content hash. Lock: unpin, and
+//! drop keys whose content proved corrupt so they are recomputed, never served.
+
+use std::collections::HashMap;
+
+use super::batch::{BlockResult, RawBuf, Status};
+use super::stats::Counters;
+use super::Shared;
+use crate::compression::decompress_into;
+use crate::format::header::BlockHeader;
+use crate::format::journal::{Location, Record};
+use crate::format::{round_up_to_page, PAGE};
+use crate::hashing::ContentHash;
+use crate::index::extent_pages;
+use crate::io::aligned::{is_aligned, AlignedBuf};
+use crate::io::{iovec, IoFailure, IoOp};
+
+struct Pending {
+    item: usize,
+    hash: ContentHash,
+    loc: Location,
+    header: AlignedBuf,
+    /// Set when the payload cannot land in caller memory directly.
+    bounce: Option<AlignedBuf>,
+}
+
+pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResult> {
+    let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
+    let mut pending: Vec<Pending> = Vec::new();
+    {
+        let mut state = shared.state.lock();
+        for (i, (key, buf)) in items.iter().enumerate() {
+            let Some((hash, content)) = state.index.lookup(key) else {
+                Counters::add(&shared.counters.misses, 1);
+                results[i] = Some(BlockResult::new(Status::NotFound, 0));
+                continue;
+            };
+            let loc = content.loc.clone();
+            if (buf.len as u64) < loc.raw_len {
+                results[i] = Some(BlockResult::failed(
+                    Status::BadBuffer,
+                    format!("buffer of {} bytes is smaller than the {}-byte block", buf.len, loc.raw_len),
+                ));
+                continue;
+            }
+            state.index.pin(&hash);
+            state.index.touch(key);
+            pending.push(Pending { item: i, hash, loc, header: AlignedBuf::zeroed(PAGE), bounce: None });
+        }
+    }
+
+    let mut per_dir: Vec<Vec<(usize, IoOp)>> = (0..shared.dirs.len()).map(|_| Vec::new()).collect();
+    for (p_idx, p) in pending.iter_mut().enumerate() {
+        let buf = items[p.item].1;
+        let mut iov = vec![iovec(p.header.as_ptr(), PAGE)];
+        if p.loc.stored_len > 0 {
+            let direct = !p.loc.compressed && is_aligned(buf.ptr as usize, p.loc.raw_len as usize);
+            if direct {
+                iov.push(iovec(buf.ptr, p.loc.raw_len as usize));
+            } else {
+                let bounce = AlignedBuf::zeroed(round_up_to_page(p.loc.stored_len as usize));
+                iov.push(iovec(bounce.as_ptr(), bounce.len()));
+                p.bounce = Some(bounce);
+            }
+        }
+        let dir = &shared.dirs[p.loc.dir as usize];
+        per_dir[p.loc.dir as usize].push((p_idx, IoOp::new(dir.data.fd(), p.loc.offset, iov, false)));
+    }
+    let mut receivers = Vec::new();
+    for (d, ops) in per_dir.into_iter().enumerate() {
+        if !ops.is_empty() {
+            let (idx, ops): (Vec<usize>, Vec<IoOp>) = ops.into_iter().unzip();
+            receivers.push((idx, shared.dirs[d].queue.submit(ops)));
+        }
+    }
+    let mut io_results: HashMap<usize, Result<(), IoFailure>> = HashMap::new();
+    for (idx, rx) in receivers {
+        let ops = rx.recv().unwrap_or_default();
+        for (pos, p_idx) in idx.into_iter().enumerate() {
+            io_results.insert(p_idx, ops.get(pos).map_or(Err(IoFailure::Errno(libc::EIO)), |op| op.result));
+        }
+    }
+
+    let mut corrupt_hashes: Vec<ContentHash> = Vec::new();
+    for (p_idx, p) in pending.iter().enumerate() {
+        let buf = items[p.item].1;
+        let outcome = match io_results.remove(&p_idx).unwrap_or(Err(IoFailure::Errno(libc::EIO))) {
+            Err(IoFailure::Short { done, expected }) => Err((
+                Status::Corrupt,
+                format!("block truncated on disk: read {done} of {expected} bytes"),
+            )),
+            Err(f) => Err((Status::IoError, format!("read from {}: {f}", shared.dirs[p.loc.dir as usize].path.display()))),
+            Ok(()) => verify(shared, p, buf),
+        };
+        results[p.item] = Some(match outcome {
+            Ok(()) => {
+                Counters::add(&shared.counters.hits, 1);
+                Counters::add(&shared.counters.bytes_read, extent_pages(p.loc.stored_len) * PAGE as u64);
+                BlockResult::new(Status::Ok, p.loc.raw_len)
+            }
+            Err((status, msg)) => {
+                if status == Status::Corrupt {
+                    Counters::add(&shared.counters.corrupt_reads, 1);
+                    corrupt_hashes.push(p.hash);
+                    tracing::warn!(key = ?String::from_utf8_lossy(&items[p.item].0), reason = %msg, "corrupt block");
+                } else {
+                    Counters::add(&shared.counters.io_errors, 1);
+                }
+                BlockResult::failed(status, msg)
+            }
+        });
+    }
+
+    {
+        let mut state = shared.state.lock();
+        for p in &pending {
+            let released = state.index.unpin(&p.hash);
+            Shared::free_extent(&mut state, released);
+        }
+        if !corrupt_hashes.is_empty() && state.journal.is_some() {
+            drop_content(shared, &mut state, &corrupt_hashes);
+        }
+    }
+    results.into_iter().map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "lost"))).collect()
+}
+
+fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, String)> {
+    let corrupt = |m: String| Err((Status::Corrupt, m));
+    let header = match BlockHeader::decode(p.header.as_slice()) {
+        Ok(h) => h,
+        Err(e) => return corrupt(format!("block header unreadable ({e:?})")),
+    };
+    if header.content_hash != p.hash
+        || header.raw_len != p.loc.raw_len
+        || header.stored_len != p.loc.stored_len
+        || header.seq != p.loc.seq
+        || header.compressed() != p.loc.compressed
+    {
+        return corrupt("block header names a different block".into());
+    }
+    let raw_len = p.loc.raw_len as usize;
+    // SAFETY: the caller's buffer is writable and at least raw_len bytes (checked at lookup).
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.ptr, raw_len) };
+    if let Some(bounce) = &p.bounce {
+        let stored = &bounce.as_slice()[..p.loc.stored_len as usize];
+        if p.loc.compressed {
+            decompress_into(stored, out).map_err(|e| (Status::Corrupt, e.to_string()))?;
+        } else {
+            out.copy_from_slice(stored);
+        }
+    }
+    if shared.cfg.hash.digest(out) != p.hash {
+        return corrupt("content hash mismatch: block bytes are damaged".into());
+    }
+    Ok(())
+}
+
+/// Forget every key that maps to damaged content, so no later put dedups against it.
+fn drop_content(shared: &Shared, state: &mut super::State, hashes: &[ContentHash]) {
+    let doomed: Vec<Vec<u8>> = state
+        .index
+        .keys_in_order()
+        .filter(|(_, h)| hashes.contains(h))
+        .map(|(k, _)| k.to_vec())
+        .collect();
+    let mut journal = Vec::new();
+    for key in &doomed {
+        let released = state.index.remove(key);
+        Shared::free_extent(state, released);
+        Record::Delete { key: key.clone() }.encode_into(&mut journal);
+    }
+    if let Err(e) = shared.journal_append(state, &journal, doomed.len() as u64) {
+        tracing::error!(error = %e, "journal append failed while dropping corrupt blocks");
+    }
+}

@@ -1,0 +1,105 @@
+//! The journal file in the first cache directory: replayed on open, appended per batch,
+//! rewritten (compacted) atomically through a temp file + rename.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, StoreError};
+use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN};
+
+pub const JOURNAL_FILE: &str = "flexkv-journal.log";
+
+pub struct Replayed {
+    pub header: FileHeader,
+    pub records: Vec<Record>,
+    /// Bytes cut off the end (a torn append from a crash).
+    pub torn_bytes: u64,
+}
+
+pub struct JournalFile {
+    path: PathBuf,
+    file: Option<File>,
+    header: FileHeader,
+    pub records: u64,
+    pub bytes: u64,
+}
+
+/// Read a journal without modifying it. None when the file does not exist.
+pub fn read(dir: &Path) -> Result<Option<Replayed>> {
+    let path = dir.join(JOURNAL_FILE);
+    let mut buf = Vec::new();
+    match File::open(&path) {
+        Ok(mut f) => f.read_to_end(&mut buf).map_err(|e| StoreError::io(path.display(), e))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::io(path.display(), e)),
+    };
+    let header = buf
+        .get(..FILE_HEADER_LEN)
+        .and_then(FileHeader::decode)
+        .ok_or_else(|| StoreError::Corrupt(format!("{}: not a flexkv journal (bad header)", path.display())))?;
+    let body = &buf[FILE_HEADER_LEN..];
+    let decoded = decode_all(body);
+    Ok(Some(Replayed {
+        header,
+        records: decoded.records,
+        torn_bytes: (body.len() - decoded.valid_len) as u64,
+    }))
+}
+
+impl JournalFile {
+    /// Write a fresh journal holding `records` (atomically replacing any old one) and open it
+    /// for appends.
+    pub fn rewrite(dir: &Path, header: FileHeader, records: &[Record]) -> Result<Self> {
+        let path = dir.join(JOURNAL_FILE);
+        let tmp = dir.join(format!("{JOURNAL_FILE}.tmp"));
+        let mut buf = header.encode();
+        for r in records {
+            r.encode_into(&mut buf);
+        }
+        let ctx = |e| StoreError::io(format!("rewriting {}", path.display()), e);
+        {
+            let mut f = File::create(&tmp).map_err(ctx)?;
+            f.write_all(&buf).map_err(ctx)?;
+            f.sync_all().map_err(ctx)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(ctx)?;
+        sync_dir(dir).map_err(ctx)?;
+        let file = OpenOptions::new().append(true).open(&path).map_err(ctx)?;
+        Ok(JournalFile {
+            path,
+            file: Some(file),
+            header,
+            records: records.len() as u64,
+            bytes: buf.len() as u64,
+        })
+    }
+
+    pub fn header(&self) -> FileHeader {
+        self.header
+    }
+
+    /// Append encoded records with one write; on error nothing is acknowledged.
+    pub fn append(&mut self, encoded: &[u8], count: u64) -> Result<()> {
+        let file = self.file.as_mut().ok_or_else(|| StoreError::Io("journal is closed".into()))?;
+        file.write_all(encoded).map_err(|e| StoreError::io(format!("appending to {}", self.path.display()), e))?;
+        self.records += count;
+        self.bytes += encoded.len() as u64;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        if let Some(f) = &self.file {
+            f.sync_data().map_err(|e| StoreError::io(self.path.display(), e))?;
+        }
+        Ok(())
+    }
+
+    pub fn close(&mut self) {
+        self.file.take();
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}

@@ -1,0 +1,406 @@
+//! The block store: a crash-safe, content-deduplicated cache of variable-size blocks over one
+//! or more directories. Data path per batch: hash (+ compress) → index decision → vectored
+//! O_DIRECT I/O on the directory queues → journal append → completion.
+
+pub mod batch;
+pub mod config;
+pub mod journal_file;
+pub mod stats;
+
+mod executor;
+mod get;
+mod open;
+mod put;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::device::allocator::ExtentAllocator;
+use crate::device::data_file::DataFile;
+use crate::device::dir_lock::DirLock;
+use crate::error::{Result, StoreError};
+use crate::format::journal::Record;
+use crate::format::{MAX_KEY_LEN, PAGE};
+use crate::index::admission::FrequencySketch;
+use crate::index::{FreedExtent, Index};
+use crate::io::queue::DeviceQueue;
+
+pub use batch::{Batch, BlockResult, RawBuf, Status};
+pub use config::{Durability, StoreConfig};
+use stats::{Counters, StatValue, StatsSnapshot};
+
+/// Keys evicted but not yet drained by the owner; older ones are dropped past this.
+const MAX_PENDING_EVICTED: usize = 1 << 20;
+
+pub(crate) struct DirDevice {
+    pub path: PathBuf,
+    pub data: DataFile,
+    pub queue: DeviceQueue,
+    pub lock: Mutex<Option<DirLock>>,
+}
+
+pub(crate) struct State {
+    pub index: Index,
+    pub allocators: Vec<ExtentAllocator>,
+    pub journal: Option<journal_file::JournalFile>,
+    pub sketch: FrequencySketch,
+    pub next_seq: u64,
+    pub next_dir: usize,
+    pub evicted: VecDeque<Vec<u8>>,
+    pub closed: bool,
+}
+
+pub(crate) struct Shared {
+    pub cfg: StoreConfig,
+    pub dirs: Vec<DirDevice>,
+    pub state: Mutex<State>,
+    pub counters: Counters,
+    inflight: Mutex<usize>,
+    idle: Condvar,
+    pub recovery_seconds: f64,
+    pub last_clean_shutdown: Option<u64>,
+    pub torn_journal_bytes: u64,
+}
+
+impl Shared {
+    pub fn free_extent(state: &mut State, f: Option<FreedExtent>) {
+        if let Some(f) = f {
+            state.allocators[f.dir as usize].free(f.first_page, f.pages);
+        }
+    }
+
+    /// Append records to the journal (no-op for read-only stores).
+    pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("store is read-only".into()))?;
+        journal.append(encoded, count)?;
+        if self.cfg.durability == Durability::Power {
+            journal.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Evict the coldest key; false when there is nothing left to evict.
+    pub fn evict_one(&self, state: &mut State, journal_buf: &mut Vec<u8>, count: &mut u64) -> bool {
+        let Some(victim) = state.index.victim() else { return false };
+        let released = state.index.remove(&victim);
+        Self::free_extent(state, released);
+        Record::Delete { key: victim.clone() }.encode_into(journal_buf);
+        *count += 1;
+        if state.evicted.len() >= MAX_PENDING_EVICTED {
+            state.evicted.pop_front();
+        }
+        state.evicted.push_back(victim);
+        Counters::add(&self.counters.evictions, 1);
+        true
+    }
+
+    /// Rewrite the journal as one Put per live key, coldest first (replay restores the order).
+    pub fn compact(&self, state: &mut State) -> Result<()> {
+        let Some(journal) = state.journal.as_ref() else { return Ok(()) };
+        let header = journal.header();
+        let records: Vec<Record> = state
+            .index
+            .keys_in_order()
+            .filter_map(|(key, hash)| {
+                let c = state.index.content(hash)?;
+                Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
+            })
+            .collect();
+        let fresh = journal_file::JournalFile::rewrite(&self.dirs[0].path, header, &records)?;
+        state.journal = Some(fresh);
+        Ok(())
+    }
+
+    pub fn maybe_compact(&self, state: &mut State) {
+        let live = state.index.len() as u64;
+        let grown = state.journal.as_ref().is_some_and(|j| j.records > 2 * live + 65_536);
+        if grown {
+            if let Err(e) = self.compact(state) {
+                tracing::error!(error = %e, "journal compaction failed; keeping the old journal");
+            }
+        }
+    }
+
+    fn begin(&self) {
+        *self.inflight.lock() += 1;
+    }
+
+    fn end(&self) {
+        let mut n = self.inflight.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+}
+
+pub struct BlockStore {
+    shared: Arc<Shared>,
+    executor: Mutex<Option<executor::Executor>>,
+}
+
+impl BlockStore {
+    pub fn open(cfg: StoreConfig) -> Result<Self> {
+        let batch_threads = cfg.batch_threads;
+        let shared = open::open(cfg)?;
+        let executor = executor::Executor::new(batch_threads)
+            .map_err(|e| StoreError::io("starting batch threads", e))?;
+        Ok(BlockStore { shared: Arc::new(shared), executor: Mutex::new(Some(executor)) })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.shared.cfg
+    }
+
+    pub fn io_engine(&self) -> &'static str {
+        self.shared.dirs[0].queue.engine_name()
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.shared.dirs.iter().map(|d| d.data.len).sum()
+    }
+
+    fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<()> {
+        for k in keys {
+            if k.len() > MAX_KEY_LEN {
+                return Err(StoreError::Config(format!(
+                    "key of {} bytes is longer than the {MAX_KEY_LEN}-byte limit",
+                    k.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn(&self, batch: Arc<Batch>, job: impl FnOnce(&Shared) -> Vec<BlockResult> + Send + 'static) -> Result<()> {
+        if self.shared.state.lock().closed {
+            return Err(StoreError::Config("store is closed".into()));
+        }
+        let shared = self.shared.clone();
+        shared.begin();
+        let task = Box::new(move || {
+            let results = job(&shared);
+            batch.complete(results);
+            shared.end();
+        });
+        let guard = self.executor.lock();
+        let Some(executor) = guard.as_ref() else {
+            self.shared.end();
+            return Err(StoreError::Config("store is closed".into()));
+        };
+        if executor.spawn(task).is_err() {
+            self.shared.end();
+            return Err(StoreError::Config("store is closed".into()));
+        }
+        Ok(())
+    }
+
+    /// Store blocks. `keepalive` owns the caller memory behind the RawBufs until completion.
+    pub fn submit_put(
+        &self,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        keepalive: Option<Box<dyn std::any::Any + Send>>,
+    ) -> Result<Arc<Batch>> {
+        if self.shared.cfg.read_only {
+            return Err(StoreError::Config("store was opened read-only".into()));
+        }
+        self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
+        let batch = Arc::new(Batch::new(items.len(), keepalive));
+        self.spawn(batch.clone(), move |shared| put::run(shared, &items))?;
+        Ok(batch)
+    }
+
+    /// Read blocks into caller buffers (each at least the block's length).
+    pub fn submit_get(
+        &self,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        keepalive: Option<Box<dyn std::any::Any + Send>>,
+    ) -> Result<Arc<Batch>> {
+        self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
+        let batch = Arc::new(Batch::new(items.len(), keepalive));
+        self.spawn(batch.clone(), move |shared| get::run(shared, &items))?;
+        Ok(batch)
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.shared.state.lock().index.contains(key)
+    }
+
+    pub fn match_prefix<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> usize {
+        let state = self.shared.state.lock();
+        keys.take_while(|k| state.index.contains(k)).count()
+    }
+
+    pub fn block_len(&self, key: &[u8]) -> Option<u64> {
+        self.shared.state.lock().index.lookup(key).map(|(_, c)| c.loc.raw_len)
+    }
+
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.shared.state.lock().index.keys_in_order().map(|(k, _)| k.to_vec()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shared.state.lock().index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.delete_many(&[key.to_vec()]).map(|n| n == 1)
+    }
+
+    pub fn delete_many(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        if self.shared.cfg.read_only {
+            return Err(StoreError::Config("store was opened read-only".into()));
+        }
+        let mut state = self.shared.state.lock();
+        let mut buf = Vec::new();
+        let mut removed = 0u64;
+        for key in keys {
+            if state.index.contains(key) {
+                let released = state.index.remove(key);
+                Shared::free_extent(&mut state, released);
+                Record::Delete { key: key.clone() }.encode_into(&mut buf);
+                removed += 1;
+            }
+        }
+        self.shared.journal_append(&mut state, &buf, removed)?;
+        self.shared.maybe_compact(&mut state);
+        Ok(removed as usize)
+    }
+
+    pub fn clear(&self) -> Result<usize> {
+        let keys = self.keys();
+        self.delete_many(&keys)
+    }
+
+    pub fn drain_evicted(&self) -> Vec<Vec<u8>> {
+        self.shared.state.lock().evicted.drain(..).collect()
+    }
+
+    /// Read every block; returns keys whose data failed verification or could not be read.
+    pub fn verify(&self) -> Result<Vec<Vec<u8>>> {
+        let keys = self.keys();
+        let mut bad = Vec::new();
+        for chunk in keys.chunks(64) {
+            let mut bufs = Vec::with_capacity(chunk.len());
+            let mut items = Vec::with_capacity(chunk.len());
+            for key in chunk {
+                let len = self.block_len(key).unwrap_or(0) as usize;
+                let mut buf = crate::io::aligned::AlignedBuf::zeroed(len);
+                items.push((key.clone(), RawBuf { ptr: buf.as_mut_slice().as_mut_ptr(), len: buf.len() }));
+                bufs.push(buf);
+            }
+            let results = get::run(&self.shared, &items);
+            for (key, r) in chunk.iter().zip(results) {
+                if matches!(r.status, Status::Corrupt | Status::IoError) {
+                    bad.push(key.clone());
+                }
+            }
+        }
+        Ok(bad)
+    }
+
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        self.shared.compact(&mut state)
+    }
+
+    /// Wait for in-flight batches, compact, mark a clean shutdown, release the locks.
+    pub fn close(&self) -> Result<()> {
+        {
+            let mut n = self.shared.inflight.lock();
+            while *n > 0 {
+                self.shared.idle.wait_for(&mut n, Duration::from_millis(100));
+            }
+        }
+        let mut state = self.shared.state.lock();
+        if state.closed {
+            return Ok(());
+        }
+        state.closed = true;
+        let mut result = Ok(());
+        if state.journal.is_some() {
+            result = self.shared.compact(&mut state).and_then(|_| {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                let mut buf = Vec::new();
+                Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
+                let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
+                journal.append(&buf, 1)?;
+                journal.sync()
+            });
+            if let Some(j) = state.journal.as_mut() {
+                j.close();
+            }
+        }
+        drop(state);
+        self.executor.lock().take();
+        for d in &self.shared.dirs {
+            d.lock.lock().take();
+        }
+        result
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let c = &self.shared.counters;
+        let state = self.shared.state.lock();
+        let ix = &state.index;
+        let (blocks, unique, logical, physical) =
+            (ix.len() as u64, ix.content_count() as u64, ix.logical_bytes(), ix.physical_bytes());
+        let (content_raw, content_stored) = ix.content_totals();
+        let free_pages: u64 = state.allocators.iter().map(|a| a.free_pages()).sum();
+        let journal_bytes = state.journal.as_ref().map_or(0, |j| j.bytes);
+        drop(state);
+        let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+        let g = Counters::get;
+        vec![
+            ("blocks", StatValue::Int(blocks)),
+            ("unique_blocks", StatValue::Int(unique)),
+            ("logical_bytes", StatValue::Int(logical)),
+            ("physical_bytes", StatValue::Int(physical)),
+            ("dedup_ratio", StatValue::Float(ratio(logical, content_raw))),
+            ("compression_ratio", StatValue::Float(ratio(content_raw, content_stored))),
+            ("capacity_bytes", StatValue::Int(self.capacity_bytes())),
+            ("free_bytes", StatValue::Int(free_pages * PAGE as u64)),
+            ("hits", StatValue::Int(g(&c.hits))),
+            ("misses", StatValue::Int(g(&c.misses))),
+            ("puts", StatValue::Int(g(&c.puts))),
+            ("deduped", StatValue::Int(g(&c.deduped))),
+            ("rejected", StatValue::Int(g(&c.rejected))),
+            ("no_space", StatValue::Int(g(&c.no_space))),
+            ("evictions", StatValue::Int(g(&c.evictions))),
+            ("corrupt_reads", StatValue::Int(g(&c.corrupt_reads))),
+            ("io_errors", StatValue::Int(g(&c.io_errors))),
+            ("bytes_read", StatValue::Int(g(&c.bytes_read))),
+            ("bytes_written", StatValue::Int(g(&c.bytes_written))),
+            ("compressed_blocks", StatValue::Int(g(&c.compressed_blocks))),
+            ("inflight_ios", StatValue::Int(self.shared.dirs.iter().map(|d| d.queue.inflight() as u64).sum())),
+            ("queue_depth", StatValue::Int(self.shared.cfg.queue_depth as u64)),
+            ("io_engine", StatValue::Text(self.io_engine().to_string())),
+            ("direct_io", StatValue::Int(self.shared.dirs.iter().all(|d| d.data.direct) as u64)),
+            ("content_hash", StatValue::Text(self.shared.cfg.hash.name().to_string())),
+            ("journal_bytes", StatValue::Int(journal_bytes)),
+            ("recovery_seconds", StatValue::Float(self.shared.recovery_seconds)),
+            ("torn_journal_bytes", StatValue::Int(self.shared.torn_journal_bytes)),
+            ("last_clean_shutdown_unix", StatValue::Int(self.shared.last_clean_shutdown.unwrap_or(0))),
+            ("directories", StatValue::Int(self.shared.dirs.len() as u64)),
+        ]
+    }
+}
+
+impl Drop for BlockStore {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::error!(error = %e, "closing block store");
+        }
+    }
+}
