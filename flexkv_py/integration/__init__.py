@@ -1,0 +1,1 @@
+"""Engine integrations: adapters that plug the FlexKV tiers into inference engines."""

@@ -1,0 +1,217 @@
+"""`FlexKVConnectorV1`: vLLM 0.33's KV connector API over the FlexKV tiers.
+
+vLLM builds one instance per role: SCHEDULER (engine core process) and WORKER (one per rank).
+This class only routes each hook to `SchedulerSide` or `WorkerSide`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from flexkv_py.integration.vllm.engine_info import (
+    read_engine_info,
+    read_flexkv_config,
+    worker_rank,
+)
+from flexkv_py.integration.vllm.metadata import FlexKVConnectorMetadata
+from flexkv_py.integration.vllm.scheduler_side import SchedulerSide
+from flexkv_py.integration.vllm.stats import (
+    FlexKVConnectorStats,
+    FlexKVPromMetrics,
+    metrics_enabled,
+)
+from flexkv_py.integration.vllm.worker_side import WorkerSide
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from flexkv_py.integration.vllm.metadata import FlexKVWorkerMetadata
+
+logger = logging.getLogger(__name__)
+
+
+class FlexKVConnectorV1(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._info = read_engine_info(vllm_config, kv_cache_config)
+        self._config = read_flexkv_config(vllm_config)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(self._info, self._config, self._bound_kv_cache_manager)
+        else:
+            tp_rank, pp_rank = worker_rank(vllm_config)
+            self._worker = WorkerSide(self._info, self._config, tp_rank, pp_rank)
+        logger.info(
+            "FlexKVConnectorV1 %s: role=%s cpu=%.2fGB ssd=%.2fGB dirs=%s",
+            role.name,
+            self._kv_transfer_config.kv_role,
+            self._config.cpu_cache_gb,
+            self._config.ssd_cache_gb,
+            ";".join(self._config.ssd_cache_dir),
+        )
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A best-effort cache: a dropped store is a future miss, never a wrong token.
+        return False
+
+    def _bound_kv_cache_manager(self) -> Any:
+        if self._kv_cache_manager is None:
+            raise RuntimeError("FlexKVConnectorV1: the scheduler did not bind its KV cache manager")
+        return self._kv_cache_manager
+
+    @property
+    def scheduler_side(self) -> SchedulerSide:
+        if self._scheduler is None:
+            raise RuntimeError("scheduler-side hook called on a WORKER-role connector")
+        return self._scheduler
+
+    @property
+    def worker_side(self) -> WorkerSide:
+        if self._worker is None:
+            raise RuntimeError("worker-side hook called on a SCHEDULER-role connector")
+        return self._worker
+
+    # ============================================================== worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker_side.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if not isinstance(connector_metadata, FlexKVConnectorMetadata):
+            raise TypeError(f"unexpected connector metadata {type(connector_metadata).__name__}")
+        self.worker_side.bind(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        assert isinstance(kv_connector_metadata, FlexKVConnectorMetadata)
+        self.worker_side.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        # Loads are asynchronous (the request waits outside the batch), so they are submitted
+        # with the step's other jobs in wait_for_save, keeping the scheduler's job order.
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        # Stores read the registered KV tensors by block id after the forward; this hook is
+        # skipped by full CUDA graphs anyway.
+        return None
+
+    def wait_for_save(self) -> None:
+        self.worker_side.submit_pending()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.worker_side.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker_side.take_load_errors()
+
+    def build_connector_worker_meta(self) -> FlexKVWorkerMetadata | None:
+        if self._worker is None:
+            return None
+        return self._worker.build_worker_meta()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._worker is not None:
+            return self._worker.get_stats()
+        if self._scheduler is not None:
+            return self._scheduler.get_stats()
+        return None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+
+    # ============================================================== scheduler side
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self.scheduler_side.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler_side.update_connector_output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler_side.request_finished(request, block_ids)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self.scheduler_side.take_events()
+
+    def reset_cache(self) -> bool | None:
+        return self.scheduler_side.reset_cache()
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        # Every vLLM 0.33 layout is accepted (the transfer engine gathers pages); no
+        # measurement so far shows that forcing a block-outermost layout pays.
+        return None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return FlexKVConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        ktc = vllm_config.kv_transfer_config
+        extra = (ktc.kv_connector_extra_config or {}) if ktc is not None else {}
+        if not metrics_enabled(bool(extra.get("enable_metrics", False))):
+            return None
+        return FlexKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

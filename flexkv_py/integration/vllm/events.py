@@ -1,0 +1,84 @@
+"""Tier events -> vLLM KV events, so Dynamo's KV router sees blocks in host memory and on SSD.
+
+Published only when DYNAMO_USE_FLEXKV=1 (FlexKV's switch); otherwise drained and dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+MEDIA = {"CPU", "SSD"}
+
+
+def events_enabled() -> bool:
+    return os.environ.get("DYNAMO_USE_FLEXKV", "0").strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class BlockOrigin:
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    lora_id: int | None
+    lora_name: str | None
+
+
+class BlockOrigins:
+    """Bounded memory of what each stored block hash covers (parent, tokens, LoRA), filled when
+    we plan its store; events for blocks we no longer remember carry no token ids."""
+
+    def __init__(self, capacity: int = 1 << 18) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[bytes, BlockOrigin] = OrderedDict()
+
+    def remember(self, block_hash: bytes, origin: BlockOrigin) -> None:
+        self._items[block_hash] = origin
+        self._items.move_to_end(block_hash)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def get(self, block_hash: bytes) -> BlockOrigin | None:
+        return self._items.get(block_hash)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def to_vllm_events(
+    tier_events: Iterable[Any], origins: BlockOrigins, block_size: int
+) -> list[KVCacheEvent]:
+    """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium`."""
+    out: list[KVCacheEvent] = []
+    for ev in tier_events:
+        medium = str(ev.medium).upper()
+        if medium not in MEDIA:
+            continue
+        block_hash = bytes(ev.block_hash)
+        if ev.kind == "stored":
+            origin = origins.get(block_hash)
+            out.append(
+                BlockStored(
+                    block_hashes=[maybe_convert_block_hash(block_hash)],
+                    parent_block_hash=(
+                        maybe_convert_block_hash(origin.parent_hash)
+                        if origin is not None and origin.parent_hash is not None
+                        else None
+                    ),
+                    token_ids=list(origin.token_ids) if origin is not None else [],
+                    block_size=block_size,
+                    lora_id=origin.lora_id if origin is not None else None,
+                    medium=medium,
+                    lora_name=origin.lora_name if origin is not None else None,
+                )
+            )
+        elif ev.kind == "removed":
+            out.append(
+                BlockRemoved(block_hashes=[maybe_convert_block_hash(block_hash)], medium=medium)
+            )
+    return out

@@ -1,0 +1,74 @@
+"""What travels between the scheduler-side and worker-side connector halves each step.
+
+Scheduler -> workers (`FlexKVConnectorMetadata`, pickled to every TP rank): the coordinator's jobs
+in creation order (a spill job must run before the store that reuses its host slot), which request
+each belongs to, and request-level instructions (flush stores of preempted requests, report when
+delayed-free requests' stores are done).
+
+Workers -> scheduler (`FlexKVWorkerMetadata`, folded across ranks by vLLM with `aggregate`): the
+per-rank result of every finished job, each rank's SSD inventory once after start, and transfer
+counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One coordinator job for the workers. `job` is None for a load the manager could not plan
+    (its blocks vanished between lookup and allocation): workers report it failed at once."""
+
+    req_id: str | None
+    kind: str  # "load" | "store" | "background"
+    job: Any | None
+    gpu_block_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class FlexKVConnectorMetadata(KVConnectorMetadata):
+    jobs: list[JobEntry] = field(default_factory=list)
+    # Preempted requests: their GPU blocks are reused from this step on, so in-flight stores
+    # reading them must finish before the forward (handle_preemptions).
+    flush_req_ids: set[str] = field(default_factory=set)
+    # Finished requests whose blocks vLLM keeps until we name them in finished_sending.
+    delayed_free_req_ids: set[str] = field(default_factory=set)
+
+
+def _merge_lists(a: dict[int, list[Any]], b: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    out = {k: list(v) for k, v in a.items()}
+    for k, v in b.items():
+        out.setdefault(k, []).extend(v)
+    return out
+
+
+@dataclass
+class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
+    # job_id -> one JobResult per rank that finished it (the scheduler waits for all ranks).
+    results: dict[int, list[Any]] = field(default_factory=dict)
+    # tp_rank -> logical keys this rank's SSD tier holds (sent once, after register_kv_caches).
+    inventories: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+    # Numeric transfer counters, summed over ranks.
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, FlexKVWorkerMetadata):
+            raise TypeError(f"cannot aggregate FlexKVWorkerMetadata with {type(other).__name__}")
+        counters = dict(self.counters)
+        for k, v in other.counters.items():
+            counters[k] = counters.get(k, 0) + v
+        return FlexKVWorkerMetadata(
+            results=_merge_lists(self.results, other.results),
+            inventories={**self.inventories, **other.inventories},
+            counters=counters,
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.results or self.inventories or self.counters)

@@ -1,0 +1,327 @@
+"""Scheduler half of the connector: decides loads and stores, tracks them until every rank is done.
+
+Decisions come from the coordinator's `CacheManager` (tier index); this module only translates
+vLLM's request lifecycle into manager calls and picklable jobs:
+
+- lookup: full blocks beyond the local GPU hit, answered as an asynchronous load;
+- store: blocks are offloaded as they fill (prefill chunks and decode), not only at finish;
+- finish: GPU blocks stay allocated (delay_free) only while a store still reads them;
+- preemption: workers finish the stores of preempted requests before the blocks are reused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flexkv_py.coordinator import CacheManager, JobResult
+from flexkv_py.integration.vllm.engine_info import EngineInfo
+from flexkv_py.integration.vllm.events import (
+    BlockOrigin,
+    BlockOrigins,
+    events_enabled,
+    to_vllm_events,
+)
+from flexkv_py.integration.vllm.metadata import (
+    FlexKVConnectorMetadata,
+    FlexKVWorkerMetadata,
+    JobEntry,
+)
+from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from flexkv_py.config import FlexKVConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    # Leading blocks already handed to the store planner (stored, in flight, or skipped).
+    planned_blocks: int = 0
+    # Store jobs that still read GPU blocks this request holds.
+    store_jobs: set[int] = field(default_factory=set)
+    load_job: int | None = None
+    finished: bool = False
+
+
+@dataclass
+class _JobInfo:
+    req_id: str | None
+    kind: str
+    keys: tuple[bytes, ...]
+    results: list[Any] = field(default_factory=list)
+
+
+class SchedulerSide:
+    def __init__(
+        self,
+        info: EngineInfo,
+        config: FlexKVConfig,
+        kv_cache_manager_getter: Any,
+    ) -> None:
+        self._info = info
+        self._config = config
+        self._ns = info.namespace
+        self._bs = info.block_size
+        self._get_kv_cache_manager = kv_cache_manager_getter
+        self._mgr = CacheManager(config, self._ns, info.page_bytes)
+        self._reqs: dict[str, _RequestState] = {}
+        # req_id -> (local tokens given to the lookup, hit blocks): remembered between
+        # get_num_new_matched_tokens and update_state_after_alloc.
+        self._lookups: dict[str, tuple[int, int]] = {}
+        self._jobs: dict[int, _JobInfo] = {}
+        self._loading_keys: dict[bytes, int] = {}
+        self._step_jobs: list[JobEntry] = []
+        self._delayed_free: set[str] = set()
+        self._inventories: dict[int, tuple[bytes, ...]] = {}
+        # With an SSD tier, lookups wait until every rank reported what survived a restart.
+        self._inventory_ready = not config.ssd_enabled
+        self._origins = BlockOrigins()
+        self._events_on = events_enabled()
+        self._stats = FlexKVConnectorStats()
+
+    # ---------------------------------------------------------------- lookup / load
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if not self._info.can_load:
+            return 0, False
+        hashes = request.block_hashes
+        first = num_computed_tokens // self._bs
+        if first >= len(hashes):
+            return 0, False
+        if not self._inventory_ready:
+            return None, False  # ask again once the workers reported their SSD contents
+        keys = self._ns.keys(hashes[first:])
+        hit = self._mgr.lookup(keys)
+        self._stats.add("lookup_blocks", len(keys))
+        if hit == 0:
+            return 0, False
+        if any(k in self._loading_keys for k in keys[:hit]):
+            # Another request is loading this prefix: wait, then take it from the GPU cache.
+            return None, False
+        ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
+        if ext_tokens <= 0:
+            return 0, False
+        self._lookups[request.request_id] = (num_computed_tokens, hit)
+        return ext_tokens, True
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        state = self._state(request)
+        lookup = self._lookups.pop(request.request_id, None)
+        if num_external_tokens == 0 or lookup is None:
+            return
+        local_tokens, _ = lookup
+        first = local_tokens // self._bs
+        count = -(-num_external_tokens // self._bs)
+        block_ids = tuple(blocks.get_block_ids()[0][first : first + count])
+        keys = tuple(self._ns.keys(request.block_hashes[first : first + count]))
+        if len(block_ids) != count or len(keys) != count:
+            raise RuntimeError(
+                f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
+            )
+        job = self._mgr.prepare_load(list(keys), list(block_ids))
+        self._stats.add("hit_blocks", count)
+        self._add_tier_hits(job)
+        if job is None:
+            logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
+        else:
+            self._jobs[job.job_id] = _JobInfo(request.request_id, "load", keys)
+            state.load_job = job.job_id
+            for k in keys:
+                self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
+        self._step_jobs.append(JobEntry(request.request_id, "load", job, block_ids))
+        # Loaded blocks are already in our tiers: the store planner starts after them.
+        state.planned_blocks = max(state.planned_blocks, first + count)
+
+    def _add_tier_hits(self, job: Any) -> None:
+        tiers = getattr(job, "source_tiers", None)
+        if not tiers:
+            return
+        for tier in tiers:
+            self._stats.add(f"hit_blocks_{str(tier).lower()}", 1)
+
+    # ---------------------------------------------------------------- per-step planning
+    def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
+        meta = FlexKVConnectorMetadata()
+        for req_id in so.preempted_req_ids or ():
+            state = self._reqs.get(req_id)
+            if state is not None:
+                meta.flush_req_ids.add(req_id)
+                # The flush makes the old blocks safe to reuse; the resumed request gets new
+                # blocks and re-plans (keys already stored are skipped by the manager).
+                state.store_jobs.clear()
+                state.planned_blocks = 0
+        if self._info.can_store:
+            for req_id, num_new in so.num_scheduled_tokens.items():
+                state = self._reqs.get(req_id)
+                if state is not None:
+                    req = state.request
+                    self._plan_store(state, req.num_computed_tokens + num_new)
+        self._step_jobs.extend(JobEntry(None, "background", j) for j in self._mgr.take_jobs())
+        meta.jobs, self._step_jobs = self._step_jobs, []
+        meta.delayed_free_req_ids, self._delayed_free = self._delayed_free, set()
+        for req_id in so.finished_req_ids:
+            self._maybe_forget(req_id)
+        return meta
+
+    def _plan_store(self, state: _RequestState, tokens_with_kv: int) -> None:
+        """Queue a store for the request's full blocks whose KV exists once the step ran."""
+        req = state.request
+        full = min(tokens_with_kv // self._bs, len(req.block_hashes))
+        start = state.planned_blocks
+        if full <= start:
+            return
+        manager: KVCacheManager = self._get_kv_cache_manager()
+        block_ids = manager.get_block_ids(req.request_id)[0]
+        hashes = req.block_hashes[start:full]
+        gpu_ids = list(block_ids[start:full])
+        state.planned_blocks = full
+        if len(gpu_ids) != len(hashes):
+            logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
+            return
+        keys = self._ns.keys(hashes)
+        job = self._mgr.prepare_store(keys, gpu_ids)
+        if job is None:
+            return
+        self._remember_origins(req, start, hashes)
+        self._jobs[job.job_id] = _JobInfo(req.request_id, "store", tuple(job.keys))
+        state.store_jobs.add(job.job_id)
+        self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
+
+    def _remember_origins(self, req: Request, start: int, hashes: list[Any]) -> None:
+        if not self._events_on:
+            return
+        lora = req.lora_request
+        tokens = req.all_token_ids
+        for i, h in enumerate(hashes):
+            idx = start + i
+            parent = bytes(req.block_hashes[idx - 1]) if idx > 0 else None
+            self._origins.remember(
+                bytes(h),
+                BlockOrigin(
+                    parent_hash=parent,
+                    token_ids=tuple(tokens[idx * self._bs : (idx + 1) * self._bs]),
+                    lora_id=lora.lora_int_id if lora is not None else None,
+                    lora_name=lora.lora_name if lora is not None else None,
+                ),
+            )
+
+    # ---------------------------------------------------------------- completions
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if meta is None:
+            return
+        if not isinstance(meta, FlexKVWorkerMetadata):
+            raise TypeError(f"unexpected worker metadata {type(meta).__name__}")
+        if meta.inventories and not self._inventory_ready:
+            self._inventories.update(meta.inventories)
+            if len(self._inventories) >= self._info.tp_size:
+                ranks = [self._inventories[r] for r in sorted(self._inventories)]
+                self._mgr.adopt_ssd_keys(ranks)
+                self._inventory_ready = True
+                logger.info("adopted %d SSD blocks from %d ranks", min(map(len, ranks)), len(ranks))
+        for job_id, results in meta.results.items():
+            info = self._jobs.get(job_id)
+            if info is None:
+                continue
+            info.results.extend(results)
+            if len(info.results) >= self._info.num_workers:
+                self._finish_job(job_id, info)
+
+    def _finish_job(self, job_id: int, info: _JobInfo) -> None:
+        del self._jobs[job_id]
+        merged = JobResult.merge(info.results)
+        self._mgr.complete(merged)
+        if info.kind == "load":
+            for k in info.keys:
+                n = self._loading_keys.get(k, 0) - 1
+                if n > 0:
+                    self._loading_keys[k] = n
+                else:
+                    self._loading_keys.pop(k, None)
+        if info.req_id is None:
+            return
+        state = self._reqs.get(info.req_id)
+        if state is None:
+            return
+        if info.kind == "store":
+            state.store_jobs.discard(job_id)
+        elif info.kind == "load" and state.load_job == job_id:
+            state.load_job = None
+            if not merged.ok:
+                # Failed blocks are recomputed by vLLM; let the planner store them again.
+                state.planned_blocks = 0
+        if state.finished and not state.store_jobs and state.load_job is None:
+            self._reqs.pop(info.req_id, None)
+
+    # ---------------------------------------------------------------- request end
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+        state = self._reqs.get(request.request_id)
+        self._lookups.pop(request.request_id, None)
+        if state is None:
+            return False, None
+        state.finished = True
+        if self._info.can_store and state.load_job is None:
+            # Blocks whose hash became known only now (the last decode tokens).
+            self._plan_store(state, request.num_computed_tokens)
+        if state.load_job is not None:
+            # vLLM frees the blocks when the load reports finished_recving.
+            return True, None
+        if state.store_jobs:
+            self._delayed_free.add(request.request_id)
+            return True, None
+        self._reqs.pop(request.request_id, None)
+        return False, None
+
+    def _maybe_forget(self, req_id: str) -> None:
+        state = self._reqs.get(req_id)
+        if state is not None and state.finished and not state.store_jobs and state.load_job is None:
+            del self._reqs[req_id]
+
+    def _state(self, request: Request) -> _RequestState:
+        state = self._reqs.get(request.request_id)
+        if state is None or state.request is not request:
+            state = _RequestState(request)
+            self._reqs[request.request_id] = state
+        return state
+
+    # ---------------------------------------------------------------- misc
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        tier_events = self._mgr.take_events()
+        if not self._events_on:
+            return []
+        return to_vllm_events(tier_events, self._origins, self._bs)
+
+    def reset_cache(self) -> bool:
+        job = self._mgr.reset()
+        if job is not None:
+            self._step_jobs.append(JobEntry(None, "background", job))
+        self._origins.clear()
+        return True
+
+    def get_stats(self) -> FlexKVConnectorStats | None:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, FlexKVConnectorStats()
+        return stats
+
+    def has_work(self) -> bool:
+        return bool(self._jobs or self._step_jobs or self._delayed_free)
+
+    def shutdown(self) -> None:
+        close = getattr(self._mgr, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,164 @@
+"""Worker half of the connector: runs the scheduler's jobs on this rank's KV tensors.
+
+Jobs run in-process through the coordinator's `JobExecutor` (host pool, SSD tier, transfer
+engine on the worker's own CUDA streams). Ordering rules:
+
+- every job of a step is submitted in `wait_for_save`, after the step's forward was enqueued, in
+  the order the scheduler created them — a store copies only KV the model already wrote (the
+  transfer engine orders its copy after the current stream), and decode steps replayed as full
+  CUDA graphs call no per-layer hooks, so block ids come from our metadata, never save_kv_layer;
+- `handle_preemptions` (before the next forward) waits for stores reading preempted requests'
+  blocks, which vLLM hands to other requests from that step on;
+- a load reports its request in finished_recving and its failed blocks in
+  get_block_ids_with_load_errors in the same step, so vLLM recomputes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from flexkv_py.coordinator import JobExecutor
+from flexkv_py.integration.vllm.engine_info import EngineInfo
+from flexkv_py.integration.vllm.metadata import (
+    FlexKVConnectorMetadata,
+    FlexKVWorkerMetadata,
+    JobEntry,
+)
+from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+
+if TYPE_CHECKING:
+    import torch
+
+    from flexkv_py.config import FlexKVConfig
+
+logger = logging.getLogger(__name__)
+
+# Bounded waits: a stuck device must degrade to an error, never hang the engine.
+FLUSH_TIMEOUT_S = 120.0
+
+
+class WorkerSide:
+    def __init__(self, info: EngineInfo, config: FlexKVConfig, tp_rank: int, pp_rank: int) -> None:
+        self._info = info
+        self._config = config
+        self._ns = info.namespace.for_rank(tp_rank, pp_rank)
+        self.tp_rank = tp_rank
+        self._executor: Any | None = None
+        # job_id -> (req_id, kind, gpu block ids) for jobs submitted and not yet finished.
+        self._inflight: dict[int, tuple[str | None, str, tuple[int, ...]]] = {}
+        self._req_stores: dict[str, set[int]] = {}
+        self._await_free: set[str] = set()
+        self._pending: list[JobEntry] = []
+        self._finished_recving: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._out = FlexKVWorkerMetadata()
+        self._stats = FlexKVConnectorStats()
+
+    @property
+    def executor(self) -> Any:
+        if self._executor is None:
+            raise RuntimeError("FlexKVConnectorV1: register_kv_caches was not called")
+        return self._executor
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches)
+        if self._config.ssd_enabled:
+            keys = tuple(self._executor.stored_keys())
+            logger.info("rank %d: %d blocks on SSD from a previous run", self.tp_rank, len(keys))
+            self._out.inventories[self.tp_rank] = keys
+
+    # ---------------------------------------------------------------- per step
+    def bind(self, meta: FlexKVConnectorMetadata) -> None:
+        """Take the step's jobs; they are submitted after the forward (wait_for_save)."""
+        self._pending.extend(meta.jobs)
+        self._await_free |= meta.delayed_free_req_ids
+
+    def handle_preemptions(self, meta: FlexKVConnectorMetadata) -> None:
+        if not meta.flush_req_ids:
+            return
+        # Stores of the previous steps are all submitted (wait_for_save ran); wait for those
+        # reading the preempted requests' blocks.
+        job_ids = [j for r in meta.flush_req_ids for j in self._req_stores.get(r, ())]
+        if job_ids:
+            self._collect(self.executor.wait(job_ids, FLUSH_TIMEOUT_S))
+
+    def submit_pending(self) -> None:
+        jobs, self._pending = self._pending, []
+        for entry in jobs:
+            if entry.job is None:
+                # Unplannable load: fail it now so vLLM recomputes.
+                self._load_errors.update(entry.gpu_block_ids)
+                if entry.req_id is not None:
+                    self._finished_recving.add(entry.req_id)
+                continue
+            job_id = entry.job.job_id
+            self._inflight[job_id] = (entry.req_id, entry.kind, entry.gpu_block_ids)
+            if entry.kind == "store" and entry.req_id is not None:
+                self._req_stores.setdefault(entry.req_id, set()).add(job_id)
+            self.executor.submit(entry.job)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._executor is not None:
+            self._collect(self._executor.poll())
+        sending = {r for r in self._await_free if not self._req_stores.get(r)}
+        self._await_free -= sending
+        for r in sending:
+            self._req_stores.pop(r, None)
+        recving, self._finished_recving = self._finished_recving, set()
+        return sending or None, recving or None
+
+    def _collect(self, results: list[Any]) -> None:
+        for res in results:
+            entry = self._inflight.pop(res.job_id, None)
+            if entry is None:
+                continue  # already collected (a flush wait and a poll can both see it)
+            req_id, kind, gpu_ids = entry
+            self._out.results.setdefault(res.job_id, []).append(res)
+            failed = set(getattr(res, "failed_gpu_block_ids", ()) or ())
+            prefix = "load" if kind == "load" else "store" if kind == "store" else "bg"
+            self._stats.add(f"{prefix}_jobs", 1)
+            self._stats.add(f"{prefix}_blocks", len(gpu_ids))
+            self._stats.add(f"{prefix}_bytes", getattr(res, "nbytes", 0) or 0)
+            self._stats.add(f"{prefix}_seconds", getattr(res, "seconds", 0.0) or 0.0)
+            if kind == "load":
+                if not res.ok and not failed:
+                    failed = set(gpu_ids)  # no per-block detail: treat the whole load as failed
+                failed &= set(gpu_ids)
+                self._stats.add("load_failed_blocks", len(failed))
+                self._load_errors |= failed
+                if req_id is not None:
+                    self._finished_recving.add(req_id)
+            elif kind == "store":
+                self._stats.add("store_failed_blocks", len(getattr(res, "failed", {}) or {}))
+                if req_id is not None:
+                    stores = self._req_stores.get(req_id)
+                    if stores is not None:
+                        stores.discard(res.job_id)
+                        if not stores and req_id not in self._await_free:
+                            del self._req_stores[req_id]
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        if errors:
+            logger.warning("rank %d: %d blocks failed to load", self.tp_rank, len(errors))
+        return errors
+
+    def build_worker_meta(self) -> FlexKVWorkerMetadata | None:
+        if self._out.is_empty():
+            return None
+        out, self._out = self._out, FlexKVWorkerMetadata()
+        return out
+
+    def get_stats(self) -> FlexKVConnectorStats | None:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, FlexKVConnectorStats()
+        return stats
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            if self._pending:
+                self.submit_pending()
+            self._executor.shutdown()
+            self._executor = None
