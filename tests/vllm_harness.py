@@ -1,0 +1,493 @@
+"""A CPU stand-in for a vLLM 0.33 engine, built from vLLM's own parts, to drive the connector.
+
+Real: `VllmConfig`, the `Scheduler` / `AsyncScheduler`, `Request`s with the engine's block
+hasher, the KV cache plan (`get_kv_cache_config_from_groups`) and tensors (`allocate_kv_cache`,
+the exact `[B, H, N, C]` views a worker registers), the connector factory (module path), TP
+output aggregation (`KVOutputAggregator`), and `update_from_output`.
+
+Stand-in: the model. `FakeModel` writes, for every scheduled token, KV that is a deterministic
+function of the token prefix (like real attention KV), and before each forward checks that the
+KV of every already-computed position is exactly what it would have written — so a wrong,
+stale or partial load is caught the moment vLLM would have read it.
+
+Per step, worker hooks run in the order of vllm/v1/worker/gpu/kv_connector.py (see
+/work/notes/vllm033.md): handle_preemptions -> bind -> [start_load_kv if sync loads] -> forward
+-> finish_forward -> start_load_kv -> wait_for_save -> get_transfer_results ->
+get_block_ids_with_load_errors -> stats -> events -> build_connector_worker_meta -> clear.
+Metadata is pickled to each worker as it is for TP>1 worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import copy
+import hashlib
+import json
+import pickle
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.utils import allocate_kv_cache
+
+CONNECTOR = "FlexKVConnectorV1"
+MODULE_PATH = "flexkv_py.integration.vllm"
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2  # total; each TP rank holds NUM_KV_HEADS // tp
+HEAD_SIZE = 16
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": NUM_KV_HEADS,
+    "num_hidden_layers": NUM_LAYERS,
+    "head_dim": HEAD_SIZE,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+}
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+
+
+# ------------------------------------------------------------------------------------ configs
+@cache
+def _model_config(model_dir: str) -> ModelConfig:
+    # Built once per process: ModelConfig parses the HF config (slow).
+    return ModelConfig(model=model_dir, dtype="float16", skip_tokenizer_init=True, seed=0)
+
+
+def tiny_model_dir(root: Path) -> str:
+    d = root / "tiny-llama"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return str(d)
+
+
+def connector_transfer_config(
+    extra: dict[str, Any] | None = None,
+    *,
+    kv_role: str = "kv_both",
+    failure_policy: str = "recompute",
+) -> dict[str, Any]:
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_role": kv_role,
+        "kv_connector_module_path": MODULE_PATH,
+        "kv_connector_extra_config": dict(extra or {}),
+        "kv_load_failure_policy": failure_policy,
+    }
+
+
+def make_vllm_config(
+    model_dir: str,
+    transfer: dict[str, Any],
+    *,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 256,
+    max_num_seqs: int = 64,
+    tp_size: int = 1,
+    layout: str = "LBNHC",
+    async_scheduling: bool = False,
+) -> VllmConfig:
+    model_config = copy.copy(_model_config(model_dir))
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    # The engine core resolves the layout before connectors exist; do the same.
+    cache_config.kv_cache_layout = layout
+    cfg = VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=2048,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            async_scheduling=async_scheduling,
+        ),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(**transfer),
+    )
+    # The CPU platform turns async scheduling off; a test asking for the CUDA default gets it.
+    cfg.scheduler_config.async_scheduling = async_scheduling
+    return cfg
+
+
+def make_kv_cache_config(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    spec = FullAttentionSpec(
+        block_size=vllm_config.cache_config.block_size,
+        num_kv_heads=NUM_KV_HEADS // tp,
+        head_size=HEAD_SIZE,
+        dtype=torch.float16,
+    )
+    groups = [KVCacheGroupSpec(list(LAYER_NAMES), spec)]
+    page = spec.page_size_bytes * NUM_LAYERS
+    cfg = get_kv_cache_config_from_groups(vllm_config, groups, available_memory=num_blocks * page)
+    assert cfg.num_blocks == num_blocks, (cfg.num_blocks, num_blocks)
+    return cfg
+
+
+# ------------------------------------------------------------------------------------ requests
+_NONE_HASH_READY = False
+
+
+def make_request(
+    req_id: str,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 4,
+    block_size: int = 16,
+) -> Request:
+    global _NONE_HASH_READY
+    if not _NONE_HASH_READY:
+        init_none_hash(sha256)  # what the engine core does at start
+        _NONE_HASH_READY = True
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
+
+
+def prompt_tokens(seed: int, length: int, prefix: Sequence[int] = ()) -> list[int]:
+    """Deterministic token ids in [1, 999] (seeded), after an optional shared prefix."""
+    g = torch.Generator().manual_seed(seed)
+    tail = torch.randint(1, 1000, (length - len(prefix),), generator=g).tolist()
+    return [*prefix, *tail]
+
+
+# ------------------------------------------------------------------------------------ the model
+def _prefix_digests(tokens: Sequence[int]) -> list[int]:
+    """A 32-bit digest of every prefix tokens[:p+1] (what KV at position p depends on)."""
+    out = []
+    h = hashlib.blake2b(digest_size=8)
+    for t in tokens:
+        h.update(int(t).to_bytes(4, "little"))
+        out.append(int.from_bytes(h.copy().digest()[:4], "little"))
+    return out
+
+
+@dataclass
+class FakeModel:
+    """Writes/validates deterministic per-position KV in one rank's registered cache tensors."""
+
+    rank: int
+    kv_caches: dict[str, torch.Tensor]
+    mismatches: list[str] = field(default_factory=list)
+    written: dict[str, int] = field(default_factory=dict)  # req_id -> positions computed
+    checked: dict[str, int] = field(default_factory=dict)  # req_id -> positions verified
+
+    def expected(self, layer: int, digest: int) -> torch.Tensor:
+        cache = self.kv_caches[LAYER_NAMES[layer]]
+        h, c = cache.shape[1], cache.shape[3]
+        base = torch.arange(h * c, dtype=torch.int64).reshape(h, c)
+        seed = digest ^ (layer * 0x9E3779B1) ^ (self.rank * 0x85EBCA77)
+        vals = (base * 2654435761 + seed) % 65521 - 32760
+        return vals.to(torch.int16)
+
+    def _slot(self, layer: int, block: int, offset: int) -> torch.Tensor:
+        # [B, H, N, C] fp16 view -> int16 bits of one token slot: [H, C]
+        return self.kv_caches[LAYER_NAMES[layer]][block, :, offset, :].view(torch.int16)
+
+    def check(
+        self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], upto: int
+    ) -> None:
+        digests = _prefix_digests(tokens[:upto])
+        bs = self.kv_caches[LAYER_NAMES[0]].shape[2]
+        for p in range(upto):
+            for layer in range(NUM_LAYERS):
+                got = self._slot(layer, block_ids[p // bs], p % bs)
+                if not torch.equal(got, self.expected(layer, digests[p])):
+                    self.mismatches.append(f"{req_id} pos {p} layer {layer} rank {self.rank}")
+                    return
+            self.checked[req_id] = self.checked.get(req_id, 0) + 1
+
+    def write(
+        self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], start: int, end: int
+    ) -> None:
+        digests = _prefix_digests(tokens[:end])
+        bs = self.kv_caches[LAYER_NAMES[0]].shape[2]
+        for p in range(start, end):
+            for layer in range(NUM_LAYERS):
+                self._slot(layer, block_ids[p // bs], p % bs).copy_(
+                    self.expected(layer, digests[p])
+                )
+        self.written[req_id] = self.written.get(req_id, 0) + (end - start)
+
+    def block_bits(self, block_id: int) -> list[torch.Tensor]:
+        """All layers' bytes of one block (for bit-exact comparisons between requests)."""
+        return [
+            self.kv_caches[name][block_id].contiguous().view(torch.int16).clone()
+            for name in LAYER_NAMES
+        ]
+
+
+def sampled_token(tokens: Sequence[int]) -> int:
+    return 10 + _prefix_digests(tokens)[-1] % 900
+
+
+# ------------------------------------------------------------------------------------ engine
+class _RecordingPublisher:
+    def __init__(self, sink: list[Any]) -> None:
+        self._sink = sink
+
+    def publish(self, batch: Any) -> None:
+        self._sink.extend(batch.events)
+
+    def shutdown(self) -> None:
+        return None
+
+
+@dataclass
+class Worker:
+    connector: Any
+    kv_caches: dict[str, torch.Tensor]
+    model: FakeModel
+
+
+@dataclass
+class StepRecord:
+    scheduled: dict[str, int]
+    finished_sending: set[str]
+    finished_recving: set[str]
+    invalid_block_ids: set[int]
+    loaded_req_ids: set[str]
+
+
+class Engine:
+    """Scheduler + N worker-role connectors on CPU tensors, stepped like vLLM's engine core."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        transfer: dict[str, Any],
+        *,
+        num_blocks: int = 64,
+        block_size: int = 16,
+        tp_size: int = 1,
+        max_num_batched_tokens: int = 256,
+        layout: str = "LBNHC",
+        async_scheduling: bool = False,
+    ) -> None:
+        self.block_size = block_size
+        self.vllm_config = make_vllm_config(
+            model_dir,
+            transfer,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tp_size=tp_size,
+            layout=layout,
+            async_scheduling=async_scheduling,
+        )
+        self.kv_cache_config = make_kv_cache_config(self.vllm_config, num_blocks)
+        self.vllm_config.cache_config.num_gpu_blocks = num_blocks
+        sched_cls = AsyncScheduler if async_scheduling else Scheduler
+        self.scheduler = sched_cls(
+            vllm_config=self.vllm_config,
+            kv_cache_config=self.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(self.vllm_config),
+            block_size=block_size,
+            log_stats=True,
+        )
+        self.connector = self.scheduler.connector
+        # update_from_output publishes connector.take_events(); record what it publishes.
+        self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
+        self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
+        self.history: list[StepRecord] = []
+        self.outputs: dict[str, list[int]] = {}
+        self.events: list[Any] = []
+        self.stats: list[Any] = []
+        self._in_flight: list[tuple[SchedulerOutput, Any]] = []
+
+    def _make_worker(self, rank: int, layout: str) -> Worker:
+        cfg = copy.copy(self.vllm_config)
+        cfg.parallel_config = copy.copy(self.vllm_config.parallel_config)
+        cfg.parallel_config.rank = rank
+        connector = KVConnectorFactory.create_connector(
+            config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=self.kv_cache_config
+        )
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        kv = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"), KVCacheLayout[layout])
+        connector.register_kv_caches(kv)
+        return Worker(connector, kv, FakeModel(rank, kv))
+
+    # -------------------------------------------------------------- driving
+    def add(self, request: Request) -> Request:
+        self.scheduler.add_request(request)
+        return request
+
+    def abort(self, req_ids: Iterable[str]) -> None:
+        self.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
+
+    def _run_workers(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        blob = pickle.dumps(so.kv_connector_metadata)
+        per_rank: list[ModelRunnerOutput] = []
+        req_ids = list(so.num_scheduled_tokens)
+        for w in self.workers:
+            c = w.connector
+            meta = pickle.loads(blob)
+            c.handle_preemptions(meta)
+            c.bind_connector_metadata(meta)
+            started = False
+            if so.has_sync_kv_loads:
+                c.start_load_kv(None)
+                started = True
+            if so.total_num_scheduled_tokens > 0:
+                self._forward(w, so)
+            c.finish_forward()
+            if not started:
+                c.start_load_kv(None)
+            c.wait_for_save()
+            results = c.get_transfer_results(so.finished_req_ids)
+            out = KVConnectorOutput(
+                finished_sending=results.finished_sending or None,
+                finished_recving=results.finished_recving or None,
+                failed_recving=results.failed_recving,
+                invalid_block_ids=c.get_block_ids_with_load_errors(),
+                kv_connector_stats=c.get_kv_connector_stats(),
+                kv_cache_events=c.get_kv_connector_kv_cache_events(),
+                kv_connector_worker_meta=c.build_connector_worker_meta(),
+            )
+            c.clear_connector_metadata()
+            per_rank.append(
+                ModelRunnerOutput(
+                    req_ids=req_ids,
+                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                    sampled_token_ids=self._sample(so) if w is self.workers[0] else [],
+                    kv_connector_output=out,
+                )
+            )
+        if len(per_rank) == 1:
+            return per_rank[0]
+        return KVOutputAggregator(expected_finished_count=len(per_rank)).aggregate(per_rank, 0)
+
+    def _forward(self, w: Worker, so: SchedulerOutput) -> None:
+        mgr = self.scheduler.kv_cache_manager
+        starts = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        # KV from the GPU prefix cache or a load is first read when a request (re)joins.
+        joining = {r.req_id for r in so.scheduled_new_reqs} | set(cached.resumed_req_ids)
+        for req_id, n in so.num_scheduled_tokens.items():
+            req = self.scheduler.requests[req_id]
+            tokens = req.all_token_ids
+            block_ids = mgr.get_block_ids(req_id)[0]
+            start = starts[req_id]
+            if req_id in joining:
+                w.model.check(req_id, tokens, block_ids, start)
+            w.model.write(req_id, tokens, block_ids, start, start + n)
+
+    def _sample(self, so: SchedulerOutput) -> list[list[int]]:
+        starts = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        out = []
+        for req_id, n in so.num_scheduled_tokens.items():
+            req = self.scheduler.requests[req_id]
+            if starts[req_id] + n < req.num_tokens:
+                out.append([])  # a prefill chunk: nothing sampled
+            else:
+                out.append([sampled_token(req.all_token_ids)])
+        return out
+
+    def step(self) -> StepRecord:
+        so = self.scheduler.schedule()
+        mro = self._run_workers(so)
+        kvo = mro.kv_connector_output
+        rec = StepRecord(
+            scheduled=dict(so.num_scheduled_tokens),
+            finished_sending=set(kvo.finished_sending or ()) if kvo else set(),
+            finished_recving=set(kvo.finished_recving or ()) if kvo else set(),
+            invalid_block_ids=set(kvo.invalid_block_ids) if kvo else set(),
+            loaded_req_ids=set(),
+        )
+        if kvo is not None and kvo.kv_connector_stats is not None:
+            self.stats.append(kvo.kv_connector_stats)
+        engine_outputs = self.scheduler.update_from_output(so, mro)
+        for eco in engine_outputs.values():
+            for o in eco.outputs:
+                self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+        self.history.append(rec)
+        return rec
+
+    def run(self, max_steps: int = 500) -> int:
+        steps = 0
+        while self.scheduler.has_requests():
+            self.step()
+            steps += 1
+            if steps >= max_steps:
+                raise AssertionError(f"engine did not drain in {max_steps} steps")
+        return steps
+
+    def run_until(self, cond: Any, max_steps: int = 500) -> int:
+        for steps in range(1, max_steps + 1):
+            self.step()
+            if cond():
+                return steps
+        raise AssertionError(f"condition not reached in {max_steps} steps")
+
+    def mismatches(self) -> list[str]:
+        return [m for w in self.workers for m in w.model.mismatches]
+
+    def reset_gpu_prefix_cache(self) -> None:
+        assert self.scheduler.reset_prefix_cache(), "GPU prefix cache reset refused"
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            w.connector.shutdown()
+        self.scheduler.shutdown()
+
+
+def assert_no_leaks(engine: Engine) -> None:
+    s = engine.scheduler
+    assert not s.requests, f"requests left: {list(s.requests)}"
+    assert len(s.waiting) == 0 and len(s.running) == 0
+    assert not s.finished_recving_kv_req_ids
+    mgr = s.kv_cache_manager
+    for single in mgr.coordinator.single_type_managers:
+        assert not single.req_to_blocks, f"blocks held: {list(single.req_to_blocks)}"
+    pool = mgr.block_pool
+    assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1  # minus null block
+    assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
