@@ -1,0 +1,29 @@
+"""Where blocks live: key namespace, tier index, eviction and admission policies."""
+
+from __future__ import annotations
+
+from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.policies import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    FIFOPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    make_eviction_policy,
+)
+from flexkv_py.index.tier_index import Entry, IndexStateError, Tier, TierIndex, Victim
+
+__all__ = [
+    "AdmissionPolicy",
+    "Entry",
+    "EvictionPolicy",
+    "FIFOPolicy",
+    "IndexStateError",
+    "LFUPolicy",
+    "LRUPolicy",
+    "Namespace",
+    "Tier",
+    "TierIndex",
+    "Victim",
+    "make_eviction_policy",
+]

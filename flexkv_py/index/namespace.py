@@ -1,0 +1,108 @@
+"""Key namespace: what makes two KV blocks with the same token hash interchangeable.
+
+A logical key is ``prefix + block_hash``: the 16-byte prefix digests everything that changes the
+bytes of a page (model and revision, KV dtype, KV layout, tokens per block, page size, the TP/PP
+split and the engine's hash algorithm), so another model, dtype or sharding can never hit. The
+scheduler-side manager has no rank, so the prefix leaves the ranks out; each rank isolates its
+shard physically with a rank tag in front of the stored key (`storage_key`) and its own SSD
+subdirectory (`shard_dir_name`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from flexkv_py.errors import ConfigError
+
+PREFIX_LEN = 16
+# Bump when the page format changes so old SSD contents stop matching.
+FORMAT_VERSION = 1
+_SHARD_TAG = struct.Struct(">HH")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    model: str
+    revision: str | None
+    kv_dtype: str
+    kv_layout: str
+    block_size: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    hash_algo: str = "sha256"
+    page_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("namespace.model: must be a non-empty model name")
+        if self.block_size <= 0:
+            raise ConfigError(f"namespace.block_size: must be > 0, got {self.block_size}")
+        if self.page_bytes < 0:
+            raise ConfigError(f"namespace.page_bytes: must be >= 0, got {self.page_bytes}")
+        for rank_key, size_key in (("tp_rank", "tp_size"), ("pp_rank", "pp_size")):
+            rank, size = getattr(self, rank_key), getattr(self, size_key)
+            if size < 1 or not 0 <= rank < size or size > 0xFFFF:
+                raise ConfigError(f"namespace.{rank_key}: {rank} is not in 0..{size_key}={size}")
+
+    @cached_property
+    def prefix(self) -> bytes:
+        ident = {
+            "v": FORMAT_VERSION,
+            "model": self.model,
+            "revision": self.revision or "",
+            "kv_dtype": self.kv_dtype.removeprefix("torch."),
+            "kv_layout": self.kv_layout.upper(),
+            "block_size": self.block_size,
+            "tp_size": self.tp_size,
+            "pp_size": self.pp_size,
+            "hash_algo": self.hash_algo.lower(),
+            "page_bytes": self.page_bytes,
+        }
+        canonical = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.blake2b(canonical, digest_size=PREFIX_LEN).digest()
+
+    def key(self, block_hash: bytes) -> bytes:
+        return self.prefix + bytes(block_hash)
+
+    def keys(self, block_hashes: Iterable[bytes]) -> list[bytes]:
+        prefix = self.prefix
+        return [prefix + bytes(h) for h in block_hashes]
+
+    def owns(self, key: bytes) -> bool:
+        return len(key) > PREFIX_LEN and key[:PREFIX_LEN] == self.prefix
+
+    def block_hash(self, key: bytes) -> bytes:
+        """The engine's block hash inside a logical key of this namespace."""
+        if not self.owns(key):
+            raise ValueError("key does not belong to this namespace")
+        return key[PREFIX_LEN:]
+
+    # --- per-rank isolation (worker side) ---
+    @cached_property
+    def shard_tag(self) -> bytes:
+        return _SHARD_TAG.pack(self.tp_rank, self.pp_rank)
+
+    @property
+    def shard_dir_name(self) -> str:
+        return f"tp{self.tp_rank}-pp{self.pp_rank}"
+
+    def storage_key(self, key: bytes) -> bytes:
+        return self.shard_tag + key
+
+    def logical_key(self, storage_key: bytes) -> bytes | None:
+        """Inverse of `storage_key`; None for keys of another shard or namespace."""
+        tag = self.shard_tag
+        if storage_key[: len(tag)] != tag:
+            return None
+        key = storage_key[len(tag) :]
+        return key if self.owns(key) else None
+
+    def for_rank(self, tp_rank: int, pp_rank: int = 0) -> Namespace:
+        return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)

@@ -1,0 +1,379 @@
+"""Tier index: logical key -> where the block lives (host slot, SSD, object store).
+
+States of one key's host copy::
+
+    (none) --begin_host_fill--> filling --commit_host_fill(ok)--> ready --begin_evict--> evicting
+                                   |                                 ^                      |
+                                   +--commit_host_fill(fail)--> (none)     finish_evict --> (none)
+
+Only *ready* host copies and confirmed SSD/object copies are readable (counted by `match`);
+filling and evicting copies never are, so a lookup can never promise bytes that are not there.
+Pins (refcounts) protect blocks used by in-flight jobs; a block is evictable exactly when its host
+copy is ready, it has no pins and is not already being evicted. The eviction policy tracks only
+evictable keys, so choosing a victim is O(1). Every public method takes one lock: thread-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
+
+
+class Tier(str, Enum):
+    HOST = "host"
+    SSD = "ssd"
+    OBJECT = "object"
+
+
+@dataclass(slots=True)
+class Entry:
+    host_slot: int | None = None
+    host_ready: bool = False
+    evicting: bool = False
+    on_ssd: bool = False
+    ssd_pending: bool = False
+    on_object: bool = False
+    pins: int = 0
+    hits: int = 0
+    stale: bool = False  # dropped by reset() while in use: never readable again
+
+    @property
+    def host_readable(self) -> bool:
+        return self.host_ready and not self.evicting and not self.stale
+
+    @property
+    def readable(self) -> bool:
+        return not self.stale and (self.host_readable or self.on_ssd or self.on_object)
+
+    @property
+    def evictable(self) -> bool:
+        return self.host_ready and not self.evicting and self.pins == 0 and not self.stale
+
+    @property
+    def empty(self) -> bool:
+        return self.host_slot is None and not (self.on_ssd or self.ssd_pending or self.on_object)
+
+    def best_tier(self) -> Tier | None:
+        if self.stale:
+            return None
+        if self.host_readable:
+            return Tier.HOST
+        if self.on_ssd:
+            return Tier.SSD
+        if self.on_object:
+            return Tier.OBJECT
+        return None
+
+
+@dataclass(frozen=True)
+class Victim:
+    key: bytes
+    host_slot: int
+    hits: int
+    on_ssd: bool
+
+
+class IndexStateError(RuntimeError):
+    """A state transition that the index does not allow (a bug in the caller)."""
+
+
+class TierIndex:
+    """Key -> location map plus the host slot allocator.
+
+    Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
+    held by exactly one key (filling, ready or evicting). Slots and SSD copies that became garbage
+    (failed fills, finished evictions, reset of blocks that were in use) are queued and handed to
+    the manager by `take_garbage`.
+    """
+
+    def __init__(
+        self,
+        num_host_slots: int,
+        eviction: EvictionPolicy | None = None,
+        ghost_capacity: int | None = None,
+    ) -> None:
+        if num_host_slots < 0:
+            raise ValueError("num_host_slots must be >= 0")
+        self._lock = threading.Lock()
+        self._entries: dict[bytes, Entry] = {}
+        self._policy = eviction or LRUPolicy()
+        self.num_host_slots = num_host_slots
+        # LIFO free list: recently freed slots are reused first (warm in caches/TLB).
+        self._free: list[int] = list(range(num_host_slots - 1, -1, -1))
+        self._garbage_ssd: list[bytes] = []
+        # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
+        self._ghost: OrderedDict[bytes, int] = OrderedDict()
+        if ghost_capacity is None:
+            ghost_capacity = max(1024, num_host_slots)
+        self._ghost_capacity = ghost_capacity
+
+    # --- internal helpers (lock held) ---
+    def _refresh(self, key: bytes, e: Entry) -> None:
+        if e.evictable:
+            if key not in self._policy:
+                self._policy.add(key, e.hits)
+        else:
+            self._policy.remove(key)
+
+    def _settle(self, key: bytes, e: Entry) -> None:
+        """Release what a stale entry no longer needs, then drop the entry if nothing is left."""
+        if e.stale and e.pins == 0 and not e.evicting:
+            if e.host_slot is not None and e.host_ready:
+                self._free.append(e.host_slot)
+                e.host_slot, e.host_ready = None, False
+            if e.on_ssd:
+                self._garbage_ssd.append(key)
+                e.on_ssd = False
+            e.on_object = False
+        self._refresh(key, e)
+        if e.empty and e.pins == 0:
+            self._policy.remove(key)
+            del self._entries[key]
+            if self._ghost_capacity > 0 and not e.stale:
+                self._ghost[key] = e.hits
+                self._ghost.move_to_end(key)
+                while len(self._ghost) > self._ghost_capacity:
+                    self._ghost.popitem(last=False)
+
+    def _get(self, key: bytes) -> Entry:
+        e = self._entries.get(key)
+        if e is None:
+            raise IndexStateError(f"unknown key {key.hex()}")
+        return e
+
+    # --- queries ---
+    def match(self, keys: Sequence[bytes]) -> list[Tier]:
+        """Tier to read each key from, for the longest readable prefix starting at block 0."""
+        out: list[Tier] = []
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                tier = e.best_tier() if e is not None else None
+                if tier is None:
+                    break
+                out.append(tier)
+        return out
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        return len(self.match(keys))
+
+    def acquire(self, keys: Sequence[bytes]) -> list[Tier]:
+        """`match` and pin the matched keys in one step, so none can be evicted in between."""
+        out: list[Tier] = []
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                tier = e.best_tier() if e is not None else None
+                if tier is None:
+                    break
+                out.append(tier)
+                e.pins += 1  # type: ignore[union-attr]
+                self._policy.remove(key)
+        return out
+
+    def known(self, key: bytes) -> bool:
+        """True if the key has any copy, readable or in flight (storing it again is redundant)."""
+        with self._lock:
+            return key in self._entries
+
+    def entry(self, key: bytes) -> Entry | None:
+        """A copy of the key's entry (for tests and diagnostics)."""
+        with self._lock:
+            e = self._entries.get(key)
+            return None if e is None else copy.copy(e)
+
+    def hits(self, key: bytes) -> int:
+        with self._lock:
+            e = self._entries.get(key)
+            return e.hits if e is not None else self._ghost.get(key, 0)
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @property
+    def free_slots(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            es = self._entries.values()
+            return {
+                "keys": len(self._entries),
+                "host_ready": sum(e.host_ready for e in es),
+                "host_filling": sum(e.host_slot is not None and not e.host_ready for e in es),
+                "evicting": sum(e.evicting for e in es),
+                "on_ssd": sum(e.on_ssd for e in es),
+                "ssd_pending": sum(e.ssd_pending for e in es),
+                "pinned": sum(e.pins > 0 for e in es),
+                "stale": sum(e.stale for e in es),
+                "evictable": len(self._policy),
+                "free_slots": len(self._free),
+            }
+
+    # --- access ---
+    def touch(self, keys: Iterable[bytes]) -> None:
+        """Record a hit (raises the access count, refreshes recency)."""
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                if e is not None:
+                    e.hits += 1
+                    self._policy.touch(key)
+
+    def pin(self, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            for key in keys:
+                e = self._get(key)
+                e.pins += 1
+                self._refresh(key, e)
+
+    def unpin(self, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            for key in keys:
+                e = self._get(key)
+                if e.pins <= 0:
+                    raise IndexStateError(f"unpin of unpinned key {key.hex()}")
+                e.pins -= 1
+                self._settle(key, e)
+
+    # --- host slots ---
+    def allocate_slots(self, n: int) -> list[int]:
+        """Up to `n` free slots (fewer when the pool is short; evict first to get more)."""
+        with self._lock:
+            take = min(n, len(self._free))
+            out = [self._free.pop() for _ in range(take)]
+            return out
+
+    def release_slots(self, slots: Iterable[int]) -> None:
+        """Return slots from `allocate_slots` that were not used for a fill."""
+        with self._lock:
+            self._free.extend(slots)
+
+    # --- host copy lifecycle ---
+    def begin_host_fill(self, key: bytes, slot: int, *, count_access: bool = True) -> None:
+        """A job starts writing the key's page into `slot` (from allocate_slots); pins the key."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0))
+            elif e.host_slot is not None or e.stale:
+                raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
+            e.host_slot = slot
+            e.host_ready = False
+            if count_access:
+                e.hits += 1
+            e.pins += 1
+            self._refresh(key, e)
+
+    def commit_host_fill(self, key: bytes, ok: bool) -> None:
+        """End a fill and unpin; a failed fill frees its slot."""
+        with self._lock:
+            e = self._get(key)
+            if e.host_slot is None or e.host_ready:
+                raise IndexStateError(f"key {key.hex()} has no host fill in flight")
+            e.pins -= 1
+            if ok:
+                e.host_ready = True
+            else:
+                self._free.append(e.host_slot)
+                e.host_slot = None
+            self._settle(key, e)
+
+    def begin_evict(self) -> Victim | None:
+        """Choose the next evictable host copy per policy; it stops being readable from host."""
+        with self._lock:
+            key = self._policy.pop_victim()
+            if key is None:
+                return None
+            assert isinstance(key, bytes)
+            e = self._entries[key]
+            assert e.evictable and e.host_slot is not None
+            e.evicting = True
+            return Victim(key, e.host_slot, e.hits, e.on_ssd)
+
+    def finish_evict(self, key: bytes) -> None:
+        """The host copy is gone (spilled or dropped): its slot becomes free."""
+        with self._lock:
+            e = self._get(key)
+            if not e.evicting or e.host_slot is None:
+                raise IndexStateError(f"key {key.hex()} is not being evicted")
+            self._free.append(e.host_slot)
+            e.host_slot, e.host_ready, e.evicting = None, False, False
+            self._settle(key, e)
+
+    # --- SSD / object copies ---
+    def begin_ssd_write(self, key: bytes) -> bool:
+        """Mark an SSD write in flight; False (nothing to do) if a copy exists or is coming."""
+        with self._lock:
+            e = self._get(key)
+            if e.on_ssd or e.ssd_pending or e.stale:
+                return False
+            e.ssd_pending = True
+            return True
+
+    def commit_ssd_write(self, key: bytes, ok: bool) -> None:
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or not e.ssd_pending:
+                raise IndexStateError(f"key {key.hex()} has no SSD write in flight")
+            e.ssd_pending = False
+            e.on_ssd = e.on_ssd or ok
+            self._settle(key, e)
+
+    def set_ssd(self, keys: Iterable[bytes], present: bool) -> list[bytes]:
+        """Record SSD presence learned from the store (restart scan: True; store eviction, failed
+        read: False). Returns the keys whose state changed."""
+        changed: list[bytes] = []
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                if present:
+                    if e is None:
+                        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0))
+                    if not e.on_ssd and not e.stale:
+                        e.on_ssd = True
+                        changed.append(key)
+                elif e is not None and e.on_ssd:
+                    e.on_ssd = False
+                    changed.append(key)
+                    self._settle(key, e)
+        return changed
+
+    def reset(self) -> list[tuple[bytes, Entry]]:
+        """Forget every key. Idle ones are removed now (returned, so their SSD copies can be
+        deleted); ones in use turn stale (never readable) and are cleaned as their jobs end."""
+        removed: list[tuple[bytes, Entry]] = []
+        with self._lock:
+            for key, e in list(self._entries.items()):
+                e.stale = True
+                self._policy.remove(key)
+                if (
+                    e.pins == 0
+                    and not e.evicting
+                    and not e.ssd_pending
+                    and not (e.host_slot is not None and not e.host_ready)
+                ):
+                    if e.host_slot is not None:
+                        self._free.append(e.host_slot)
+                    del self._entries[key]
+                    removed.append((key, e))
+            self._ghost.clear()
+        return removed
+
+    def take_garbage(self) -> list[bytes]:
+        """SSD copies of stale keys that must be deleted (written after a reset)."""
+        with self._lock:
+            out, self._garbage_ssd = self._garbage_ssd, []
+            return out

@@ -1,0 +1,549 @@
+"""Namespace, eviction/admission policies and the tier index (incl. a hypothesis state machine)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from flexkv_py.config.admission import AdmissionSpec
+from flexkv_py.errors import ConfigError
+from flexkv_py.index import (
+    AdmissionPolicy,
+    FIFOPolicy,
+    IndexStateError,
+    LFUPolicy,
+    LRUPolicy,
+    Namespace,
+    Tier,
+    TierIndex,
+    make_eviction_policy,
+)
+
+
+def _ns(**kw: object) -> Namespace:
+    base: dict[str, object] = dict(
+        model="Qwen/Qwen3-8B",
+        revision="main",
+        kv_dtype="bfloat16",
+        kv_layout="LBNHC",
+        block_size=16,
+        tp_size=2,
+        hash_algo="sha256",
+        page_bytes=1179648,
+    )
+    base.update(kw)
+    return Namespace(**base)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- namespace
+def test_namespace_prefix_is_stable_and_rank_independent() -> None:
+    a, b = _ns(tp_rank=0), _ns(tp_rank=1)
+    assert a.prefix == b.prefix and len(a.prefix) == 16
+    assert a.key(b"\x01" * 32) == b.key(b"\x01" * 32)
+    assert a.prefix == _ns().prefix  # deterministic
+    # cosmetic spellings of the same identity agree
+    assert _ns(kv_dtype="torch.bfloat16", kv_layout="lbnhc").prefix == a.prefix
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": "Qwen/Qwen3-0.6B"},
+        {"revision": "v2"},
+        {"kv_dtype": "float16"},
+        {"kv_layout": "LBHNC"},
+        {"block_size": 32},
+        {"tp_size": 4},
+        {"pp_size": 2},
+        {"hash_algo": "xxhash"},
+        {"page_bytes": 4096},
+    ],
+)
+def test_namespace_fields_isolate(change: dict[str, object]) -> None:
+    base, other = _ns(), _ns(**change)
+    h = b"\xab" * 32
+    assert base.key(h) != other.key(h)
+    assert not other.owns(base.key(h))
+
+
+def test_namespace_keys_and_shards() -> None:
+    ns0, ns1 = _ns(tp_rank=0), _ns(tp_rank=1)
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    keys = ns0.keys(hashes)
+    assert [ns0.block_hash(k) for k in keys] == hashes
+    sk0, sk1 = ns0.storage_key(keys[0]), ns1.storage_key(keys[0])
+    assert sk0 != sk1
+    assert ns0.logical_key(sk0) == keys[0]
+    assert ns0.logical_key(sk1) is None  # another rank's block
+    assert ns0.shard_dir_name == "tp0-pp0" and ns1.shard_dir_name == "tp1-pp0"
+    assert ns0.for_rank(1) == ns1
+    with pytest.raises(ValueError):
+        _ns(model="other").block_hash(keys[0])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"model": ""}, {"block_size": 0}, {"tp_rank": 2}, {"pp_rank": -1}, {"page_bytes": -1}],
+)
+def test_namespace_rejects_bad_fields(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        _ns(**bad)
+
+
+# ---------------------------------------------------------------- policies
+def test_lru_order() -> None:
+    p = LRUPolicy()
+    for k in "abc":
+        p.add(k)
+    p.touch("a")
+    assert [p.pop_victim() for _ in range(3)] == ["b", "c", "a"]
+    assert p.pop_victim() is None
+
+
+def test_fifo_ignores_touch() -> None:
+    p = FIFOPolicy()
+    for k in "abc":
+        p.add(k)
+    p.touch("a")
+    p.add("a")  # re-adding a tracked key keeps its place
+    assert [p.pop_victim() for _ in range(3)] == ["a", "b", "c"]
+
+
+def test_lfu_order_and_ties() -> None:
+    p = LFUPolicy()
+    p.add("a", freq=3)
+    p.add("b")
+    p.add("c")
+    p.touch("b")  # b: 2, c: 1
+    assert p.pop_victim() == "c"
+    assert p.remove("b") and not p.remove("b")
+    assert p.pop_victim() == "a"
+    assert len(p) == 0 and p.pop_victim() is None
+    # frequencies saturate instead of growing without bound
+    p.add("hot", freq=10**9)
+    for _ in range(100):
+        p.touch("hot")
+    p.add("new")
+    assert p.pop_victim() == "new"
+
+
+def test_make_eviction_policy() -> None:
+    assert isinstance(make_eviction_policy("LFU"), LFUPolicy)
+    with pytest.raises(ConfigError, match="eviction_policy"):
+        make_eviction_policy("clock")
+
+
+def test_admission_policy() -> None:
+    wb = AdmissionPolicy(AdmissionSpec("write_back", 1))
+    assert not wb.admit_on_store(5) and wb.admit_on_evict(1)
+    wt = AdmissionPolicy(AdmissionSpec("write_through", 1))
+    assert wt.admit_on_store(1) and wt.admit_on_evict(1)
+    freq = AdmissionPolicy(AdmissionSpec("write_through", 3))
+    assert not freq.admit_on_store(2) and freq.admit_on_store(3)
+    assert not freq.admit_on_evict(2) and freq.admit_on_evict(3)
+
+
+# ---------------------------------------------------------------- tier index
+def _k(i: int) -> bytes:
+    return i.to_bytes(4, "big")
+
+
+def _fill(idx: TierIndex, key: bytes) -> int:
+    (slot,) = idx.allocate_slots(1)
+    idx.begin_host_fill(key, slot)
+    idx.commit_host_fill(key, ok=True)
+    return slot
+
+
+def test_longest_prefix_from_block_zero() -> None:
+    idx = TierIndex(8)
+    for i in (0, 1, 3):
+        _fill(idx, _k(i))
+    assert idx.lookup([_k(0), _k(1), _k(2), _k(3)]) == 2
+    assert idx.lookup([_k(1), _k(0)]) == 2
+    assert idx.lookup([_k(2), _k(0)]) == 0
+    idx.set_ssd([_k(2)], True)
+    assert idx.match([_k(0), _k(1), _k(2), _k(3)]) == [Tier.HOST, Tier.HOST, Tier.SSD, Tier.HOST]
+
+
+def test_filling_blocks_are_not_readable() -> None:
+    idx = TierIndex(2)
+    (slot,) = idx.allocate_slots(1)
+    idx.begin_host_fill(_k(0), slot)
+    assert idx.lookup([_k(0)]) == 0 and idx.known(_k(0))
+    idx.commit_host_fill(_k(0), ok=False)
+    assert not idx.known(_k(0)) and idx.free_slots == 2
+
+
+def test_eviction_respects_pins_and_lru() -> None:
+    idx = TierIndex(3)
+    for i in range(3):
+        _fill(idx, _k(i))
+    assert idx.allocate_slots(1) == []
+    idx.pin([_k(0)])
+    idx.touch([_k(1)])
+    v = idx.begin_evict()
+    assert v is not None and v.key == _k(2)  # 0 pinned, 1 recently used
+    assert idx.lookup([_k(2)]) == 0  # leaving host, no SSD copy: not readable
+    idx.finish_evict(v.key)
+    assert idx.free_slots == 1 and not idx.known(_k(2))
+    v = idx.begin_evict()
+    assert v is not None and v.key == _k(1)
+    assert idx.begin_evict() is None  # only the pinned block is left
+    idx.unpin([_k(0)])
+    v2 = idx.begin_evict()
+    assert v2 is not None and v2.key == _k(0)
+
+
+def test_spilled_block_stays_readable_from_ssd() -> None:
+    idx = TierIndex(1)
+    _fill(idx, _k(0))
+    v = idx.begin_evict()
+    assert v is not None
+    assert idx.begin_ssd_write(v.key)
+    assert not idx.begin_ssd_write(v.key)  # already in flight
+    idx.commit_ssd_write(v.key, ok=True)
+    idx.finish_evict(v.key)
+    assert idx.match([_k(0)]) == [Tier.SSD]
+    assert idx.entry(_k(0)) is not None and idx.entry(_k(0)).host_slot is None  # type: ignore[union-attr]
+
+
+def test_ghost_hits_survive_eviction() -> None:
+    idx = TierIndex(1)
+    _fill(idx, _k(0))
+    idx.touch([_k(0)])
+    v = idx.begin_evict()
+    assert v is not None and v.hits == 2
+    idx.finish_evict(v.key)
+    assert idx.hits(_k(0)) == 2
+    _fill(idx, _k(0))
+    assert idx.hits(_k(0)) == 3
+
+
+def test_reset_makes_in_use_blocks_stale() -> None:
+    idx = TierIndex(2)
+    _fill(idx, _k(0))
+    _fill(idx, _k(1))
+    idx.set_ssd([_k(1)], True)
+    idx.pin([_k(0)])
+    removed = idx.reset()
+    assert [k for k, _ in removed] == [_k(1)]
+    assert idx.lookup([_k(0)]) == 0 and idx.lookup([_k(1)]) == 0
+    assert idx.free_slots == 1
+    with pytest.raises(IndexStateError):
+        idx.begin_host_fill(_k(0), 1)
+    idx.unpin([_k(0)])
+    assert idx.free_slots == 2 and len(idx) == 0
+
+
+def test_invalid_transitions_raise() -> None:
+    idx = TierIndex(1)
+    with pytest.raises(IndexStateError):
+        idx.unpin([_k(0)])
+    _fill(idx, _k(0))
+    with pytest.raises(IndexStateError):
+        idx.commit_host_fill(_k(0), ok=True)
+    with pytest.raises(IndexStateError):
+        idx.finish_evict(_k(0))
+
+
+def test_concurrent_fill_pin_evict() -> None:
+    n_threads, per_thread, slots = 4, 300, 64
+    idx = TierIndex(slots)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(per_thread):
+                key = _k(t * 10_000 + i)
+                got = idx.allocate_slots(1)
+                while not got:
+                    v = idx.begin_evict()
+                    if v is not None:
+                        idx.finish_evict(v.key)
+                    got = idx.allocate_slots(1)
+                idx.begin_host_fill(key, got[0])
+                idx.commit_host_fill(key, ok=True)
+                # another thread may evict it right after commit; acquire is atomic
+                tiers = idx.acquire([key])
+                if tiers:
+                    assert tiers == [Tier.HOST] and idx.lookup([key]) == 1
+                    idx.unpin([key])
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    counts = idx.counts()
+    assert counts["host_ready"] + counts["free_slots"] == slots
+    assert counts["pinned"] == 0 and counts["evicting"] == 0
+
+
+# ---------------------------------------------------------------- state machine
+@dataclass
+class _M:
+    host: str = "none"  # none | filling | ready | evicting
+    slot: int | None = None
+    ssd: bool = False
+    ssd_pending: bool = False
+    pins: int = 0
+    hits: int = 0
+    stale: bool = False
+
+
+KEYS = [_k(i) for i in range(4)]
+SLOTS = 3
+key_st = st.sampled_from(KEYS)
+
+
+class TierIndexMachine(RuleBasedStateMachine):
+    """Drives TierIndex with random transitions and checks it against a plain model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idx = TierIndex(SLOTS, eviction=LRUPolicy())
+        self.m: dict[bytes, _M] = {}
+        self.free = SLOTS
+        self.ghost: dict[bytes, int] = {}
+        self.garbage: list[bytes] = []
+
+    # -- model helpers
+    def _settle(self, key: bytes) -> None:
+        e = self.m[key]
+        if e.stale and e.pins == 0 and e.host != "evicting":
+            if e.host == "ready":
+                self.free += 1
+                e.host, e.slot = "none", None
+            if e.ssd:
+                self.garbage.append(key)
+                e.ssd = False
+        if e.host == "none" and not e.ssd and not e.ssd_pending and e.pins == 0:
+            del self.m[key]
+            if not e.stale:
+                self.ghost[key] = e.hits
+
+    def _evictable(self) -> set[bytes]:
+        return {k for k, e in self.m.items() if e.host == "ready" and e.pins == 0 and not e.stale}
+
+    def _new(self, key: bytes) -> _M:
+        if key not in self.m:
+            self.m[key] = _M(hits=self.ghost.pop(key, 0))
+        return self.m[key]
+
+    # -- rules (keys drawn from the states where the transition is legal; `bad_calls` covers
+    # the illegal ones)
+    def _where(self, pred: Callable[[_M], bool]) -> list[bytes]:
+        return sorted(k for k, e in self.m.items() if pred(e))
+
+    @precondition(lambda self: self.free > 0)
+    @rule(key=key_st)
+    def begin_fill(self, key: bytes) -> None:
+        e = self.m.get(key)
+        (slot,) = self.idx.allocate_slots(1)
+        if e is not None and (e.host != "none" or e.stale):
+            with pytest.raises(IndexStateError):
+                self.idx.begin_host_fill(key, slot)
+            self.idx.release_slots([slot])
+            return
+        self.idx.begin_host_fill(key, slot)
+        e = self._new(key)
+        self.free -= 1
+        e.host, e.slot, e.pins, e.hits = "filling", slot, e.pins + 1, e.hits + 1
+
+    @precondition(lambda self: any(e.host == "filling" for e in self.m.values()))
+    @rule(data=st.data(), ok=st.booleans())
+    def commit_fill(self, data: st.DataObject, ok: bool) -> None:
+        key = data.draw(st.sampled_from(self._where(lambda e: e.host == "filling")))
+        e = self.m[key]
+        self.idx.commit_host_fill(key, ok)
+        e.pins -= 1
+        if ok:
+            e.host = "ready"
+        else:
+            e.host, e.slot = "none", None
+            self.free += 1
+        self._settle(key)
+
+    @precondition(lambda self: bool(self.m))
+    @rule(data=st.data())
+    def pin(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.m)))
+        self.idx.pin([key])
+        self.m[key].pins += 1
+
+    @staticmethod
+    def _extra_pins(e: _M) -> int:
+        # the fill's own pin is released by commit, never by unpin
+        return e.pins - (1 if e.host == "filling" else 0)
+
+    @precondition(lambda self: any(self._extra_pins(e) > 0 for e in self.m.values()))
+    @rule(data=st.data())
+    def unpin(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self._where(lambda e: self._extra_pins(e) > 0)))
+        self.idx.unpin([key])
+        self.m[key].pins -= 1
+        self._settle(key)
+
+    @precondition(lambda self: any(e.host == "evicting" for e in self.m.values()))
+    @rule(data=st.data())
+    def finish_evict(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self._where(lambda e: e.host == "evicting")))
+        e = self.m[key]
+        self.idx.finish_evict(key)
+        e.host, e.slot = "none", None
+        self.free += 1
+        self._settle(key)
+
+    @precondition(lambda self: bool(self.m))
+    @rule(data=st.data())
+    def begin_ssd_write(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.m)))
+        e = self.m[key]
+        started = self.idx.begin_ssd_write(key)
+        assert started == (not (e.ssd or e.ssd_pending or e.stale))
+        if started:
+            e.ssd_pending = True
+
+    @precondition(lambda self: any(e.ssd_pending for e in self.m.values()))
+    @rule(data=st.data(), ok=st.booleans())
+    def commit_ssd_write(self, data: st.DataObject, ok: bool) -> None:
+        key = data.draw(st.sampled_from(self._where(lambda e: e.ssd_pending)))
+        e = self.m[key]
+        self.idx.commit_ssd_write(key, ok)
+        e.ssd_pending = False
+        e.ssd = e.ssd or ok
+        self._settle(key)
+
+    @rule(key=key_st)
+    def bad_calls(self, key: bytes) -> None:
+        e = self.m.get(key)
+        if e is None:
+            with pytest.raises(IndexStateError):
+                self.idx.pin([key])
+        if e is None or self._extra_pins(e) <= 0:
+            if e is None or e.pins == 0:
+                with pytest.raises(IndexStateError):
+                    self.idx.unpin([key])
+        if e is None or e.host != "filling":
+            with pytest.raises(IndexStateError):
+                self.idx.commit_host_fill(key, True)
+        if e is None or e.host != "evicting":
+            with pytest.raises(IndexStateError):
+                self.idx.finish_evict(key)
+        if e is None or not e.ssd_pending:
+            with pytest.raises(IndexStateError):
+                self.idx.commit_ssd_write(key, True)
+
+    @rule(key=key_st)
+    def touch(self, key: bytes) -> None:
+        self.idx.touch([key])
+        if key in self.m:
+            self.m[key].hits += 1
+
+    @rule()
+    def begin_evict(self) -> None:
+        expected = self._evictable()
+        v = self.idx.begin_evict()
+        if not expected:
+            assert v is None
+            return
+        assert v is not None and v.key in expected
+        e = self.m[v.key]
+        assert v.host_slot == e.slot and v.hits == e.hits and v.on_ssd == e.ssd
+        e.host = "evicting"
+
+    @rule(key=key_st, present=st.booleans())
+    def set_ssd(self, key: bytes, present: bool) -> None:
+        changed = self.idx.set_ssd([key], present)
+        e = self.m.get(key)
+        if present:
+            e = self._new(key)
+            expect = not e.ssd and not e.stale
+            if expect:
+                e.ssd = True
+        else:
+            expect = e is not None and e.ssd
+            if e is not None and e.ssd:
+                e.ssd = False
+                self._settle(key)
+        assert changed == ([key] if expect else [])
+
+    @rule()
+    def reset(self) -> None:
+        removed = {k for k, _ in self.idx.reset()}
+        expect = set()
+        for k, e in list(self.m.items()):
+            e.stale = True
+            if e.pins == 0 and e.host not in ("filling", "evicting") and not e.ssd_pending:
+                if e.slot is not None:
+                    self.free += 1
+                del self.m[k]
+                expect.add(k)
+        self.ghost.clear()
+        assert removed == expect
+
+    @rule()
+    def take_garbage(self) -> None:
+        assert sorted(self.idx.take_garbage()) == sorted(self.garbage)
+        self.garbage.clear()
+
+    @rule(keys=st.lists(key_st, max_size=6), pin=st.booleans())
+    def match(self, keys: list[bytes], pin: bool) -> None:
+        expected: list[Tier] = []
+        for k in keys:
+            e = self.m.get(k)
+            if e is None or e.stale:
+                break
+            if e.host == "ready":
+                expected.append(Tier.HOST)
+            elif e.ssd:
+                expected.append(Tier.SSD)
+            else:
+                break
+        if not pin:
+            assert self.idx.match(keys) == expected
+            return
+        assert self.idx.acquire(keys) == expected
+        for k in keys[: len(expected)]:
+            self.m[k].pins += 1
+
+    # -- invariants
+    @invariant()
+    def slots_are_conserved(self) -> None:
+        held = [e.slot for e in self.m.values() if e.slot is not None]
+        assert len(held) == len(set(held))
+        assert self.idx.free_slots == self.free == SLOTS - len(held)
+
+    @invariant()
+    def entries_agree(self) -> None:
+        assert set(self.idx.keys()) == set(self.m)
+        for k, e in self.m.items():
+            got = self.idx.entry(k)
+            assert got is not None
+            assert got.host_slot == e.slot
+            assert got.host_ready == (e.host in ("ready", "evicting"))
+            assert got.evicting == (e.host == "evicting")
+            assert (got.on_ssd, got.ssd_pending, got.pins, got.stale) == (
+                e.ssd,
+                e.ssd_pending,
+                e.pins,
+                e.stale,
+            )
+            assert self.idx.hits(k) == e.hits
+        assert self.idx.counts()["evictable"] == len(self._evictable())
+
+
+TierIndexMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=50, deadline=None
+)
+test_tier_index_state_machine = TierIndexMachine.TestCase
