@@ -1,0 +1,265 @@
+"""The host tier's memory: one big page-aligned region cut into equal 4096-aligned slots.
+
+One slot holds one engine block (all layers, K and V of this worker's shard). The region is
+pinned with ``cudaHostRegister`` when CUDA is available, so GPU copies run at full PCIe speed and
+kernels can address it directly (UVA); the same memory is handed to the SSD store for O_DIRECT
+reads and writes, so no bounce buffer is needed anywhere.
+
+Allocation is fast on purpose: an anonymous mmap (the native ``flexkv_py._native.HostPool`` when
+the extension is importable, Python's mmap otherwise), first-touched by many threads, then
+registered in chunks of at most 64 GiB (single huge registrations fail). torch's
+``pin_memory=True`` is ~3x slower and rounds sizes up to powers of two.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SLOT_ALIGN = 4096
+GIB = 1 << 30
+MAX_REGISTER_CHUNK = 64 * GIB
+_HOST_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+
+try:  # the Rust extension may be absent (CPU CI before the build, the GPU box before the wheel)
+    from flexkv_py import _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+
+@dataclass
+class PoolTimings:
+    """Seconds spent building the pool (reported by the bench)."""
+
+    allocate_s: float = 0.0
+    touch_s: float = 0.0
+    pin_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.allocate_s + self.touch_s + self.pin_s
+
+
+class HostPool:
+    """``num_slots`` slots of ``slot_nbytes`` bytes in one pinned (if CUDA) region.
+
+    ``tensor`` is a ``uint8 [num_slots, slot_nbytes]`` CPU tensor over the region. Views of it
+    must not be used after ``close()``. The caller (the coordinator) owns slot allocation.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_nbytes: int,
+        *,
+        pin: bool | None = None,
+        huge_pages: bool = True,
+        touch_threads: int = 0,
+        backing: str = "auto",
+        register_threads: int = 4,
+    ) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"host pool needs at least one slot, got num_slots={num_slots}")
+        if slot_nbytes <= 0 or slot_nbytes % SLOT_ALIGN:
+            raise ValueError(
+                f"host pool slot size {slot_nbytes} is not a positive multiple of {SLOT_ALIGN} "
+                "(O_DIRECT alignment); round it up"
+            )
+        if backing not in ("auto", "native", "mmap"):
+            raise ValueError(f"host pool backing must be auto|native|mmap, got {backing!r}")
+        if pin is None:
+            pin = torch.cuda.is_available()
+        if pin and not torch.cuda.is_available():
+            raise ValueError("host pool pin=True needs CUDA, which is not available")
+        self.num_slots = num_slots
+        self.slot_nbytes = slot_nbytes
+        self.nbytes = num_slots * slot_nbytes
+        self.timings = PoolTimings()
+        self._registered: list[tuple[int, int]] = []
+        self._closed = False
+
+        t0 = time.perf_counter()
+        use_native = backing == "native" or (backing == "auto" and _native is not None)
+        if use_native:
+            if _native is None:
+                raise ValueError("host pool backing='native' but flexkv_py._native is not built")
+            self._buffer: Any = _native.HostPool(
+                self.nbytes, huge_pages=huge_pages, touch_threads=touch_threads
+            )
+            self.backing = "native"
+            self.timings.allocate_s = time.perf_counter() - t0  # native touches while allocating
+            flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
+        else:
+            self._buffer = mmap.mmap(
+                -1,
+                self.nbytes,
+                flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
+            if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
+                self._buffer.madvise(mmap.MADV_HUGEPAGE)  # 512x fewer faults and pinned pages
+            self.backing = "mmap"
+            self.timings.allocate_s = time.perf_counter() - t0
+            flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
+            t1 = time.perf_counter()
+            # First touch from torch's intra-op threads: one byte per 4 KiB page faults it in.
+            flat.view(-1, SLOT_ALIGN)[:, 0].fill_(0)
+            self.timings.touch_s = time.perf_counter() - t1
+        self.tensor = flat.view(num_slots, slot_nbytes)
+        self.address = int(flat.data_ptr())
+        assert self.address % SLOT_ALIGN == 0, "mmap returned an unaligned region"
+        self.pinned = False
+        if pin:
+            t2 = time.perf_counter()
+            self._pin(register_threads)
+            self.timings.pin_s = time.perf_counter() - t2
+            self.pinned = True
+        logger.info(
+            "host pool: %d slots x %d bytes = %.2f GiB (%s, pinned=%s) in %.2f s",
+            num_slots,
+            slot_nbytes,
+            self.nbytes / GIB,
+            self.backing,
+            self.pinned,
+            self.timings.total_s,
+        )
+
+    @classmethod
+    def from_cache_gb(cls, cpu_cache_gb: float, slot_nbytes: int, **kwargs: Any) -> HostPool:
+        """As many slots as fit in ``cpu_cache_gb`` GiB (FlexKV's FLEXKV_CPU_CACHE_GB)."""
+        if not cpu_cache_gb > 0:
+            raise ValueError(f"cpu_cache_gb must be > 0, got {cpu_cache_gb}")
+        if slot_nbytes <= 0:
+            raise ValueError(f"slot size must be positive, got {slot_nbytes}")
+        num_slots = int(cpu_cache_gb * GIB) // slot_nbytes
+        if num_slots < 1:
+            raise ValueError(
+                f"cpu_cache_gb={cpu_cache_gb} holds no block of {slot_nbytes} bytes; raise it"
+            )
+        return cls(num_slots, slot_nbytes, **kwargs)
+
+    # -- pinning -------------------------------------------------------------------------------
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        # Chunk boundaries fall on slot boundaries: a copy never spans two registrations.
+        per_chunk = max(1, min(self.num_slots, MAX_REGISTER_CHUNK // self.slot_nbytes))
+        step = per_chunk * self.slot_nbytes
+        return [
+            (self.address + off, min(step, self.nbytes - off))
+            for off in range(0, self.nbytes, step)
+        ]
+
+    def _pin(self, threads: int) -> None:
+        chunks = self._chunks()
+        register = _host_register_fn()
+        if threads > 1 and len(chunks) > 1:
+            with ThreadPoolExecutor(min(threads, len(chunks))) as ex:
+                errors = list(ex.map(lambda c: register(*c), chunks))
+        else:
+            errors = [register(*c) for c in chunks]
+        for (addr, size), err in zip(chunks, errors, strict=True):
+            if err == 0:
+                self._registered.append((addr, size))
+        failed = [(c, e) for c, e in zip(chunks, errors, strict=True) if e != 0]
+        if failed:
+            self._unpin()
+            (addr, size), err = failed[0]
+            raise OSError(
+                f"cudaHostRegister failed (error {err}) for {size} bytes of the "
+                f"{self.nbytes}-byte host pool; lower cpu_cache_gb or raise the memlock limit"
+            )
+
+    def _unpin(self) -> None:
+        unregister = _host_unregister_fn()
+        for addr, _size in self._registered:
+            err = unregister(addr)
+            if err != 0:
+                logger.warning("cudaHostUnregister(%#x) failed with error %s", addr, err)
+        self._registered.clear()
+
+    # -- access -----------------------------------------------------------------------------
+
+    def slot_address(self, slot: int) -> int:
+        """Address of a slot (4096-aligned): ``(pool.slot_address(i), pool.slot_nbytes)`` is a
+        raw block buffer for the native store."""
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
+        return self.address + slot * self.slot_nbytes
+
+    def slot_view(self, slot: int) -> memoryview:
+        """A writable memoryview of one slot (buffer protocol, for the native store)."""
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
+        return memoryview(self.tensor[slot].numpy())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Unregister and release the memory. In-flight transfers must be finished."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._registered:
+            self._unpin()
+            self.pinned = False
+        del self.tensor
+        try:
+            self._buffer.close()
+        except BufferError:  # a view is still alive: the mapping goes when the last view does
+            logger.debug("host pool views still alive; memory released by the garbage collector")
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: CUDA may be gone already
+                pass
+
+
+def _host_register_fn() -> Any:
+    """``register(addr, size) -> error code``; cuda-bindings releases the GIL (parallel pin)."""
+    try:
+        from cuda.bindings import runtime as cudart
+
+        def register(addr: int, size: int) -> int:
+            (err,) = cudart.cudaHostRegister(addr, size, _HOST_REGISTER_PORTABLE_MAPPED)
+            return int(err)
+
+        return register
+    except ImportError:
+        rt = torch.cuda.cudart()
+
+        def register_torch(addr: int, size: int) -> int:
+            return int(rt.cudaHostRegister(addr, size, _HOST_REGISTER_PORTABLE_MAPPED))
+
+        return register_torch
+
+
+def _host_unregister_fn() -> Any:
+    try:
+        from cuda.bindings import runtime as cudart
+
+        def unregister(addr: int) -> int:
+            (err,) = cudart.cudaHostUnregister(addr)
+            return int(err)
+
+        return unregister
+    except ImportError:
+        rt = torch.cuda.cudart()
+        return lambda addr: int(rt.cudaHostUnregister(addr))
