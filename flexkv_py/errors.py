@@ -1,6 +1,13 @@
-"""Public exception types (defined by the native extension, re-exported here)."""
+"""The flexkv-py exception hierarchy (defined by the native module, re-exported here).
 
-from __future__ import annotations
+FlexKVError
+├── ConfigError (also ValueError)       bad configuration or input; the message names the key
+├── StorageFullError                    the budget or the device has no room
+├── CorruptBlockError                   stored bytes failed verification
+├── IoEngineError (also OSError)        the device or the I/O engine failed
+├── StoreLockedError                    another process holds the cache directory
+└── BlockNotFoundError (also KeyError)  the key is not stored
+"""
 
 from flexkv_py._native import (
     BlockNotFoundError,

@@ -1,0 +1,23 @@
+"""Turn buffer-protocol objects into raw ``(address, nbytes)`` pairs for the native store.
+
+The extension is built against CPython's stable ABI for 3.10, which has no buffer API, so the
+address of a Python buffer is taken here (through numpy) and handed to Rust together with an
+owner object that keeps the memory alive until the batch completes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def address_of(obj: object, writable: bool) -> tuple[int, int, object]:
+    """Return ``(address, nbytes, owner)`` for a C-contiguous buffer object."""
+    view = memoryview(obj)  # type: ignore[arg-type]
+    if not view.c_contiguous:
+        raise ValueError("block buffers must be C-contiguous")
+    if writable and view.readonly:
+        raise ValueError(f"a read-only {type(obj).__name__} cannot receive a block")
+    if view.nbytes == 0:
+        return 0, 0, view
+    flat = np.frombuffer(view.cast("B") if view.format != "B" or view.ndim != 1 else view, np.uint8)
+    return int(flat.ctypes.data), int(view.nbytes), flat

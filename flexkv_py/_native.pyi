@@ -1,0 +1,136 @@
+"""Type stubs for the Rust extension `flexkv_py._native`.
+
+The native module owns the on-disk block store (io_uring / pread engines, O_DIRECT, content-hash
+dedup, crash-safe journal) and an aligned host pool. Every call that does I/O, hashing or
+compression releases the GIL.
+"""
+
+from collections.abc import Sequence
+from typing import Literal, TypeAlias
+
+from typing_extensions import Buffer
+
+# A block buffer: any buffer-protocol object (bytes, bytearray, memoryview, numpy array, a slice of
+# a HostPool) or a raw ``(address, nbytes)`` pair, e.g. ``(tensor.data_ptr(), tensor.nbytes)``.
+# For raw pairs the caller keeps the memory alive until the batch completes.
+BlockBuffer: TypeAlias = Buffer | tuple[int, int]
+
+BlockStatus = Literal[
+    "ok",  # put: data written; get: data read and verified
+    "deduped",  # put: identical content already stored, no data bytes written
+    "not_found",  # get: key unknown (never stored, deleted or evicted)
+    "corrupt",  # get: checksum/header mismatch; the buffer content is undefined
+    "io_error",  # the device failed (EIO, short read/write, ENOSPC on write)
+    "rejected",  # put: refused by the admission policy (not seen often enough)
+    "no_space",  # put: larger than the whole budget, or everything else is pinned
+    "bad_buffer",  # get: output buffer too small / read-only
+]
+
+class FlexKVError(Exception): ...
+class ConfigError(FlexKVError, ValueError): ...
+class StorageFullError(FlexKVError): ...
+class CorruptBlockError(FlexKVError): ...
+class IoEngineError(FlexKVError, OSError): ...
+class StoreLockedError(FlexKVError): ...
+class BlockNotFoundError(FlexKVError, KeyError): ...
+
+class BlockResult:
+    @property
+    def status(self) -> BlockStatus: ...
+    @property
+    def nbytes(self) -> int:
+        """Uncompressed length of the block (get: bytes placed in the buffer)."""
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def ok(self) -> bool:
+        """True for "ok" and "deduped"."""
+
+class BatchHandle:
+    """An in-flight batch. The store keeps every buffer alive until the batch completes,
+    even if this handle is dropped."""
+
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> list[BlockResult]:
+        """Block (GIL released) until done; raises TimeoutError after `timeout` seconds."""
+    def __len__(self) -> int: ...
+
+class HostPool:
+    """Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA
+    (after cudaHostRegister) and O_DIRECT I/O. Unmapped on close() / garbage collection."""
+
+    def __init__(
+        self, nbytes: int, *, huge_pages: bool = False, touch_threads: int = 0
+    ) -> None: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def huge_pages(self) -> bool: ...
+    def memoryview(self) -> memoryview:
+        """Writable view of the whole pool (e.g. for torch.frombuffer). It does not own the
+        memory: keep the pool open while any view or tensor made from it is in use."""
+    def close(self) -> None: ...
+
+class BlockStore:
+    """A crash-safe, content-deduplicated block store over one or more cache directories."""
+
+    def __init__(
+        self,
+        dirs: str | Sequence[str],
+        capacity_bytes: int,
+        *,
+        io_engine: Literal["auto", "io_uring", "psync"] = "auto",
+        queue_depth: int = 64,
+        compression: Literal["none", "zstd"] = "none",
+        zstd_level: int = 1,
+        eviction: Literal["lru", "fifo"] = "lru",
+        admit_min_hits: int = 1,
+        content_hash: Literal["xxh3-128", "blake3"] = "xxh3-128",
+        durability: Literal["process", "power"] = "process",
+        preallocate: bool = True,
+        read_only: bool = False,
+        batch_threads: int = 4,
+    ) -> None:
+        """`dirs`: a list, or FlexKV's ';'-separated string. `capacity_bytes` is the physical
+        byte budget, split evenly across directories. `read_only=True` opens an existing store
+        (capacity ignored) without taking the lock, e.g. to inspect a directory in use."""
+    @property
+    def io_engine(self) -> str:
+        """The engine actually in use ("io_uring" or "psync")."""
+    @property
+    def dirs(self) -> list[str]: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+    def submit_put(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
+    def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle:
+        """Each buffer must be writable and at least the block's length."""
+    def put(self, key: bytes, data: BlockBuffer) -> BlockResult: ...
+    def get(self, key: bytes, out: BlockBuffer) -> BlockResult: ...
+    def read(self, key: bytes) -> bytes:
+        """Convenience: raises BlockNotFoundError / CorruptBlockError / IoEngineError."""
+    def contains(self, key: bytes) -> bool: ...
+    def match_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading keys are stored (stops at the first miss)."""
+    def block_len(self, key: bytes) -> int | None:
+        """Uncompressed length of a stored block, None if absent."""
+    def delete(self, key: bytes) -> bool: ...
+    def clear(self) -> int:
+        """Delete every key; returns how many were removed."""
+    def keys(self) -> list[bytes]: ...
+    def drain_evicted(self) -> list[bytes]:
+        """Keys the store evicted (capacity pressure) since the last call."""
+    def verify(self) -> list[bytes]:
+        """Read and check every block; returns the keys whose data is corrupt or unreadable."""
+    def stats(self) -> dict[str, int | float | str]: ...
+    def checkpoint(self) -> None:
+        """Compact the journal now (also done on close and when it grows)."""
+    def close(self) -> None:
+        """Wait for in-flight batches, compact the journal, mark a clean shutdown, unlock."""
+    def __enter__(self) -> BlockStore: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def __len__(self) -> int: ...
+
+def content_hash(data: Buffer, algorithm: Literal["xxh3-128", "blake3"] = "xxh3-128") -> bytes: ...
+def io_uring_available() -> bool: ...

@@ -1,0 +1,22 @@
+//! PyO3 bindings: `flexkv_py._native`. Every call that does I/O, hashing or compression runs
+//! with the GIL released (`py.detach`).
+
+mod buffers;
+mod errors;
+mod pool;
+mod store;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<store::PyBlockStore>()?;
+    m.add_class::<store::PyBatchHandle>()?;
+    m.add_class::<store::PyBlockResult>()?;
+    m.add_class::<pool::PyHostPool>()?;
+    m.add_function(wrap_pyfunction!(store::content_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(store::io_uring_available, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! `BlockStore`, `BatchHandle` and `BlockResult` for Python.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::buffers::extract_items;
+use super::errors::to_py;
+use crate::compression::Compression;
+use crate::error::StoreError;
+use crate::hashing::HashAlgo;
+use crate::index::EvictionPolicy;
+use crate::io::aligned::AlignedBuf;
+use crate::io::EngineChoice;
+use crate::store::stats::StatValue;
+use crate::store::{Batch, BlockResult, BlockStore, Durability, RawBuf, Status, StoreConfig};
+
+#[pyclass(name = "BlockResult", module = "flexkv_py._native", frozen)]
+pub struct PyBlockResult {
+    inner: BlockResult,
+}
+
+#[pymethods]
+impl PyBlockResult {
+    #[getter]
+    fn status(&self) -> &'static str {
+        self.inner.status.name()
+    }
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.nbytes
+    }
+    #[getter]
+    fn error(&self) -> Option<String> {
+        self.inner.error.clone()
+    }
+    #[getter]
+    fn ok(&self) -> bool {
+        self.inner.status.is_ok()
+    }
+    fn __repr__(&self) -> String {
+        match &self.inner.error {
+            Some(e) => format!("BlockResult({}, nbytes={}, error={e:?})", self.inner.status.name(), self.inner.nbytes),
+            None => format!("BlockResult({}, nbytes={})", self.inner.status.name(), self.inner.nbytes),
+        }
+    }
+}
+
+fn wrap_results(py: Python<'_>, results: Vec<BlockResult>) -> PyResult<Bound<'_, PyList>> {
+    let objs = results
+        .into_iter()
+        .map(|inner| Py::new(py, PyBlockResult { inner }))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, objs)
+}
+
+#[pyclass(name = "BatchHandle", module = "flexkv_py._native", frozen)]
+pub struct PyBatchHandle {
+    batch: Arc<Batch>,
+}
+
+#[pymethods]
+impl PyBatchHandle {
+    fn done(&self) -> bool {
+        self.batch.done()
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
+        let timeout = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(pyo3::exceptions::PyValueError::new_err("timeout must be a finite number >= 0"))
+            }
+            Some(t) => Some(Duration::from_secs_f64(t)),
+            None => None,
+        };
+        let batch = self.batch.clone();
+        let results = py.detach(move || batch.wait(timeout)).map_err(to_py)?;
+        wrap_results(py, results)
+    }
+
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+}
+
+#[pyclass(name = "BlockStore", module = "flexkv_py._native", frozen)]
+pub struct PyBlockStore {
+    store: Arc<BlockStore>,
+}
+
+fn parse_dirs(dirs: &Bound<'_, PyAny>) -> PyResult<Vec<std::path::PathBuf>> {
+    if let Ok(s) = dirs.extract::<String>() {
+        return Ok(StoreConfig::split_dirs(&s));
+    }
+    let list: Vec<std::path::PathBuf> = dirs.extract().map_err(|_| {
+        to_py(StoreError::Config("ssd_cache_dir: expected a path, a ';'-separated string or a list of paths".into()))
+    })?;
+    Ok(list)
+}
+
+impl PyBlockStore {
+    fn single(&self, py: Python<'_>, key: Vec<u8>, buf: &Bound<'_, PyAny>, put: bool) -> PyResult<PyBlockResult> {
+        let items = PyList::new(py, [(PyBytes::new(py, &key), buf.clone())])?;
+        let handle = if put { self.submit_put(py, &items)? } else { self.submit_get(py, &items)? };
+        let batch = handle.batch.clone();
+        let mut results = py.detach(move || batch.wait(None)).map_err(to_py)?;
+        let inner = results.pop().ok_or_else(|| to_py(StoreError::Io("empty batch result".into())))?;
+        Ok(PyBlockResult { inner })
+    }
+}
+
+#[pymethods]
+impl PyBlockStore {
+    #[new]
+    #[pyo3(signature = (dirs, capacity_bytes, *, io_engine="auto", queue_depth=64, compression="none",
+        zstd_level=1, eviction="lru", admit_min_hits=1, content_hash="xxh3-128", durability="process",
+        preallocate=true, read_only=false, batch_threads=4))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dirs: &Bound<'_, PyAny>,
+        capacity_bytes: u64,
+        io_engine: &str,
+        queue_depth: u32,
+        compression: &str,
+        zstd_level: i32,
+        eviction: &str,
+        admit_min_hits: u32,
+        content_hash: &str,
+        durability: &str,
+        preallocate: bool,
+        read_only: bool,
+        batch_threads: usize,
+    ) -> PyResult<Self> {
+        let mut cfg = StoreConfig::new(parse_dirs(dirs)?, capacity_bytes);
+        let parsed = (|| -> crate::error::Result<()> {
+            cfg.io_engine = EngineChoice::parse(io_engine)?;
+            cfg.compression = Compression::parse(compression, zstd_level)?;
+            cfg.eviction = EvictionPolicy::parse(eviction)?;
+            cfg.hash = HashAlgo::parse(content_hash)?;
+            cfg.durability = Durability::parse(durability)?;
+            Ok(())
+        })();
+        parsed.map_err(to_py)?;
+        cfg.queue_depth = queue_depth;
+        cfg.admit_min_hits = admit_min_hits;
+        cfg.preallocate = preallocate;
+        cfg.read_only = read_only;
+        cfg.batch_threads = batch_threads.max(1);
+        let store = py.detach(move || BlockStore::open(cfg)).map_err(to_py)?;
+        Ok(PyBlockStore { store: Arc::new(store) })
+    }
+
+    #[getter]
+    fn io_engine(&self) -> &'static str {
+        self.store.io_engine()
+    }
+
+    #[getter]
+    fn dirs(&self) -> Vec<String> {
+        self.store.config().dirs.iter().map(|d| d.display().to_string()).collect()
+    }
+
+    #[getter]
+    fn capacity_bytes(&self) -> u64 {
+        self.store.capacity_bytes()
+    }
+
+    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
+        let ex = extract_items(py, items, false)?;
+        let store = self.store.clone();
+        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let items = ex.items;
+        let batch = py.detach(move || store.submit_put(items, Some(owners))).map_err(to_py)?;
+        Ok(PyBatchHandle { batch })
+    }
+
+    fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
+        let ex = extract_items(py, items, true)?;
+        let store = self.store.clone();
+        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let items = ex.items;
+        let batch = py.detach(move || store.submit_get(items, Some(owners))).map_err(to_py)?;
+        Ok(PyBatchHandle { batch })
+    }
+
+    fn put(&self, py: Python<'_>, key: Vec<u8>, data: &Bound<'_, PyAny>) -> PyResult<PyBlockResult> {
+        self.single(py, key, data, true)
+    }
+
+    fn get(&self, py: Python<'_>, key: Vec<u8>, out: &Bound<'_, PyAny>) -> PyResult<PyBlockResult> {
+        self.single(py, key, out, false)
+    }
+
+    fn read<'py>(&self, py: Python<'py>, key: Vec<u8>) -> PyResult<Bound<'py, PyBytes>> {
+        let store = self.store.clone();
+        let k = key.clone();
+        let (result, buf) = py
+            .detach(move || -> crate::error::Result<(BlockResult, Vec<u8>)> {
+                let len = store.block_len(&k).ok_or_else(|| {
+                    StoreError::NotFound(format!("key {:?} is not stored", String::from_utf8_lossy(&k)))
+                })? as usize;
+                let mut buf = AlignedBuf::zeroed(len);
+                let raw = RawBuf { ptr: buf.as_mut_slice().as_mut_ptr(), len: buf.len() };
+                let batch = store.submit_get(vec![(k, raw)], None)?;
+                let r = batch.wait(None)?.pop().ok_or_else(|| StoreError::Io("empty batch result".into()))?;
+                Ok((r, buf.as_slice()[..len].to_vec()))
+            })
+            .map_err(to_py)?;
+        let name = String::from_utf8_lossy(&key).into_owned();
+        match result.status {
+            Status::Ok => Ok(PyBytes::new(py, &buf)),
+            Status::NotFound => Err(to_py(StoreError::NotFound(format!("key {name:?} is not stored")))),
+            Status::Corrupt => Err(to_py(StoreError::Corrupt(format!(
+                "key {name:?}: {}",
+                result.error.unwrap_or_default()
+            )))),
+            _ => Err(to_py(StoreError::Io(format!("key {name:?}: {}", result.error.unwrap_or_default())))),
+        }
+    }
+
+    fn contains(&self, key: Vec<u8>) -> bool {
+        self.store.contains(&key)
+    }
+
+    fn __contains__(&self, key: Vec<u8>) -> bool {
+        self.store.contains(&key)
+    }
+
+    fn match_prefix(&self, keys: Vec<Vec<u8>>) -> usize {
+        self.store.match_prefix(keys.iter().map(Vec::as_slice))
+    }
+
+    fn block_len(&self, key: Vec<u8>) -> Option<u64> {
+        self.store.block_len(&key)
+    }
+
+    fn delete(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
+        let store = self.store.clone();
+        py.detach(move || store.delete(&key)).map_err(to_py)
+    }
+
+    fn clear(&self, py: Python<'_>) -> PyResult<usize> {
+        let store = self.store.clone();
+        py.detach(move || store.clear()).map_err(to_py)
+    }
+
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.store.keys().iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    fn drain_evicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.store.drain_evicted().iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store.clone();
+        let bad = py.detach(move || store.verify()).map_err(to_py)?;
+        PyList::new(py, bad.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, value) in self.store.stats() {
+            match value {
+                StatValue::Int(v) => d.set_item(name, v)?,
+                StatValue::Float(v) => d.set_item(name, v)?,
+                StatValue::Text(v) => d.set_item(name, v)?,
+            }
+        }
+        Ok(d)
+    }
+
+    fn checkpoint(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || store.checkpoint()).map_err(to_py)
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || store.close()).map_err(to_py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.close(py)
+    }
+
+    fn __len__(&self) -> usize {
+        self.store.len()
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (data, algorithm="xxh3-128"))]
+pub fn content_hash<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, algorithm: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = HashAlgo::parse(algorithm).map_err(to_py)?;
+    let helper = py.import("flexkv_py._buffers")?.getattr("address_of")?;
+    let (raw, owner) = super::buffers::extract_one(&helper, data, false)?;
+    let digest = py.detach(move || {
+        // SAFETY: `owner` keeps the memory alive and we hold it across this call.
+        algo.digest(unsafe { raw.as_slice() })
+    });
+    drop(owner);
+    Ok(PyBytes::new(py, &digest))
+}
+
+#[pyfunction]
+pub fn io_uring_available() -> bool {
+    crate::io::io_uring_available()
+}
