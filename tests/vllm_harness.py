@@ -331,12 +331,12 @@ class Engine:
             log_stats=True,
         )
         self.connector = self.scheduler.connector
+        self.events: list[Any] = []
         # update_from_output publishes connector.take_events(); record what it publishes.
         self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
         self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
         self.history: list[StepRecord] = []
         self.outputs: dict[str, list[int]] = {}
-        self.events: list[Any] = []
         self.stats: list[Any] = []
         self._in_flight: list[tuple[SchedulerOutput, Any]] = []
 

@@ -51,6 +51,8 @@ class _RequestState:
     # Store jobs that still read GPU blocks this request holds.
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
+    # Between the async-load answer and the request's finished_recving (vLLM's view).
+    loading: bool = False
     finished: bool = False
 
 
@@ -142,6 +144,7 @@ class SchedulerSide:
             state.load_job = job.job_id
             for k in keys:
                 self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
+        state.loading = True
         self._step_jobs.append(JobEntry(request.request_id, "load", job, block_ids))
         # Loaded blocks are already in our tiers: the store planner starts after them.
         state.planned_blocks = max(state.planned_blocks, first + count)
@@ -221,6 +224,11 @@ class SchedulerSide:
 
     # ---------------------------------------------------------------- completions
     def update_connector_output(self, output: KVConnectorOutput) -> None:
+        for req_id in output.finished_recving or ():
+            state = self._reqs.get(req_id)
+            if state is not None:
+                state.loading = False
+                self._maybe_forget(req_id)
         meta = output.kv_connector_worker_meta
         if meta is None:
             return
@@ -264,8 +272,7 @@ class SchedulerSide:
             if not merged.ok:
                 # Failed blocks are recomputed by vLLM; let the planner store them again.
                 state.planned_blocks = 0
-        if state.finished and not state.store_jobs and state.load_job is None:
-            self._reqs.pop(info.req_id, None)
+        self._maybe_forget(info.req_id)
 
     # ---------------------------------------------------------------- request end
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
@@ -274,10 +281,10 @@ class SchedulerSide:
         if state is None:
             return False, None
         state.finished = True
-        if self._info.can_store and state.load_job is None:
+        if self._info.can_store and not state.loading:
             # Blocks whose hash became known only now (the last decode tokens).
             self._plan_store(state, request.num_computed_tokens)
-        if state.load_job is not None:
+        if state.loading:
             # vLLM frees the blocks when the load reports finished_recving.
             return True, None
         if state.store_jobs:
@@ -288,7 +295,13 @@ class SchedulerSide:
 
     def _maybe_forget(self, req_id: str) -> None:
         state = self._reqs.get(req_id)
-        if state is not None and state.finished and not state.store_jobs and state.load_job is None:
+        if (
+            state is not None
+            and state.finished
+            and not state.store_jobs
+            and not state.loading
+            and state.load_job is None
+        ):
             del self._reqs[req_id]
 
     def _state(self, request: Request) -> _RequestState:

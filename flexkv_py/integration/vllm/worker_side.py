@@ -72,6 +72,11 @@ class WorkerSide:
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
         """Take the step's jobs; they are submitted after the forward (wait_for_save)."""
         self._pending.extend(meta.jobs)
+        # Register stores per request now, not at submit: with spec decode vLLM asks
+        # get_finished before wait_for_save, and a delayed free must not overtake its store.
+        for entry in meta.jobs:
+            if entry.kind == "store" and entry.req_id is not None and entry.job is not None:
+                self._req_stores.setdefault(entry.req_id, set()).add(entry.job.job_id)
         self._await_free |= meta.delayed_free_req_ids
 
     def handle_preemptions(self, meta: FlexKVConnectorMetadata) -> None:
@@ -79,7 +84,9 @@ class WorkerSide:
             return
         # Stores of the previous steps are all submitted (wait_for_save ran); wait for those
         # reading the preempted requests' blocks.
-        job_ids = [j for r in meta.flush_req_ids for j in self._req_stores.get(r, ())]
+        self.submit_pending()  # jobs of a step whose wait_for_save has not run yet
+        stores = (j for r in meta.flush_req_ids for j in self._req_stores.get(r, ()))
+        job_ids = [j for j in stores if j in self._inflight]
         if job_ids:
             self._collect(self.executor.wait(job_ids, FLUSH_TIMEOUT_S))
 
@@ -94,8 +101,6 @@ class WorkerSide:
                 continue
             job_id = entry.job.job_id
             self._inflight[job_id] = (entry.req_id, entry.kind, entry.gpu_block_ids)
-            if entry.kind == "store" and entry.req_id is not None:
-                self._req_stores.setdefault(entry.req_id, set()).add(job_id)
             self.executor.submit(entry.job)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
