@@ -75,18 +75,26 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     // Data files: check that each belongs to this store at this position, or create it.
     let per_dir = (cfg.capacity_bytes / ndirs as u64) / PAGE as u64 * PAGE as u64;
     let mut files = Vec::with_capacity(ndirs);
+    // Directories whose data file had to be created: journal records pointing there are void.
+    let mut recreated = vec![false; ndirs];
     for (i, dir) in cfg.dirs.iter().enumerate() {
         let sb = Superblock { store_id: header.store_id, dir_index: i as u16, dir_count: ndirs as u16 };
         let existing = DataFile::open(dir, !cfg.read_only)?;
         let file = match existing {
-            Some(mut f) if !fresh => {
-                if f.read_superblock()? != Some(sb) {
-                    return Err(StoreError::Config(format!(
-                        "ssd_cache_dir: {} does not hold part {} of the store in {} (directories reordered or from another store)",
-                        dir.display(),
-                        i,
-                        journal_dir.display()
-                    )));
+            Some(mut f) => {
+                let found = f.read_superblock()?;
+                if found != Some(sb) {
+                    if found.is_some() || !fresh {
+                        return Err(StoreError::Config(format!(
+                            "ssd_cache_dir: {} already holds data of another flexkv store (or of this one \
+                             listed in a different order); restore the original directory list or empty it",
+                            dir.display()
+                        )));
+                    }
+                    drop(f);
+                    remove_stale(dir);
+                    files.push(create_data_file(dir, per_dir, sb, cfg.preallocate)?);
+                    continue;
                 }
                 if !cfg.read_only && f.len != per_dir {
                     tracing::info!(dir = %dir.display(), from = f.len, to = per_dir, "resizing data file");
@@ -94,14 +102,14 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
                 }
                 f
             }
-            _ if cfg.read_only => {
+            None if cfg.read_only => {
                 return Err(StoreError::Config(format!("{} has no data file", dir.display())));
             }
-            _ => {
+            None => {
                 if !fresh {
-                    tracing::warn!(dir = %dir.display(), "data file missing; its blocks are dropped");
+                    tracing::warn!(dir = %dir.display(), "data file missing (disk replaced?); its blocks are dropped");
+                    recreated[i] = true;
                 }
-                remove_stale(dir);
                 create_data_file(dir, per_dir, sb, cfg.preallocate)?
             }
         };
@@ -109,8 +117,10 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     }
 
     let mut index = Index::new(cfg.eviction);
-    let mut allocators: Vec<ExtentAllocator> =
-        files.iter().map(|f| ExtentAllocator::new(1, f.len / PAGE as u64)).collect();
+    // A read-only view allocates nothing; it accepts every recorded extent so that a damaged
+    // (e.g. truncated) file shows up as corrupt blocks on verify instead of silently missing.
+    let pages_of = |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
+    let mut allocators: Vec<ExtentAllocator> = files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
     let mut last_clean = None;
     let mut next_seq = 1u64;
     let mut torn = 0u64;
@@ -131,6 +141,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
                         let pages = extent_pages(loc.stored_len);
                         let first = loc.offset / PAGE as u64;
                         let fits = dir < ndirs
+                            && !recreated[dir]
                             && loc.offset % PAGE as u64 == 0
                             && index.content(&hash).is_none()
                             && allocators[dir].reserve(first, pages);
