@@ -302,7 +302,7 @@ def test_handle_reports_failure_as_transfer_error() -> None:
     pool = HostPool(2, geom.slot_nbytes, pin=False)
     eng = TransferEngine(caches, pool)
     # Break the host view under the engine: the copy itself must fail, and say so.
-    eng.backend["d2h"]._host = torch.zeros((2, 8), dtype=torch.uint8)  # type: ignore[attr-defined]
+    eng.backend["d2h"]._host_words = torch.zeros((2, 1), dtype=torch.int64)  # type: ignore[attr-defined]
     handle = eng.submit_d2h([1], [0])
     with pytest.raises(TransferError, match="d2h of 1 blocks failed") as info:
         handle.wait(timeout=30)

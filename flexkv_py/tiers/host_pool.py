@@ -13,6 +13,7 @@ registered in chunks of at most 64 GiB (single huge registrations fail). torch's
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import time
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -96,7 +98,7 @@ class HostPool:
             )
             self.backing = "native"
             self.timings.allocate_s = time.perf_counter() - t0  # native touches while allocating
-            flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
+            flat = _tensor_over(self._buffer)
         else:
             self._buffer = mmap.mmap(
                 -1,
@@ -113,7 +115,7 @@ class HostPool:
             # First touch from torch's intra-op threads: one byte per 4 KiB page faults it in.
             flat.view(-1, SLOT_ALIGN)[:, 0].fill_(0)
             self.timings.touch_s = time.perf_counter() - t1
-        self.tensor = flat.view(num_slots, slot_nbytes)
+        self.tensor = flat[: self.nbytes].view(num_slots, slot_nbytes)  # native may round up
         self.address = int(flat.data_ptr())
         assert self.address % SLOT_ALIGN == 0, "mmap returned an unaligned region"
         self.pinned = False
@@ -230,6 +232,16 @@ class HostPool:
                 self.close()
             except Exception:  # interpreter shutdown: CUDA may be gone already
                 pass
+
+
+def _tensor_over(native_pool: Any) -> torch.Tensor:
+    """A uint8 tensor over the native pool's memory. The abi3 build may lack the buffer protocol
+    (it needs Python >= 3.11 in the limited API): fall back to the raw address."""
+    try:
+        return torch.frombuffer(native_pool, dtype=torch.uint8)
+    except (TypeError, ValueError):
+        raw = (ctypes.c_uint8 * native_pool.nbytes).from_address(native_pool.address)
+        return torch.from_numpy(np.ctypeslib.as_array(raw))
 
 
 def _host_register_fn() -> Any:

@@ -159,6 +159,8 @@ class TransferEngine:
         d2h_backend: str | None = None,
         h2d_backend: str | None = None,
         triton_programs: int = 8,
+        triton_tile_bytes: int = 16384,
+        triton_warps: int = 8,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"transfer backend must be one of {BACKENDS}, got {backend!r}")
@@ -190,7 +192,11 @@ class TransferEngine:
             self._executors = {
                 d: ThreadPoolExecutor(1, thread_name_prefix=f"flexkv-{d}") for d in ("d2h", "h2d")
             }
-        self._triton_programs = triton_programs
+        self._triton = {
+            "programs": triton_programs,
+            "tile_bytes": triton_tile_bytes,
+            "num_warps": triton_warps,
+        }
         self.backend = {
             "d2h": self._resolve(d2h_backend or backend, "d2h"),
             "h2d": self._resolve(h2d_backend or backend, "h2d"),
@@ -213,9 +219,7 @@ class TransferEngine:
             elif name == "triton":
                 from flexkv_py.transfer.triton_path import TritonCopyPath
 
-                self._paths[name] = TritonCopyPath(
-                    self.geometry, host, programs=self._triton_programs
-                )
+                self._paths[name] = TritonCopyPath(self.geometry, host, **self._triton)
             elif name == "copy_engine":
                 from flexkv_py.transfer.copy_engine_path import CopyEnginePath
 

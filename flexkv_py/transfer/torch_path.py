@@ -23,9 +23,18 @@ class TorchCopyPath:
         self._geom = geometry
         self._host = host  # uint8 [num_slots, slot_nbytes]
         self._chunk_pages = chunk_pages
+        # Word-sized elements: torch's index kernels are ~8x faster on int64 than on uint8.
+        word = _word_size(geometry, host)
+        dtype = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
+        self._word = word
+        self._host_words = host.view(dtype)
         self._views = [
-            geometry.storages[s.storage].as_strided(
-                (geometry.num_blocks, s.nbytes), (s.block_stride, 1), s.gpu_offset
+            geometry.storages[s.storage]
+            .view(dtype)
+            .as_strided(
+                (geometry.num_blocks, s.nbytes // word),
+                (s.block_stride // word, 1),
+                s.gpu_offset // word,
             )
             for s in geometry.segments
         ]
@@ -43,12 +52,13 @@ class TorchCopyPath:
             return
         ids = torch.from_numpy(gpu_ids)
         sl = torch.from_numpy(slots)
+        w = self._word
         for seg, view in zip(self._geom.segments, self._views, strict=True):
-            host = self._host[:, seg.host_offset : seg.host_offset + seg.nbytes]
+            host = self._host_words[:, seg.host_offset // w : (seg.host_offset + seg.nbytes) // w]
             if direction == "d2h":
-                host.index_copy_(0, sl, view.index_select(0, ids))
+                host.index_put_((sl,), view.index_select(0, ids))
             else:
-                view.index_copy_(0, ids, host.index_select(0, sl))
+                view.index_put_((ids,), host.index_select(0, sl))
 
     def _enqueue_cuda(self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray) -> None:
         dev = self._geom.device
@@ -61,7 +71,7 @@ class TorchCopyPath:
             if direction == "d2h":
                 for seg, view in zip(self._geom.segments, self._views, strict=True):
                     stage[:, seg.host_offset : seg.host_offset + seg.nbytes].copy_(
-                        view.index_select(0, ids)
+                        view.index_select(0, ids).view(torch.uint8)
                     )
                 for row, slot in enumerate(slots_np.tolist()):
                     self._host[slot, :page].copy_(stage[row], non_blocking=True)
@@ -69,6 +79,15 @@ class TorchCopyPath:
                 for row, slot in enumerate(slots_np.tolist()):
                     stage[row].copy_(self._host[slot, :page], non_blocking=True)
                 for seg, view in zip(self._geom.segments, self._views, strict=True):
-                    view.index_copy_(
-                        0, ids, stage[:, seg.host_offset : seg.host_offset + seg.nbytes]
-                    )
+                    rows = stage[:, seg.host_offset : seg.host_offset + seg.nbytes]
+                    view.index_copy_(0, ids, rows.view(view.dtype))
+
+
+def _word_size(geometry: KVPageGeometry, host: torch.Tensor) -> int:
+    nums = [host.shape[1]] + [st.numel() for st in geometry.storages]
+    for s in geometry.segments:
+        nums += [s.gpu_offset, s.block_stride, s.host_offset, s.nbytes]
+    for word in (8, 4, 2):
+        if all(n % word == 0 for n in nums):
+            return word
+    return 1
