@@ -37,7 +37,10 @@ def _load_batch_fn() -> tuple[Any, Any]:
     """(ctypes function or None, attributes object). Raises ImportError if unavailable."""
     from cuda.bindings import driver
 
-    (err,) = driver.cuInit(0)
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as e:  # no driver library at all
+        raise ImportError(f"CUDA driver unavailable: {e}") from e
     if err != driver.CUresult.CUDA_SUCCESS:
         raise ImportError(f"cuInit failed: {err}")
     attrs = driver.CUmemcpyAttributes()
