@@ -49,6 +49,7 @@ from vllm.config import (
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -337,7 +338,7 @@ class Engine:
         self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
         self.history: list[StepRecord] = []
         self.outputs: dict[str, list[int]] = {}
-        self.stats: list[Any] = []
+        self.stats: list[dict[str, Any]] = []  # kv_connector_stats payload per step
         self._in_flight: list[tuple[SchedulerOutput, Any]] = []
 
     def _make_worker(self, rank: int, layout: str) -> Worker:
@@ -372,13 +373,13 @@ class Engine:
             c.bind_connector_metadata(meta)
             started = False
             if so.has_sync_kv_loads:
-                c.start_load_kv(None)
+                self._start_load(c)
                 started = True
             if so.total_num_scheduled_tokens > 0:
                 self._forward(w, so)
             c.finish_forward()
             if not started:
-                c.start_load_kv(None)
+                self._start_load(c)
             c.wait_for_save()
             results = c.get_transfer_results(so.finished_req_ids)
             out = KVConnectorOutput(
@@ -402,6 +403,11 @@ class Engine:
         if len(per_rank) == 1:
             return per_rank[0]
         return KVOutputAggregator(expected_finished_count=len(per_rank)).aggregate(per_rank, 0)
+
+    def _start_load(self, connector: Any) -> None:
+        # As ActiveKVConnector does outside a forward: a context without attention metadata.
+        with set_forward_context(None, self.vllm_config):
+            connector.start_load_kv(get_forward_context())
 
     def _forward(self, w: Worker, so: SchedulerOutput) -> None:
         mgr = self.scheduler.kv_cache_manager
@@ -443,10 +449,12 @@ class Engine:
             invalid_block_ids=set(kvo.invalid_block_ids) if kvo else set(),
             loaded_req_ids=set(),
         )
-        if kvo is not None and kvo.kv_connector_stats is not None:
-            self.stats.append(kvo.kv_connector_stats)
         engine_outputs = self.scheduler.update_from_output(so, mro)
         for eco in engine_outputs.values():
+            # Worker stats (aggregated over ranks) + the scheduler side's, as vLLM logs them.
+            sched_stats = eco.scheduler_stats
+            if sched_stats is not None and sched_stats.kv_connector_stats:
+                self.stats.append(dict(sched_stats.kv_connector_stats))
             for o in eco.outputs:
                 self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
         self.history.append(rec)

@@ -154,7 +154,8 @@ class SchedulerSide:
         if not tiers:
             return
         for tier in tiers:
-            self._stats.add(f"hit_blocks_{str(tier).lower()}", 1)
+            if tier in ("cpu", "ssd"):
+                self._stats.add(f"hit_blocks_{tier}", 1)
 
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
@@ -173,7 +174,8 @@ class SchedulerSide:
                 if state is not None:
                     req = state.request
                     self._plan_store(state, req.num_computed_tokens + num_new)
-        self._step_jobs.extend(JobEntry(None, "background", j) for j in self._mgr.take_jobs())
+        for job in self._mgr.take_jobs():
+            self._add_background(job)
         meta.jobs, self._step_jobs = self._step_jobs, []
         meta.delayed_free_req_ids, self._delayed_free = self._delayed_free, set()
         for req_id in so.finished_req_ids:
@@ -249,10 +251,16 @@ class SchedulerSide:
             if len(info.results) >= self._info.num_workers:
                 self._finish_job(job_id, info)
 
+    def _add_background(self, job: Any) -> None:
+        """Spills and SSD deletes: no request, but spills must report back to free slots."""
+        self._jobs[job.job_id] = _JobInfo(None, str(job.kind), tuple(job.keys))
+        self._step_jobs.append(JobEntry(None, "background", job))
+
     def _finish_job(self, job_id: int, info: _JobInfo) -> None:
         del self._jobs[job_id]
         merged = JobResult.merge(info.results)
-        self._mgr.complete(merged)
+        if info.kind != "drop":  # deletes are fire-and-forget for the manager
+            self._mgr.complete(merged)
         if info.kind == "load":
             for k in info.keys:
                 n = self._loading_keys.get(k, 0) - 1
@@ -321,7 +329,7 @@ class SchedulerSide:
     def reset_cache(self) -> bool:
         job = self._mgr.reset()
         if job is not None:
-            self._step_jobs.append(JobEntry(None, "background", job))
+            self._add_background(job)
         self._origins.clear()
         return True
 
