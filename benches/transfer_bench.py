@@ -43,8 +43,7 @@ log = logging.getLogger("transfer_bench")
 TRITON_CONFIGS = [  # (programs, tile bytes, warps); programs=0: one program per tile
     (8, 16384, 8),
     (8, 32768, 16),
-    (8, 65536, 16),
-    (16, 16384, 8),
+    (8, 32768, 32),
     (0, 16384, 8),
 ]
 
@@ -251,7 +250,12 @@ def bench_layout(layout: str, args: argparse.Namespace, clock: Clock) -> dict[st
     engines: list[dict[str, Any]] = []
     configs: list[tuple[str, dict[str, Any]]] = [("torch", {})]
     if clock.cuda:
-        configs = [("copy_engine", {})]
+        configs = [
+            ("staged", {"staged_chunk_pages": 32}),
+            ("staged", {"staged_chunk_pages": 128}),
+            ("copy_engine", {}),
+            ("copy_engine", {"copy_engine_prefer_overlap": False}),
+        ]
         configs += [
             ("triton", {"triton_programs": p, "triton_tile_bytes": t, "triton_warps": w})
             for p, t, w in TRITON_CONFIGS

@@ -33,7 +33,7 @@ _BATCH_FN_TYPE = ctypes.CFUNCTYPE(
 )
 
 
-def _load_batch_fn() -> tuple[Any, Any]:
+def _load_batch_fn(prefer_overlap: bool) -> tuple[Any, Any]:
     """(ctypes function or None, attributes object). Raises ImportError if unavailable."""
     from cuda.bindings import driver
 
@@ -45,7 +45,8 @@ def _load_batch_fn() -> tuple[Any, Any]:
         raise ImportError(f"cuInit failed: {err}")
     attrs = driver.CUmemcpyAttributes()
     attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-    attrs.flags = int(driver.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)
+    if prefer_overlap:  # a hint: let the copies run beside the model's kernels
+        attrs.flags = int(driver.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)
     fn = None
     try:
         # CUDA 13 signature (no failIdx); the versioned lookup gives the matching entry point.
@@ -63,42 +64,18 @@ def _load_batch_fn() -> tuple[Any, Any]:
     return fn, attrs
 
 
-class CopyEnginePath:
-    name = "copy_engine"
-    sms_used = 0
+class BatchCopier:
+    """``cuMemcpyBatchAsync`` on numpy descriptor arrays, on a given stream."""
 
-    def __init__(self, geometry: KVPageGeometry, host: torch.Tensor) -> None:
-        if geometry.device.type != "cuda":
-            raise ValueError("the copy-engine path needs CUDA tensors")
-        self._fn, self._attrs = _load_batch_fn()
+    def __init__(self, *, prefer_overlap: bool = True) -> None:
+        self._fn, self._attrs = _load_batch_fn(prefer_overlap)
         self._attrs_idx = np.zeros(1, dtype=np.uint64)
-        segs = geometry.segments
-        self._seg_gpu = np.array(
-            [geometry.storage_address(s.storage) + s.gpu_offset for s in segs], dtype=np.uint64
-        )
-        self._seg_stride = np.array([s.block_stride for s in segs], dtype=np.uint64)
-        self._seg_host = np.array([s.host_offset for s in segs], dtype=np.uint64)
-        self._seg_len = np.array([s.nbytes for s in segs], dtype=np.uint64)
-        self._host_addr = np.uint64(host.data_ptr())
-        self._slot_nbytes = np.uint64(host.shape[1])
         self.ctypes_entry = self._fn is not None
 
-    def descriptors(self, gpu_ids: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
-        ids = gpu_ids.astype(np.uint64)[:, None]
-        sl = slots.astype(np.uint64)[:, None]
-        gpu = (self._seg_gpu[None, :] + ids * self._seg_stride[None, :]).ravel()
-        host = (self._host_addr + sl * self._slot_nbytes + self._seg_host[None, :]).ravel()
-        sizes = np.broadcast_to(self._seg_len[None, :], (len(gpu_ids), len(self._seg_len)))
-        return gpu, host, np.ascontiguousarray(sizes).ravel()
-
-    def enqueue(self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray) -> None:
-        gpu, host, sizes = self.descriptors(gpu_ids, slots)
-        dsts, srcs = (host, gpu) if direction == "d2h" else (gpu, host)
-        stream = torch.cuda.current_stream().cuda_stream
-        self._submit(dsts, srcs, sizes, stream)
-
-    def _submit(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream: int) -> None:
+    def copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream: int) -> None:
         count = len(sizes)
+        if count == 0:
+            return
         if self._fn is not None:
             err = self._fn(
                 dsts.ctypes.data,
@@ -127,8 +104,42 @@ class CopyEnginePath:
         if err == _CUDA_ERROR_INVALID_VALUE and count > 4096:
             # Some drivers cap the batch length: split and retry (still few calls).
             half = count // 2
-            self._submit(dsts[:half], srcs[:half], sizes[:half], stream)
-            self._submit(dsts[half:], srcs[half:], sizes[half:], stream)
+            self.copy(dsts[:half], srcs[:half], sizes[:half], stream)
+            self.copy(dsts[half:], srcs[half:], sizes[half:], stream)
             return
         if err != 0:
             raise RuntimeError(f"cuMemcpyBatchAsync failed with CUresult {err} ({count} copies)")
+
+
+class CopyEnginePath:
+    name = "copy_engine"
+    sms_used = 0
+
+    def __init__(
+        self, geometry: KVPageGeometry, host: torch.Tensor, *, prefer_overlap: bool = True
+    ) -> None:
+        if geometry.device.type != "cuda":
+            raise ValueError("the copy-engine path needs CUDA tensors")
+        self._copier = BatchCopier(prefer_overlap=prefer_overlap)
+        segs = geometry.segments
+        self._seg_gpu = np.array(
+            [geometry.storage_address(s.storage) + s.gpu_offset for s in segs], dtype=np.uint64
+        )
+        self._seg_stride = np.array([s.block_stride for s in segs], dtype=np.uint64)
+        self._seg_host = np.array([s.host_offset for s in segs], dtype=np.uint64)
+        self._seg_len = np.array([s.nbytes for s in segs], dtype=np.uint64)
+        self._host_addr = np.uint64(host.data_ptr())
+        self._slot_nbytes = np.uint64(host.shape[1])
+
+    def descriptors(self, gpu_ids: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
+        ids = gpu_ids.astype(np.uint64)[:, None]
+        sl = slots.astype(np.uint64)[:, None]
+        gpu = (self._seg_gpu[None, :] + ids * self._seg_stride[None, :]).ravel()
+        host = (self._host_addr + sl * self._slot_nbytes + self._seg_host[None, :]).ravel()
+        sizes = np.broadcast_to(self._seg_len[None, :], (len(gpu_ids), len(self._seg_len)))
+        return gpu, host, np.ascontiguousarray(sizes).ravel()
+
+    def enqueue(self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray) -> None:
+        gpu, host, sizes = self.descriptors(gpu_ids, slots)
+        dsts, srcs = (host, gpu) if direction == "d2h" else (gpu, host)
+        self._copier.copy(dsts, srcs, sizes, torch.cuda.current_stream().cuda_stream)

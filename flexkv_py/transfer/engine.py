@@ -29,7 +29,7 @@ from flexkv_py.transfer.torch_path import TorchCopyPath
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "triton", "copy_engine")
+BACKENDS = ("auto", "torch", "triton", "copy_engine", "staged")
 # Chosen from benches/RESULTS_transfer.md (H200, 32 KiB-per-layer pages): see _pick_auto.
 AUTO_D2H = "copy_engine"
 AUTO_H2D = "copy_engine"
@@ -161,6 +161,8 @@ class TransferEngine:
         triton_programs: int = 8,
         triton_tile_bytes: int = 16384,
         triton_warps: int = 8,
+        staged_chunk_pages: int = 32,
+        copy_engine_prefer_overlap: bool = True,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"transfer backend must be one of {BACKENDS}, got {backend!r}")
@@ -197,6 +199,8 @@ class TransferEngine:
             "tile_bytes": triton_tile_bytes,
             "num_warps": triton_warps,
         }
+        self._staged_chunk_pages = staged_chunk_pages
+        self._prefer_overlap = copy_engine_prefer_overlap
         self.backend = {
             "d2h": self._resolve(d2h_backend or backend, "d2h"),
             "h2d": self._resolve(h2d_backend or backend, "h2d"),
@@ -211,35 +215,49 @@ class TransferEngine:
 
     # -- backend choice ----------------------------------------------------------------------
 
-    def _path(self, name: str) -> CopyPath:
-        if name not in self._paths:
+    def _path(self, name: str, direction: str) -> CopyPath:
+        # One instance per direction: the staged path owns staging buffers and events that the
+        # two direction streams must not share.
+        key = f"{name}:{direction}"
+        if key not in self._paths:
             host = self.pool.tensor
+            path: CopyPath
             if name == "torch":
-                self._paths[name] = TorchCopyPath(self.geometry, host)
+                path = TorchCopyPath(self.geometry, host)
             elif name == "triton":
                 from flexkv_py.transfer.triton_path import TritonCopyPath
 
-                self._paths[name] = TritonCopyPath(self.geometry, host, **self._triton)
+                path = TritonCopyPath(self.geometry, host, **self._triton)
             elif name == "copy_engine":
                 from flexkv_py.transfer.copy_engine_path import CopyEnginePath
 
-                self._paths[name] = CopyEnginePath(self.geometry, host)
+                path = CopyEnginePath(self.geometry, host, prefer_overlap=self._prefer_overlap)
+            elif name == "staged":
+                from flexkv_py.transfer.staged_path import StagedCopyPath
+
+                path = StagedCopyPath(
+                    self.geometry,
+                    host,
+                    chunk_pages=self._staged_chunk_pages,
+                    programs=self._triton["programs"],
+                )
             else:
                 raise ValueError(f"unknown transfer backend {name!r}")
-        return self._paths[name]
+            self._paths[key] = path
+        return self._paths[key]
 
     def _resolve(self, name: str, direction: str) -> CopyPath:
         if self.device.type != "cuda":
             if name not in ("auto", "torch"):
                 raise ValueError(f"transfer backend {name!r} needs CUDA tensors; use 'torch'")
-            return self._path("torch")
+            return self._path("torch", direction)
         if name != "auto":
-            return self._path(name)
+            return self._path(name, direction)
         preferred = AUTO_D2H if direction == "d2h" else AUTO_H2D
-        for candidate in dict.fromkeys((preferred, "copy_engine", "triton", "torch")):
+        for candidate in dict.fromkeys((preferred, "staged", "triton", "copy_engine", "torch")):
             try:
-                return self._path(candidate)
-            except (ImportError, ValueError, RuntimeError) as e:
+                return self._path(candidate, direction)
+            except (ImportError, ValueError, RuntimeError, OSError) as e:
                 logger.warning(
                     "transfer backend %s unavailable (%s); trying the next", candidate, e
                 )
