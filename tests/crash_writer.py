@@ -25,7 +25,7 @@ def main() -> None:
     while True:
         items = [(b"c%d" % n, block(b"c%d" % n, expected_size(n))) for n in range(i, i + 8)]
         results = store.submit_put(items).wait(60)
-        acked = [k for (k, _), r in zip(items, results) if r.ok]
+        acked = [k for (k, _), r in zip(items, results, strict=True) if r.ok]
         sys.stdout.write("".join(f"ACK {k.decode()}\n" for k in acked))
         sys.stdout.flush()
         # Deletes too, so the journal holds removals and reused extents.

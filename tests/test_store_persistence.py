@@ -127,7 +127,11 @@ def test_flipped_bytes_are_reported_for_exactly_those_blocks(tmp_path: Path) -> 
         store.submit_put([(k, block(k, 3 * PAGE)) for k in keys]).wait(30)
     where = stored_blocks(tmp_path)
     assert set(where) == set(keys)
-    victims = {b"k2": PAGE + 100, b"k7": PAGE + 3 * PAGE - 1, b"k9": 20}  # payload, payload end, header
+    victims = {
+        b"k2": PAGE + 100,
+        b"k7": PAGE + 3 * PAGE - 1,
+        b"k9": 20,
+    }  # payload, payload end, header
     for key, delta in victims.items():
         flip_byte(tmp_path / DATA_FILE, where[key] + delta)
     with BlockStore(str(tmp_path), 16 * MiB) as store:
@@ -195,7 +199,7 @@ def test_unwritable_directory() -> None:
 
 
 def test_capacity_larger_than_free_space(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="only .* are free"):
+    with pytest.raises(ConfigError, match=r"only .* are free"):
         BlockStore(str(tmp_path), 1 << 60)
 
 
@@ -241,7 +245,9 @@ def test_second_opener_gets_a_clear_error(tmp_path: Path) -> None:
             "try:\n    BlockStore(sys.argv[1], 16 << 20)\nexcept StoreLockedError as e:\n"
             "    print(e); sys.exit(3)\n"
         )
-        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+        )
         assert out.returncode == 3 and "in use by another process" in out.stdout
     BlockStore(str(tmp_path), 16 * MiB).close()  # released on close
 

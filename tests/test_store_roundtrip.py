@@ -25,7 +25,9 @@ def test_io_uring_is_available_here() -> None:
     assert io_uring_available()
 
 
-@pytest.mark.parametrize("size", [0, 1, 511, 4095, 4096, 4097, 65536, 100_000, 2 * MiB, 2 * MiB + 3])
+@pytest.mark.parametrize(
+    "size", [0, 1, 511, 4095, 4096, 4097, 65536, 100_000, 2 * MiB, 2 * MiB + 3]
+)
 def test_roundtrip_sizes(tmp_path: Path, engine: str, size: int) -> None:
     with BlockStore(str(tmp_path), 64 * MiB, io_engine=engine) as store:
         assert store.io_engine == engine
@@ -68,7 +70,7 @@ def test_batch_striped_across_directories(tmp_path: Path) -> None:
         results = store.submit_put(items).wait(30)
         assert all(r.status == "ok" for r in results)
         outs = [bytearray(65536) for _ in items]
-        got = store.submit_get([(k, o) for (k, _), o in zip(items, outs)]).wait(30)
+        got = store.submit_get([(k, o) for (k, _), o in zip(items, outs, strict=True)]).wait(30)
         assert all(r.status == "ok" for r in got)
         assert [bytes(o) for o in outs] == [d for _, d in items]
     from store_util import stored_blocks
@@ -215,10 +217,15 @@ def test_concurrent_threads(tmp_path: Path) -> None:
         def worker(t: int) -> None:
             try:
                 for round_ in range(10):
-                    items = [(b"t%d-%d-%d" % (t, round_, i), block(b"%d-%d-%d" % (t, round_, i), 16384)) for i in range(8)]
+                    items = [
+                        (b"t%d-%d-%d" % (t, round_, i), block(b"%d-%d-%d" % (t, round_, i), 16384))
+                        for i in range(8)
+                    ]
                     assert all(r.ok for r in store.submit_put(items).wait(30))
                     outs = [bytearray(16384) for _ in items]
-                    got = store.submit_get([(k, o) for (k, _), o in zip(items, outs)]).wait(30)
+                    got = store.submit_get(
+                        [(k, o) for (k, _), o in zip(items, outs, strict=True)]
+                    ).wait(30)
                     assert all(r.status == "ok" for r in got)
                     assert [bytes(o) for o in outs] == [d for _, d in items]
             except BaseException as e:  # surfaced below

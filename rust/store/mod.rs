@@ -283,8 +283,13 @@ impl BlockStore {
         self.delete_many(&keys)
     }
 
+    /// Keys evicted since the last call that are still gone (a key evicted and then stored
+    /// again is not reported).
     pub fn drain_evicted(&self) -> Vec<Vec<u8>> {
-        self.shared.state.lock().evicted.drain(..).collect()
+        let mut state = self.shared.state.lock();
+        let evicted: Vec<Vec<u8>> = state.evicted.drain(..).collect();
+        let mut seen = std::collections::HashSet::new();
+        evicted.into_iter().filter(|k| !state.index.contains(k) && seen.insert(k.clone())).collect()
     }
 
     /// Read every block; returns keys whose data failed verification or could not be read.

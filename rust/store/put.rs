@@ -21,6 +21,8 @@ enum Plan {
     Write { hash: ContentHash, loc: Location },
     /// Same content as an earlier item of this batch that is being written.
     Follow { leader: usize, hash: ContentHash },
+    /// The same key appears again later in the batch; the last occurrence wins.
+    Superseded { by: usize },
 }
 
 /// Find room for `pages`, evicting cold keys while nothing fits.
@@ -62,8 +64,14 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let mut journal = Vec::new();
         let mut count = 0u64;
         let mut leaders: HashMap<ContentHash, usize> = HashMap::new();
+        let last_of: HashMap<&[u8], usize> = items.iter().enumerate().map(|(i, (k, _))| (k.as_slice(), i)).collect();
         for (i, ((key, buf), (hash, packed))) in items.iter().zip(&prepared).enumerate() {
             let hash = *hash;
+            let last = last_of.get(key.as_slice()).copied().unwrap_or(i);
+            if last != i {
+                plans.push(Plan::Superseded { by: last });
+                continue;
+            }
             if !state.sketch.offer(key) {
                 Counters::add(&shared.counters.rejected, 1);
                 plans.push(Plan::Done(BlockResult::new(Status::Rejected, buf.len as u64)));
@@ -201,6 +209,8 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let key = &items[i].0;
         let result = match plan {
             Plan::Done(r) => r.clone(),
+            // Filled in below, once the winning occurrence has its result.
+            Plan::Superseded { .. } => BlockResult::new(Status::Ok, 0),
             Plan::Write { hash, loc } => match outcomes.remove(&i).unwrap_or(Err("not submitted".into())) {
                 Ok(()) => {
                     let ours = Some(crate::index::FreedExtent {
@@ -270,5 +280,10 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         }
     }
     shared.maybe_compact(&mut state);
+    for (i, plan) in plans.iter().enumerate() {
+        if let Plan::Superseded { by } = plan {
+            results[i] = results[*by].clone();
+        }
+    }
     results.into_iter().map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "lost"))).collect()
 }
