@@ -194,6 +194,7 @@ def bench_engine(
     d2h = clock.median(lambda: eng.submit_d2h(src, slots).wait(), reps)
     h2d = clock.median(lambda: eng.submit_h2d(slots, dst).wait(), reps)
     sms = eng.sms_used
+    paths = {d: p.name for d, p in eng.backend.items()}
     eng.close()
     return {
         "backend": backend,
@@ -202,6 +203,9 @@ def bench_engine(
         "d2h_gbps": nbytes / d2h / 1e9,
         "h2d_gbps": nbytes / h2d / 1e9,
         "sms_used": sms["d2h"],
+        "h2d_sms_used": sms["h2d"],
+        "d2h_path": paths["d2h"],
+        "h2d_path": paths["h2d"],
     }
 
 
@@ -251,7 +255,11 @@ def bench_layout(layout: str, args: argparse.Namespace, clock: Clock) -> dict[st
     configs: list[tuple[str, dict[str, Any]]] = [("torch", {})]
     if clock.cuda:
         configs = [
+            ("auto", {}),
+            ("staged", {"staged_chunk_pages": 16}),
             ("staged", {"staged_chunk_pages": 32}),
+            ("staged", {"staged_chunk_pages": 32, "copy_engine_prefer_overlap": False}),
+            ("staged", {"staged_chunk_pages": 64}),
             ("staged", {"staged_chunk_pages": 128}),
             ("copy_engine", {}),
             ("copy_engine", {"copy_engine_prefer_overlap": False}),
@@ -321,8 +329,9 @@ def bench_pinning(gib: float, variants: list[str], cuda: bool) -> list[dict[str,
 def summary(layouts: list[dict[str, Any]], pin: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     main = layouts[0]
     good = [e for e in main["engines"] if "error" not in e and e["bit_exact"]]
-    best_d2h = max(good, key=lambda e: e["d2h_gbps"]) if good else None
-    best_h2d = max(good, key=lambda e: e["h2d_gbps"]) if good else None
+    auto = [e for e in good if e["backend"] == "auto"]
+    best_d2h = auto[0] if auto else (max(good, key=lambda e: e["d2h_gbps"]) if good else None)
+    best_h2d = auto[0] if auto else (max(good, key=lambda e: e["h2d_gbps"]) if good else None)
     ceil = main["ceiling"]
     base = main["per_page"]
 
@@ -334,6 +343,13 @@ def summary(layouts: list[dict[str, Any]], pin: list[dict[str, Any]], cuda: bool
                 f"triton(p={e['triton_programs']},tile={e['triton_tile_bytes']},"
                 f"w={e['triton_warps']})"
             )
+        if e["backend"] == "staged":
+            hint = "" if e.get("copy_engine_prefer_overlap", True) else ",no-hint"
+            return f"staged(chunk={e.get('staged_chunk_pages', 32)}{hint})"
+        if e["backend"] == "copy_engine" and not e.get("copy_engine_prefer_overlap", True):
+            return "copy_engine(no-hint)"
+        if e["backend"] == "auto":
+            return f"auto(d2h={e['d2h_path']},h2d={e['h2d_path']})"
         return str(e["backend"])
 
     out: dict[str, Any] = {
@@ -350,7 +366,7 @@ def summary(layouts: list[dict[str, Any]], pin: list[dict[str, Any]], cuda: bool
         "per_page_d2h_gbps": base["d2h_gbps"],
         "per_page_h2d_gbps": base["h2d_gbps"],
         "d2h_sms": best_d2h["sms_used"] if best_d2h else None,
-        "h2d_sms": best_h2d["sms_used"] if best_h2d else None,
+        "h2d_sms": best_h2d["h2d_sms_used"] if best_h2d else None,
     }
     if best_d2h and best_h2d:
         out["d2h_ratio"] = out["d2h_gbps"] / ceil["d2h_gbps"]

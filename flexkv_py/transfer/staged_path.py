@@ -32,11 +32,12 @@ class StagedCopyPath:
         programs: int = 8,
         tile_bytes: int = 32768,
         num_warps: int = 16,
+        prefer_overlap: bool = True,
     ) -> None:
         if geometry.device.type != "cuda":
             raise ValueError("the staged path needs CUDA tensors")
         dev = geometry.device
-        self._copier = BatchCopier(prefer_overlap=True)
+        self._copier = BatchCopier(prefer_overlap=prefer_overlap)
         self._chunk = chunk_pages
         self._row = host.shape[1]
         self._page = geometry.page_nbytes
