@@ -30,10 +30,13 @@ from flexkv_py.transfer.torch_path import TorchCopyPath
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "triton", "copy_engine", "staged")
-# Measured on an H200 (benches/RESULTS_transfer.md): staged 0.98x the pinned-memcpy ceiling both
-# ways with 8 SMs; Triton UVA 0.94 / 0.92; cuMemcpyBatchAsync of 32-64 KiB runs 0.56-0.84.
-AUTO_D2H = "staged"
-AUTO_H2D = "staged"
+# Measured on an H200 (benches/RESULTS_transfer.md): for 32-64 KiB runs the staged path reaches
+# 0.98x the pinned-memcpy ceiling both ways with 8 SMs (Triton UVA 0.94 / 0.92; batched copies of
+# such runs 0.56-0.85). When a block is already one large run (block-outermost layouts), batched
+# copies reach 0.97-0.98x with no SMs at all, so they win there.
+AUTO_STAGED = "staged"
+AUTO_LARGE_RUNS = "copy_engine"
+LARGE_RUN_NBYTES = 1 << 20
 
 
 class CopyPath(Protocol):
@@ -255,7 +258,8 @@ class TransferEngine:
             return self._path("torch", direction)
         if name != "auto":
             return self._path(name, direction)
-        preferred = AUTO_D2H if direction == "d2h" else AUTO_H2D
+        large = min(seg.nbytes for seg in self.geometry.segments) >= LARGE_RUN_NBYTES
+        preferred = AUTO_LARGE_RUNS if large else AUTO_STAGED
         for candidate in dict.fromkeys((preferred, "staged", "triton", "copy_engine", "torch")):
             try:
                 return self._path(candidate, direction)
