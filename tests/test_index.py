@@ -190,8 +190,9 @@ def test_eviction_respects_pins_and_lru() -> None:
     idx.touch([_k(1)])
     v = idx.begin_evict()
     assert v is not None and v.key == _k(2)  # 0 pinned, 1 recently used
-    assert idx.lookup([_k(2)]) == 0  # leaving host, no SSD copy: not readable
+    assert idx.lookup([_k(2)]) == 1  # still readable from host while it is written out
     idx.finish_evict(v.key)
+    assert idx.lookup([_k(2)]) == 0
     assert idx.free_slots == 1 and not idx.known(_k(2))
     v = idx.begin_evict()
     assert v is not None and v.key == _k(1)
@@ -212,6 +213,23 @@ def test_spilled_block_stays_readable_from_ssd() -> None:
     idx.finish_evict(v.key)
     assert idx.match([_k(0)]) == [Tier.SSD]
     assert idx.entry(_k(0)) is not None and idx.entry(_k(0)).host_slot is None  # type: ignore[union-attr]
+
+
+def test_evicting_block_pinned_by_a_reader_frees_its_slot_on_unpin() -> None:
+    idx = TierIndex(1)
+    slot = _fill(idx, _k(0))
+    v = idx.begin_evict()
+    assert v is not None and idx.begin_ssd_write(v.key)
+    got = idx.acquire([_k(0)])  # a load reads the host copy during the spill
+    assert [g.tier for g in got] == [Tier.HOST] and got[0].host_slot == slot
+    idx.commit_ssd_write(v.key, ok=True)
+    idx.finish_evict(v.key)
+    assert idx.free_slots == 0  # the reader still uses the slot
+    assert idx.match([_k(0)]) == [Tier.SSD]  # new readers go to SSD
+    with pytest.raises(IndexStateError):
+        idx.begin_host_fill(_k(0), 0)
+    idx.unpin([_k(0)])
+    assert idx.free_slots == 1 and idx.match([_k(0)]) == [Tier.SSD]
 
 
 def test_ghost_hits_survive_eviction() -> None:
@@ -271,9 +289,10 @@ def test_concurrent_fill_pin_evict() -> None:
                 idx.begin_host_fill(key, got[0])
                 idx.commit_host_fill(key, ok=True)
                 # another thread may evict it right after commit; acquire is atomic
-                tiers = idx.acquire([key])
-                if tiers:
-                    assert tiers == [Tier.HOST] and idx.lookup([key]) == 1
+                got = idx.acquire([key])
+                if got:
+                    assert got[0].tier is Tier.HOST and got[0].host_slot is not None
+                    assert idx.lookup([key]) == 1
                     idx.unpin([key])
         except BaseException as e:  # surfaced below
             errors.append(e)
@@ -292,7 +311,7 @@ def test_concurrent_fill_pin_evict() -> None:
 # ---------------------------------------------------------------- state machine
 @dataclass
 class _M:
-    host: str = "none"  # none | filling | ready | evicting
+    host: str = "none"  # none | filling | ready | evicting | releasing
     slot: int | None = None
     ssd: bool = False
     ssd_pending: bool = False
@@ -320,6 +339,9 @@ class TierIndexMachine(RuleBasedStateMachine):
     # -- model helpers
     def _settle(self, key: bytes) -> None:
         e = self.m[key]
+        if e.host == "releasing" and e.pins == 0:
+            self.free += 1
+            e.host, e.slot = "none", None
         if e.stale and e.pins == 0 and e.host != "evicting":
             if e.host == "ready":
                 self.free += 1
@@ -400,8 +422,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(self._where(lambda e: e.host == "evicting")))
         e = self.m[key]
         self.idx.finish_evict(key)
-        e.host, e.slot = "none", None
-        self.free += 1
+        e.host = "releasing"  # freed now if unpinned, else by the last unpin
         self._settle(key)
 
     @precondition(lambda self: bool(self.m))
@@ -504,7 +525,7 @@ class TierIndexMachine(RuleBasedStateMachine):
             e = self.m.get(k)
             if e is None or e.stale:
                 break
-            if e.host == "ready":
+            if e.host in ("ready", "evicting"):
                 expected.append(Tier.HOST)
             elif e.ssd:
                 expected.append(Tier.SSD)
@@ -513,7 +534,10 @@ class TierIndexMachine(RuleBasedStateMachine):
         if not pin:
             assert self.idx.match(keys) == expected
             return
-        assert self.idx.acquire(keys) == expected
+        got = self.idx.acquire(keys)
+        assert [g.tier for g in got] == expected
+        for g, k in zip(got, keys, strict=False):
+            assert g.host_slot == (self.m[k].slot if g.tier is Tier.HOST else None)
         for k in keys[: len(expected)]:
             self.m[k].pins += 1
 
@@ -533,6 +557,7 @@ class TierIndexMachine(RuleBasedStateMachine):
             assert got.host_slot == e.slot
             assert got.host_ready == (e.host in ("ready", "evicting"))
             assert got.evicting == (e.host == "evicting")
+            assert got.releasing == (e.host == "releasing")
             assert (got.on_ssd, got.ssd_pending, got.pins, got.stale) == (
                 e.ssd,
                 e.ssd_pending,

@@ -29,7 +29,7 @@ class FlexKVConfig:
     enable_metrics: bool = False
     object_store_url: str | None = None
     transfer_engine: str = "auto"
-    host_huge_pages: bool = False
+    host_huge_pages: bool = True
     max_file_size_gb: float | None = None
 
     @property

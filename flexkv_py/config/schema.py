@@ -153,7 +153,7 @@ FIELDS: tuple[Field, ...] = (
     Field("enable_metrics", _as_bool, False, "export connector metrics/stats"),
     Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),
     Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
-    Field("host_huge_pages", _as_bool, False, "back the host pool with huge pages"),
+    Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
     Field("max_file_size_gb", _as_float, None, "FlexKV key, accepted and ignored"),
 )
 

@@ -11,7 +11,14 @@ from flexkv_py.index.policies import (
     LRUPolicy,
     make_eviction_policy,
 )
-from flexkv_py.index.tier_index import Entry, IndexStateError, Tier, TierIndex, Victim
+from flexkv_py.index.tier_index import (
+    Entry,
+    IndexStateError,
+    Located,
+    Tier,
+    TierIndex,
+    Victim,
+)
 
 __all__ = [
     "AdmissionPolicy",
@@ -21,6 +28,7 @@ __all__ = [
     "IndexStateError",
     "LFUPolicy",
     "LRUPolicy",
+    "Located",
     "Namespace",
     "Tier",
     "TierIndex",

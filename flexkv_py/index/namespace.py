@@ -104,5 +104,13 @@ class Namespace:
         key = storage_key[len(tag) :]
         return key if self.owns(key) else None
 
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    def rank_share(self, total: int) -> int:
+        """One rank's share of an engine-wide size (FLEXKV_*_CACHE_GB are per engine)."""
+        return total // self.world_size
+
     def for_rank(self, tp_rank: int, pp_rank: int = 0) -> Namespace:
         return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)

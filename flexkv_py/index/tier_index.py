@@ -3,14 +3,17 @@
 States of one key's host copy::
 
     (none) --begin_host_fill--> filling --commit_host_fill(ok)--> ready --begin_evict--> evicting
-                                   |                                 ^                      |
-                                   +--commit_host_fill(fail)--> (none)     finish_evict --> (none)
+      ^                            |                                                        |
+      +---commit_host_fill(fail)---+          finish_evict, pinned: releasing <-------------+
+      +------------------------- finish_evict, unpinned / last unpin of releasing ----------+
 
-Only *ready* host copies and confirmed SSD/object copies are readable (counted by `match`);
-filling and evicting copies never are, so a lookup can never promise bytes that are not there.
-Pins (refcounts) protect blocks used by in-flight jobs; a block is evictable exactly when its host
-copy is ready, it has no pins and is not already being evicted. The eviction policy tracks only
-evictable keys, so choosing a victim is O(1). Every public method takes one lock: thread-safe.
+Readable (counted by `match`): ready and evicting host copies (an evicting copy is being written
+to SSD; its slot is reused only after that), and confirmed SSD/object copies. Filling and
+releasing copies never are, so a lookup can never promise bytes that are not there. Pins
+(refcounts) protect blocks used by in-flight jobs: a releasing slot is freed by the last unpin.
+A block is evictable exactly when its host copy is ready, unpinned and not already evicting. The
+eviction policy tracks only evictable keys, so choosing a victim is O(1). Every public method
+takes one lock: thread-safe.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Entry:
     host_slot: int | None = None
     host_ready: bool = False
     evicting: bool = False
+    releasing: bool = False  # host copy evicted while pinned: slot freed by the last unpin
     on_ssd: bool = False
     ssd_pending: bool = False
     on_object: bool = False
@@ -45,7 +49,7 @@ class Entry:
 
     @property
     def host_readable(self) -> bool:
-        return self.host_ready and not self.evicting and not self.stale
+        return self.host_ready and not self.stale
 
     @property
     def readable(self) -> bool:
@@ -69,6 +73,12 @@ class Entry:
         if self.on_object:
             return Tier.OBJECT
         return None
+
+
+@dataclass(frozen=True)
+class Located:
+    tier: Tier
+    host_slot: int | None  # set when tier is HOST
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,11 @@ class TierIndex:
             self._policy.remove(key)
 
     def _settle(self, key: bytes, e: Entry) -> None:
-        """Release what a stale entry no longer needs, then drop the entry if nothing is left."""
+        """Release what an entry no longer needs, then drop the entry if nothing is left."""
+        if e.releasing and e.pins == 0:
+            assert e.host_slot is not None
+            self._free.append(e.host_slot)
+            e.host_slot, e.releasing = None, False
         if e.stale and e.pins == 0 and not e.evicting:
             if e.host_slot is not None and e.host_ready:
                 self._free.append(e.host_slot)
@@ -163,17 +177,17 @@ class TierIndex:
     def lookup(self, keys: Sequence[bytes]) -> int:
         return len(self.match(keys))
 
-    def acquire(self, keys: Sequence[bytes]) -> list[Tier]:
+    def acquire(self, keys: Sequence[bytes]) -> list[Located]:
         """`match` and pin the matched keys in one step, so none can be evicted in between."""
-        out: list[Tier] = []
+        out: list[Located] = []
         with self._lock:
             for key in keys:
                 e = self._entries.get(key)
                 tier = e.best_tier() if e is not None else None
-                if tier is None:
+                if e is None or tier is None:
                     break
-                out.append(tier)
-                e.pins += 1  # type: ignore[union-attr]
+                out.append(Located(tier, e.host_slot if tier is Tier.HOST else None))
+                e.pins += 1
                 self._policy.remove(key)
         return out
 
@@ -214,6 +228,7 @@ class TierIndex:
                 "host_ready": sum(e.host_ready for e in es),
                 "host_filling": sum(e.host_slot is not None and not e.host_ready for e in es),
                 "evicting": sum(e.evicting for e in es),
+                "releasing": sum(e.releasing for e in es),
                 "on_ssd": sum(e.on_ssd for e in es),
                 "ssd_pending": sum(e.ssd_pending for e in es),
                 "pinned": sum(e.pins > 0 for e in es),
@@ -304,13 +319,13 @@ class TierIndex:
             return Victim(key, e.host_slot, e.hits, e.on_ssd)
 
     def finish_evict(self, key: bytes) -> None:
-        """The host copy is gone (spilled or dropped): its slot becomes free."""
+        """The host copy is gone (spilled or dropped): its slot becomes free, or, while jobs
+        still read it (pinned), when the last of them unpins."""
         with self._lock:
             e = self._get(key)
             if not e.evicting or e.host_slot is None:
                 raise IndexStateError(f"key {key.hex()} is not being evicted")
-            self._free.append(e.host_slot)
-            e.host_slot, e.host_ready, e.evicting = None, False, False
+            e.host_ready, e.evicting, e.releasing = False, False, True
             self._settle(key, e)
 
     # --- SSD / object copies ---

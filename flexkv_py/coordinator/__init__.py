@@ -1,0 +1,36 @@
+"""Moves blocks between tiers: a scheduler-side manager that decides and emits jobs, a worker-side
+executor that runs them, and an in-process engine combining both."""
+
+from __future__ import annotations
+
+from flexkv_py.coordinator.engine import BlockOutcome, CacheEngine, EngineHandle
+from flexkv_py.coordinator.executor import JobExecutor, JobHandle, build_host_side
+from flexkv_py.coordinator.jobs import (
+    DropJob,
+    Job,
+    JobResult,
+    LoadJob,
+    SpillJob,
+    StoreJob,
+)
+from flexkv_py.coordinator.manager import CacheManager, KVEvent
+from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
+
+__all__ = [
+    "BlockOutcome",
+    "CacheEngine",
+    "CacheManager",
+    "DropJob",
+    "EngineHandle",
+    "Job",
+    "JobExecutor",
+    "JobHandle",
+    "JobResult",
+    "KVEvent",
+    "LoadJob",
+    "SpillJob",
+    "StoreJob",
+    "build_host_side",
+    "host_slots_for",
+    "slot_nbytes_for",
+]

@@ -1,0 +1,297 @@
+"""In-process cache engine: manager + executor in one object (tests, CLI replay, benches).
+
+The vLLM connector splits the two across processes; this facade wires them directly and runs
+background jobs (spills, deletes) as they appear. Synchronous calls (`store`, `load`) wait for
+their job; `submit_*` return a handle whose `done()` never blocks.
+
+Host-only paths (`store_pages` / `load_pages`) move bytes between the caller and host slots
+without a GPU, for tools and tests that have no KV cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from typing_extensions import Buffer
+
+from flexkv_py.config import FlexKVConfig
+from flexkv_py.coordinator.executor import (
+    _AUTO,
+    HostSlots,
+    JobExecutor,
+    JobHandle,
+    Transfer,
+    build_host_side,
+)
+from flexkv_py.coordinator.jobs import MISSING, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.manager import CacheManager
+from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.ssd_tier import SsdTier
+
+logger = logging.getLogger(__name__)
+
+OK = "ok"
+CACHED = "cached"  # store: already cached, or being stored by another job
+NO_SLOT = "no_slot"  # store: no host slot could be freed
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """Per-block result of a store or load: `statuses[i]` is "ok" or why not."""
+
+    statuses: tuple[str, ...]
+    source_tiers: tuple[str, ...] = ()  # load: "cpu" | "ssd" | "none" per block
+
+    @property
+    def num_ok(self) -> int:
+        return sum(s == OK for s in self.statuses)
+
+    @property
+    def ok(self) -> bool:
+        return all(s in (OK, CACHED) for s in self.statuses)
+
+    def failed_indices(self) -> list[int]:
+        return [i for i, s in enumerate(self.statuses) if s not in (OK, CACHED)]
+
+
+class EngineHandle:
+    """An engine job in flight: `done()` polls, `result()` waits and applies it to the index."""
+
+    def __init__(
+        self, engine: CacheEngine, keys: Sequence[bytes], handle: JobHandle | None, skipped: str
+    ) -> None:
+        self._engine = engine
+        self._keys = tuple(keys)
+        self._handle = handle
+        # Keys the job does not carry get their status now (store: cached or no slot).
+        known = engine.manager.index.known
+        taken = set(handle.job.keys) if handle is not None else set()
+        self._skipped = {k: (CACHED if known(k) else skipped) for k in keys if k not in taken}
+        self._outcome: BlockOutcome | None = None
+
+    def done(self) -> bool:
+        return self._handle is None or self._handle.done()
+
+    def result(self, timeout: float | None = None) -> BlockOutcome:
+        if self._outcome is None:
+            failed: dict[bytes, str] = {}
+            tiers: tuple[str, ...] = ()
+            if self._handle is not None:
+                failed = self._engine._finish(self._handle, timeout).failed
+                if isinstance(self._handle.job, LoadJob):
+                    tiers = self._handle.job.source_tiers
+            self._outcome = BlockOutcome(
+                tuple(self._skipped.get(k) or failed.get(k, OK) for k in self._keys), tiers
+            )
+        return self._outcome
+
+
+class CacheEngine:
+    def __init__(
+        self,
+        config: FlexKVConfig,
+        namespace: Namespace,
+        host_pool: HostSlots,
+        transfer: Transfer | None = None,
+        *,
+        ssd: SsdTier | None = _AUTO,
+        owns: Sequence[Any] = (),
+        free_target: float = 0.05,
+    ) -> None:
+        self.pool = host_pool
+        self.executor = JobExecutor(config, namespace, host_pool, transfer, ssd=ssd, owns=owns)
+        self.manager = CacheManager(
+            config,
+            namespace,
+            page_bytes=namespace.page_bytes or host_pool.slot_nbytes,
+            num_host_slots=host_pool.num_slots,
+            free_target=free_target,
+        )
+        self._bg: dict[int, JobHandle] = {}
+        self._bg_lock = threading.Lock()
+        self.manager.adopt_ssd_keys([self.executor.stored_keys()])
+        self._pump()
+
+    @classmethod
+    def from_kv_caches(
+        cls, config: FlexKVConfig, namespace: Namespace, kv_caches: Mapping[str, Any]
+    ) -> CacheEngine:
+        """Engine with a host pool and transfer engine built for these KV caches."""
+        pool, transfer = build_host_side(config, namespace, kv_caches)
+        return cls(config, namespace, pool, transfer, owns=(transfer, pool))
+
+    # ------------------------------------------------------------------ plumbing
+    def _pump(self) -> None:
+        """Submit new background jobs; apply the results of finished ones (never blocks)."""
+        for job in self.manager.take_jobs():
+            handle = self.executor.submit(job)
+            with self._bg_lock:
+                self._bg[job.job_id] = handle
+        with self._bg_lock:
+            done = [j for j, h in self._bg.items() if h.done()]
+            for j in done:
+                del self._bg[j]
+        for result in self.executor.wait(done):
+            self.manager.complete(result)
+
+    def _wait_background(self, kind: str | None = None) -> bool:
+        """Wait for in-flight background jobs (of `kind`); True if there were any."""
+        self._pump()
+        with self._bg_lock:
+            ids = [j for j, h in self._bg.items() if kind is None or h.job.kind == kind]
+            for j in ids:
+                del self._bg[j]
+        for result in self.executor.wait(ids):
+            self.manager.complete(result)
+        return bool(ids)
+
+    def _finish(self, handle: JobHandle, timeout: float | None) -> JobResult:
+        result = handle.wait(timeout)
+        if self.executor.wait([handle.job_id]):  # consumed here: ours alone to apply
+            self.manager.complete(result)
+        self._pump()
+        return result
+
+    # ------------------------------------------------------------------ API
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        self._pump()
+        return self.manager.lookup(keys)
+
+    def submit_store(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+    ) -> EngineHandle:
+        """Async store (no waiting for spills: blocks without a free slot are "no_slot")."""
+        self._pump()
+        job = self.manager.prepare_store(keys, gpu_block_ids)
+        handle = self.executor.submit(job) if job else None
+        self._pump()
+        return EngineHandle(self, keys, handle, NO_SLOT)
+
+    def store(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
+    ) -> BlockOutcome:
+        """Store GPU blocks; waits for in-flight spills when the host tier is short of slots."""
+        return self._store(keys, gpu_block_ids, None, timeout)
+
+    def store_pages(
+        self, keys: Sequence[bytes], pages: Sequence[Buffer], timeout: float | None = None
+    ) -> BlockOutcome:
+        """Host-only store: copy each page (bytes-like, <= slot size) into a host slot."""
+        if len(pages) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(pages)} pages")
+        return self._store(keys, None, pages, timeout)
+
+    def _store(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        pages: Sequence[Buffer] | None,
+        timeout: float | None,
+    ) -> BlockOutcome:
+        statuses: dict[bytes, str] = {}
+        handles: list[JobHandle] = []
+
+        def finish_ours() -> bool:
+            # Our finished fills become evictable, which lets the next round free slots.
+            for h in handles:
+                result = self._finish(h, timeout)
+                for k in h.job.keys:
+                    statuses[k] = result.failed.get(k, OK)
+            had = bool(handles)
+            handles.clear()
+            return had
+
+        todo = list(range(len(keys)))
+        while todo:  # every retry follows progress (a spill or a fill finished)
+            self._pump()
+            gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in todo]
+            job = self.manager.prepare_store([keys[i] for i in todo], gpu)
+            if job is not None:
+                fill = None
+                if pages is not None:
+                    by_key = {keys[i]: pages[i] for i in todo}
+                    fill = functools.partial(self._write_pages, job, by_key)
+                handles.append(self.executor.submit(job, fill))
+            # Neither in a job now nor cached by someone else: found no free host slot.
+            todo = [i for i in todo if not self.manager.index.known(keys[i])]
+            if todo and not (self._wait_background("spill") or finish_ours()):
+                break
+        for i in todo:
+            statuses[keys[i]] = NO_SLOT
+        finish_ours()
+        return BlockOutcome(tuple(statuses.get(k, CACHED) for k in keys))
+
+    def _write_pages(self, job: StoreJob, pages: Mapping[bytes, Buffer]) -> None:
+        tensor = self.pool.tensor  # type: ignore[attr-defined]
+        for key, slot in zip(job.keys, job.host_slots, strict=True):
+            data = memoryview(pages[key]).cast("B")
+            if len(data) > self.pool.slot_nbytes:
+                raise ValueError(f"page of {len(data)} bytes exceeds the slot size")
+            row = tensor[slot].numpy()
+            row[: len(data)] = data
+            row[len(data) :] = 0  # zero padding: equal pages stay byte-equal (SSD dedup)
+
+    def submit_load(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+    ) -> EngineHandle:
+        self._pump()
+        job = self.manager.prepare_load(keys, gpu_block_ids)
+        handle = self.executor.submit(job) if job else None
+        self._pump()
+        return EngineHandle(self, keys, handle, MISSING)
+
+    def load(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
+    ) -> BlockOutcome:
+        """Load blocks into GPU blocks; per-block status ("ok" or why not)."""
+        return self.submit_load(keys, gpu_block_ids).result(timeout)
+
+    def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
+        """Host-only load: each block's slot bytes, or None if it could not be loaded."""
+        self._pump()
+        job = self.manager.prepare_load(keys, None)
+        if job is None:
+            return []
+        handle = self.executor.submit(job)
+        result = handle.wait(timeout)
+        tensor = self.pool.tensor  # type: ignore[attr-defined]
+        # Read while the blocks are still pinned (complete releases them).
+        out: list[bytes | None] = [
+            None if k in result.failed else tensor[s].numpy().tobytes()
+            for k, s in zip(job.keys, job.host_slots, strict=True)
+        ]
+        if self.executor.wait([job.job_id]):
+            self.manager.complete(result)
+        self._pump()
+        return out
+
+    def flush(self) -> None:
+        """Wait until every background job (spills, deletes) is done and applied."""
+        while self._wait_background():
+            pass
+
+    def reset(self) -> None:
+        """Forget every block, host and SSD (e.g. new weights under the same model name)."""
+        drop = self.manager.reset()
+        if drop is not None:
+            self.executor.submit(drop)
+            self.executor.wait([drop.job_id])
+
+    def stats(self) -> dict[str, Any]:
+        self._pump()
+        return {"manager": self.manager.stats(), "executor": self.executor.stats()}
+
+    def close(self) -> None:
+        self.flush()
+        self.executor.shutdown()
+
+    def __enter__(self) -> CacheEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

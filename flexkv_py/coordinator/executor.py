@@ -1,0 +1,496 @@
+"""Worker side: runs the manager's jobs on this rank's host pool, SSD tier and GPU KV cache.
+
+Host <-> SSD goes through the native store's async batches straight on pool memory: each block
+buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DIRECT needs no
+bounce copy). GPU <-> host goes through the transfer engine.
+
+Ordering: a store's GPU->host copy is submitted in the caller's thread inside `submit`, so it is
+ordered after the model work already queued on the caller's CUDA stream; everything that follows
+(waiting, SSD I/O, host->GPU copies) runs on a small thread pool. Drops run inside `submit`, so a
+drop happens before any job submitted after it. Jobs never reuse a slot another in-flight job
+uses: the manager guarantees that with pins.
+
+Every job completes, and every block that did not make it is reported in its JobResult; an
+unexpected exception fails all blocks of the job rather than leaving them unreported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
+
+from flexkv_py.config import FlexKVConfig
+from flexkv_py.coordinator.jobs import (
+    CORRUPT,
+    INTERNAL,
+    IO_ERROR,
+    MISSING,
+    NO_SPACE,
+    NOT_FOUND,
+    TRANSFER_ERROR,
+    DropJob,
+    Job,
+    JobResult,
+    LoadJob,
+    SpillJob,
+    StoreJob,
+)
+from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.errors import ConfigError
+from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.ssd_tier import SsdTier
+
+logger = logging.getLogger(__name__)
+
+_STATUS_REASON = {
+    "not_found": NOT_FOUND,
+    "corrupt": CORRUPT,
+    "io_error": IO_ERROR,
+    "no_space": NO_SPACE,
+    "rejected": NO_SPACE,
+    "bad_buffer": INTERNAL,
+}
+
+
+class HostSlots(Protocol):
+    """What the executor needs from the host pool (flexkv_py.tiers.host_pool.HostPool)."""
+
+    num_slots: int
+    slot_nbytes: int
+
+    def slot_address(self, slot: int) -> int: ...
+
+
+class TransferHandleLike(Protocol):
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> None: ...
+
+
+class Transfer(Protocol):
+    """What the executor needs from flexkv_py.transfer.TransferEngine."""
+
+    def submit_d2h(
+        self, gpu_block_ids: Sequence[int], host_slots: Sequence[int]
+    ) -> TransferHandleLike: ...
+    def submit_h2d(
+        self, host_slots: Sequence[int], gpu_block_ids: Sequence[int]
+    ) -> TransferHandleLike: ...
+
+
+class _StreamMark:
+    """Where the caller's CUDA stream is now; `after()` makes work issued later (from any
+    thread) start behind it. Without CUDA there is nothing to order."""
+
+    def __init__(self, transfer: Any) -> None:
+        device = getattr(transfer, "device", None)
+        self._event: Any = None
+        if device is not None and getattr(device, "type", None) == "cuda":
+            import torch
+
+            self._device = device
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(device))
+
+    @contextlib.contextmanager
+    def after(self) -> Iterator[None]:
+        if self._event is None:
+            yield
+            return
+        import torch
+
+        side = torch.cuda.Stream(self._device)
+        side.wait_event(self._event)
+        with torch.cuda.stream(side):
+            yield
+
+
+class JobHandle:
+    """One submitted job. `done()` never blocks; `wait()` returns its JobResult."""
+
+    def __init__(self, job: Job, future: Future[JobResult]) -> None:
+        self.job = job
+        self._future = future
+
+    @property
+    def job_id(self) -> int:
+        return self.job.job_id
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        try:
+            return self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"job {self.job_id} not done after {timeout} s") from None
+
+
+_AUTO: Any = object()
+
+
+def build_host_side(
+    config: FlexKVConfig, namespace: Namespace, kv_caches: Mapping[str, Any]
+) -> tuple[Any, Any]:
+    """This rank's (HostPool, TransferEngine) for vLLM's registered KV caches. The pool has
+    `host_slots_for(config, namespace, page)` slots, the count the scheduler-side manager plans."""
+    from flexkv_py.tiers.host_pool import HostPool
+    from flexkv_py.transfer import TransferEngine, describe_kv_caches
+
+    geom = describe_kv_caches(kv_caches)
+    if namespace.page_bytes and namespace.page_bytes != geom.page_nbytes:
+        raise ConfigError(
+            f"namespace.page_bytes: {namespace.page_bytes} does not match the KV cache page "
+            f"of {geom.page_nbytes} bytes ({geom.fingerprint})"
+        )
+    num_slots = host_slots_for(config, namespace, geom.page_nbytes)
+    pool = HostPool(num_slots, geom.slot_nbytes, huge_pages=config.host_huge_pages)
+    try:
+        engine = TransferEngine(kv_caches, pool, backend=config.transfer_engine)
+    except BaseException:
+        pool.close()
+        raise
+    return pool, engine
+
+
+class JobExecutor:
+    def __init__(
+        self,
+        config: FlexKVConfig,
+        namespace: Namespace,
+        host_pool: HostSlots,
+        transfer: Transfer | None = None,
+        *,
+        ssd: SsdTier | None = _AUTO,
+        max_workers: int = 4,
+        owns: Iterable[Any] = (),
+    ) -> None:
+        """`ssd`: default builds the rank's SSD tier from `config` (None when SSD is off).
+        `owns`: objects closed by `shutdown` (e.g. a pool and engine built by from_kv_caches)."""
+        self.config = config
+        self.namespace = namespace
+        self.pool = host_pool
+        self.transfer = transfer
+        self.ssd: SsdTier | None = (
+            (SsdTier(config, namespace) if config.ssd_enabled else None) if ssd is _AUTO else ssd
+        )
+        self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix="flexkv-job")
+        self._lock = threading.Lock()
+        self._submit_lock = threading.Lock()  # one transfer submit at a time
+        self._handles: dict[int, JobHandle] = {}
+        self._finished: dict[int, JobResult] = {}
+        self._owns = list(owns)
+        self._closed = False
+        self._stats: Counter[str] = Counter()
+
+    @classmethod
+    def from_kv_caches(
+        cls, config: FlexKVConfig, namespace: Namespace, kv_caches: Mapping[str, Any], **kw: Any
+    ) -> JobExecutor:
+        """Build this rank's host pool and transfer engine for vLLM's registered KV caches."""
+        pool, engine = build_host_side(config, namespace, kv_caches)
+        return cls(config, namespace, pool, engine, owns=(engine, pool), **kw)
+
+    @property
+    def num_host_slots(self) -> int:
+        return self.pool.num_slots
+
+    # ------------------------------------------------------------------ submit / complete
+    def submit(self, job: Job, fill: Callable[[], None] | None = None) -> JobHandle:
+        """Start a job. `fill` (host-only stores, in-process callers): writes the pages into the
+        job's slots; it runs on the job thread after the job's spills have read those slots."""
+        if self._closed:
+            raise RuntimeError("job executor is shut down")
+        started = time.perf_counter()
+        if isinstance(job, DropJob):
+            future: Future[JobResult] = Future()
+            future.set_result(self._guard(job, started, lambda: self._run_drop(job, started)))
+        else:
+            d2h: Any = None
+            d2h_error: BaseException | None = None
+            if isinstance(job, StoreJob) and job.gpu_block_ids is not None and job.keys:
+                try:
+                    if job.spill_keys:
+                        # The slots must be written out first: remember the point on the
+                        # caller's stream the copy has to follow, issue it after the spill.
+                        d2h = _StreamMark(self.transfer)
+                    else:
+                        d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots)
+                except Exception as e:  # bad ids, engine closed: fail the blocks, keep going
+                    d2h_error = e
+            run = self._runner(job, d2h, d2h_error, started, fill)
+            future = self._threads.submit(self._guard, job, started, run)
+        handle = JobHandle(job, future)
+        with self._lock:
+            self._handles[job.job_id] = handle
+        future.add_done_callback(self._on_done)
+        return handle
+
+    def _runner(
+        self,
+        job: Job,
+        d2h: Any,
+        d2h_error: BaseException | None,
+        started: float,
+        fill: Callable[[], None] | None,
+    ) -> Any:
+        if isinstance(job, StoreJob):
+            return lambda: self._run_store(job, d2h, d2h_error, started, fill)
+        if isinstance(job, LoadJob):
+            return lambda: self._run_load(job, started)
+        if isinstance(job, SpillJob):
+            return lambda: self._run_spill(job, started)
+        raise TypeError(f"not a job: {job!r}")
+
+    def _guard(self, job: Job, started: float, run: Any) -> JobResult:
+        try:
+            result: JobResult = run()
+        except Exception:
+            logger.exception("job %d (%s) failed unexpectedly", job.job_id, job.kind)
+            failed = dict.fromkeys(job.keys, INTERNAL)
+            gpu = frozenset(job.gpu_block_ids or ()) if isinstance(job, LoadJob) else frozenset()
+            self._stats["jobs_crashed"] += 1
+            result = JobResult(
+                job.job_id,
+                job.kind,
+                failed=failed,
+                failed_gpu_block_ids=gpu,
+                seconds=time.perf_counter() - started,
+            )
+        self._stats[f"jobs_{job.kind}"] += 1
+        for reason in result.failed.values():
+            self._stats[f"failed_{job.kind}_{reason}"] += 1
+        return result
+
+    def _on_done(self, future: Future[JobResult]) -> None:
+        result = future.result()  # _guard never raises
+        with self._lock:
+            if result.job_id in self._handles:
+                self._finished[result.job_id] = result
+
+    def poll(self) -> list[JobResult]:
+        """Results of jobs finished since the last poll/wait (each result is returned once)."""
+        with self._lock:
+            out = list(self._finished.values())
+            for r in out:
+                del self._handles[r.job_id]
+            self._finished.clear()
+        return out
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> list[JobResult]:
+        """Block until the given jobs finish; returns their results not yet returned by poll.
+        Unknown or already-returned ids are ignored. TimeoutError if not done in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[JobResult] = []
+        for job_id in job_ids:
+            with self._lock:
+                handle = self._handles.get(job_id)
+            if handle is None:
+                continue
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result = handle.wait(remaining)
+            with self._lock:
+                if self._handles.pop(job_id, None) is not None:
+                    self._finished.pop(job_id, None)
+                    out.append(result)
+        return out
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    # ------------------------------------------------------------------ job bodies
+    def _slot_buf(self, slot: int) -> tuple[int, int]:
+        return (self.pool.slot_address(slot), self.pool.slot_nbytes)
+
+    def _submit_transfer(
+        self, direction: str, gpu_ids: Sequence[int], slots: Sequence[int]
+    ) -> TransferHandleLike:
+        if self.transfer is None:
+            raise RuntimeError("job moves GPU blocks but this executor has no transfer engine")
+        with self._submit_lock:
+            if direction == "d2h":
+                return self.transfer.submit_d2h(gpu_ids, slots)
+            return self.transfer.submit_h2d(slots, gpu_ids)
+
+    def _ssd_batch(
+        self, put: bool, keys: Sequence[bytes], slots: Sequence[int]
+    ) -> dict[bytes, str]:
+        """Run one SSD batch; returns key -> failure reason for blocks that did not succeed."""
+        if not keys:
+            return {}
+        if self.ssd is None:
+            return dict.fromkeys(keys, NOT_FOUND)
+        items = [(k, self._slot_buf(s)) for k, s in zip(keys, slots, strict=True)]
+        batch = self.ssd.submit_put(items) if put else self.ssd.submit_get(items)
+        results = batch.wait()
+        failed: dict[bytes, str] = {}
+        for key, r in zip(keys, results, strict=True):
+            if not r.ok:
+                failed[key] = _STATUS_REASON.get(r.status, INTERNAL)
+                logger.warning(
+                    "SSD %s of block %s failed: %s (%s)",
+                    "write" if put else "read",
+                    key.hex()[-16:],
+                    r.status,
+                    r.error,
+                )
+            elif not put and r.nbytes != self.pool.slot_nbytes:
+                # Same namespace implies the same page size; anything else is not our block.
+                failed[key] = CORRUPT
+                logger.warning(
+                    "SSD block %s has %d bytes, expected %d",
+                    key.hex()[-16:],
+                    r.nbytes,
+                    self.pool.slot_nbytes,
+                )
+        self._stats["ssd_write_blocks" if put else "ssd_read_blocks"] += len(keys) - len(failed)
+        return failed
+
+    def _evicted(self) -> tuple[bytes, ...]:
+        return tuple(self.ssd.drain_evicted()) if self.ssd is not None else ()
+
+    def _run_store(
+        self,
+        job: StoreJob,
+        d2h: Any,
+        d2h_error: BaseException | None,
+        started: float,
+        fill: Callable[[], None] | None,
+    ) -> JobResult:
+        failed: dict[bytes, str] = {}
+        spill_failed = self._ssd_batch(True, job.spill_keys, job.spill_slots)
+        nbytes = (len(job.spill_keys) - len(spill_failed)) * self.pool.slot_nbytes
+        if fill is not None:
+            fill()
+        if d2h_error is not None or d2h is not None:
+            try:
+                if d2h_error is not None:
+                    raise d2h_error
+                if isinstance(d2h, _StreamMark):
+                    assert job.gpu_block_ids is not None
+                    with d2h.after():
+                        d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots)
+                d2h.wait()
+                nbytes += len(job.keys) * self.pool.slot_nbytes
+                self._stats["d2h_blocks"] += len(job.keys)
+            except Exception as e:
+                logger.warning("store job %d: GPU->host copy failed: %s", job.job_id, e)
+                failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
+        todo = [
+            (k, s)
+            for k, s, w in zip(job.keys, job.host_slots, job.ssd_write, strict=True)
+            if w and k not in failed
+        ]
+        ssd_failed = self._ssd_batch(True, [k for k, _ in todo], [s for _, s in todo])
+        nbytes += (len(todo) - len(ssd_failed)) * self.pool.slot_nbytes
+        return JobResult(
+            job.job_id,
+            "store",
+            failed=failed,
+            ssd_failed=frozenset(ssd_failed),
+            ssd_evicted=self._evicted(),
+            spill_failed=frozenset(spill_failed),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _run_load(self, job: LoadJob, started: float) -> JobResult:
+        spill_failed = self._ssd_batch(True, job.spill_keys, job.spill_slots)
+        failed: dict[bytes, str] = {
+            k: MISSING for k, src in zip(job.keys, job.source_tiers, strict=True) if src == "none"
+        }
+        from_ssd = [i for i, src in enumerate(job.source_tiers) if src == "ssd"]
+        failed.update(
+            self._ssd_batch(
+                False, [job.keys[i] for i in from_ssd], [job.host_slots[i] for i in from_ssd]
+            )
+        )
+        nbytes = (len(from_ssd) - sum(job.keys[i] in failed for i in from_ssd)) * (
+            self.pool.slot_nbytes
+        )
+        failed_gpu: set[int] = set()
+        if job.gpu_block_ids is not None:
+            good = [i for i, k in enumerate(job.keys) if k not in failed]
+            failed_gpu = {job.gpu_block_ids[i] for i, k in enumerate(job.keys) if k in failed}
+            if good:
+                try:
+                    h2d = self._submit_transfer(
+                        "h2d",
+                        [job.gpu_block_ids[i] for i in good],
+                        [job.host_slots[i] for i in good],
+                    )
+                    h2d.wait()
+                    nbytes += len(good) * self.pool.slot_nbytes
+                    self._stats["h2d_blocks"] += len(good)
+                except Exception as e:
+                    logger.warning("load job %d: host->GPU copy failed: %s", job.job_id, e)
+                    for i in good:
+                        failed[job.keys[i]] = TRANSFER_ERROR
+                        failed_gpu.add(job.gpu_block_ids[i])
+        return JobResult(
+            job.job_id,
+            "load",
+            failed=failed,
+            failed_gpu_block_ids=frozenset(failed_gpu),
+            ssd_evicted=self._evicted(),
+            spill_failed=frozenset(spill_failed),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _run_spill(self, job: SpillJob, started: float) -> JobResult:
+        failed = self._ssd_batch(True, job.keys, job.host_slots)
+        return JobResult(
+            job.job_id,
+            "spill",
+            failed=failed,
+            ssd_evicted=self._evicted(),
+            nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _run_drop(self, job: DropJob, started: float) -> JobResult:
+        removed = self.ssd.delete(job.keys) if self.ssd is not None else 0
+        self._stats["ssd_deleted_blocks"] += removed
+        return JobResult(
+            job.job_id, "drop", ssd_evicted=self._evicted(), seconds=time.perf_counter() - started
+        )
+
+    # ------------------------------------------------------------------ inventory / lifecycle
+    def stored_keys(self) -> list[bytes]:
+        """Logical keys of this namespace in this rank's SSD tier (restart inventory)."""
+        return self.ssd.logical_keys() if self.ssd is not None else []
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self._stats)
+        out["pending_jobs"] = self.pending()
+        if self.ssd is not None:
+            out["ssd"] = self.ssd.stats()
+        return out
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Finish in-flight jobs (acknowledged stores reach SSD), then close what we own."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            handles = list(self._handles.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for h in handles:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                h.wait(remaining)
+            except TimeoutError:
+                logger.warning("shutdown: job %d still running", h.job_id)
+        self._threads.shutdown(wait=timeout is None)
+        if self.ssd is not None:
+            self.ssd.close()
+        for obj in self._owns:
+            obj.close()

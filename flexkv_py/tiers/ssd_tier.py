@@ -1,0 +1,98 @@
+"""The SSD tier of one worker (one TP/PP rank): a typed wrapper over the native BlockStore.
+
+Each rank gets its own subdirectory in every configured directory (``<dir>/tp0-pp0``), so ranks
+never share files or locks, and stores its blocks under ``namespace.storage_key(key)`` (rank tag +
+logical key), so even a misconfigured shared directory cannot hand one shard's block to another.
+The configured sizes are per engine and split evenly across its ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from flexkv_py import _native
+from flexkv_py.config import FlexKVConfig
+from flexkv_py.errors import ConfigError
+from flexkv_py.index.namespace import Namespace
+
+logger = logging.getLogger(__name__)
+
+# (logical key, (address, nbytes)) or (logical key, buffer)
+Item = tuple[bytes, Any]
+
+
+class SsdTier:
+    def __init__(self, config: FlexKVConfig, namespace: Namespace) -> None:
+        if not config.ssd_enabled:
+            raise ConfigError("ssd_cache_gb: the SSD tier is disabled (0); nothing to open")
+        self.namespace = namespace
+        self.dirs = [os.path.join(d, namespace.shard_dir_name) for d in config.ssd_cache_dir]
+        for d in self.dirs:
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"ssd_cache_dir: cannot create {d!r}: {e.strerror}") from e
+        self.capacity_bytes = namespace.rank_share(config.ssd_cache_bytes)
+        self.store = _native.BlockStore(
+            self.dirs,
+            self.capacity_bytes,
+            io_engine=config.ssd_io_engine,  # type: ignore[arg-type]
+            queue_depth=config.iouring_entries,
+            compression=config.ssd_compression,  # type: ignore[arg-type]
+            zstd_level=config.zstd_level,
+            eviction=config.eviction_policy,  # type: ignore[arg-type]
+            # Admission is decided by the coordinator (it sees hits the store never does).
+            admit_min_hits=1,
+            content_hash=config.content_hash,  # type: ignore[arg-type]
+            durability=config.durability,  # type: ignore[arg-type]
+            preallocate=config.ssd_preallocate,
+        )
+        logger.info(
+            "SSD tier %s: %d MiB over %s (%s)",
+            namespace.shard_dir_name,
+            self.capacity_bytes >> 20,
+            self.dirs,
+            self.store.io_engine,
+        )
+
+    @property
+    def io_engine(self) -> str:
+        return self.store.io_engine
+
+    def _items(self, items: Iterable[Item]) -> list[tuple[bytes, Any]]:
+        sk = self.namespace.storage_key
+        return [(sk(key), buf) for key, buf in items]
+
+    def submit_put(self, items: Iterable[Item]) -> _native.BatchHandle:
+        return self.store.submit_put(self._items(items))
+
+    def submit_get(self, items: Iterable[Item]) -> _native.BatchHandle:
+        return self.store.submit_get(self._items(items))
+
+    def contains(self, key: bytes) -> bool:
+        return self.store.contains(self.namespace.storage_key(key))
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        sk = self.namespace.storage_key
+        return sum(self.store.delete(sk(k)) for k in keys)
+
+    def drain_evicted(self) -> list[bytes]:
+        """Logical keys the store dropped for capacity since the last call."""
+        return self._logical(self.store.drain_evicted())
+
+    def logical_keys(self) -> list[bytes]:
+        """Every block of this namespace and rank on disk (the restart inventory)."""
+        return self._logical(self.store.keys())
+
+    def _logical(self, storage_keys: Sequence[bytes]) -> list[bytes]:
+        lk = self.namespace.logical_key
+        return [k for k in map(lk, storage_keys) if k is not None]
+
+    def stats(self) -> dict[str, int | float | str]:
+        return self.store.stats()
+
+    def close(self) -> None:
+        self.store.close()
