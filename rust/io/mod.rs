@@ -54,10 +54,18 @@ pub fn iovec(ptr: *mut u8, len: usize) -> libc::iovec {
     libc::iovec { iov_base: ptr.cast(), iov_len: len }
 }
 
-/// Runs a slice of ops to completion, filling each `result`.
+/// A completion: the tag given at `push` and the op's outcome.
+pub type Completion = (u64, std::result::Result<(), IoFailure>);
+
+/// An I/O engine keeps up to `capacity()` ops in flight. The device queue pushes ops as they
+/// arrive and reaps completions, so the device never idles between batches.
 pub trait IoEngine: Send {
     fn name(&self) -> &'static str;
-    fn run(&mut self, ops: &mut [IoOp]);
+    fn capacity(&self) -> usize;
+    /// Start `op` (it must stay put until its completion is reaped). False when full.
+    fn push(&mut self, op: &IoOp, tag: u64) -> bool;
+    /// Submit what was pushed and wait for at least `min` completions.
+    fn reap(&mut self, min: usize, out: &mut Vec<Completion>);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +92,7 @@ impl EngineChoice {
 /// kernel or a seccomp profile refuses io_uring.
 pub fn build_engine(choice: EngineChoice, queue_depth: u32) -> Result<Box<dyn IoEngine>> {
     match choice {
-        EngineChoice::Psync => Ok(Box::new(psync::PsyncEngine)),
+        EngineChoice::Psync => Ok(Box::new(psync::PsyncEngine::default())),
         EngineChoice::IoUring => uring::UringEngine::new(queue_depth)
             .map(|e| Box::new(e) as Box<dyn IoEngine>)
             .map_err(|e| StoreError::io("io_engine=io_uring: io_uring_setup failed", e)),
@@ -93,7 +101,7 @@ pub fn build_engine(choice: EngineChoice, queue_depth: u32) -> Result<Box<dyn Io
             Err(e) => {
                 tracing::warn!(error = %e, "io_uring unavailable; falling back to the pread/pwrite engine");
                 log::warn!("io_uring unavailable ({e}); falling back to the pread/pwrite engine");
-                Ok(Box::new(psync::PsyncEngine))
+                Ok(Box::new(psync::PsyncEngine::default()))
             }
         },
     }

@@ -3,19 +3,29 @@
 
 use std::os::fd::RawFd;
 
-use super::{IoEngine, IoFailure, IoOp};
+use super::{Completion, IoEngine, IoFailure, IoOp};
 
-pub struct PsyncEngine;
+#[derive(Default)]
+pub struct PsyncEngine {
+    done: Vec<Completion>,
+}
 
 impl IoEngine for PsyncEngine {
     fn name(&self) -> &'static str {
         "psync"
     }
 
-    fn run(&mut self, ops: &mut [IoOp]) {
-        for op in ops.iter_mut() {
-            op.result = run_one(op);
-        }
+    fn capacity(&self) -> usize {
+        1
+    }
+
+    fn push(&mut self, op: &IoOp, tag: u64) -> bool {
+        self.done.push((tag, run_one(op)));
+        true
+    }
+
+    fn reap(&mut self, _min: usize, out: &mut Vec<Completion>) {
+        out.append(&mut self.done);
     }
 }
 

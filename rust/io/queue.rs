@@ -1,18 +1,24 @@
-//! A device queue: one thread per directory that owns an engine and runs batches sent to it.
-//! Jobs that queue up while a batch runs are merged into the next run (deeper queue, fewer
-//! syscalls).
+//! A device queue: one thread per directory that owns an engine. Ops from every batch sent to
+//! it are pushed as soon as there is room and each batch is handed back when its last op
+//! completes, so the device stays busy across batch boundaries.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
-use super::{IoEngine, IoFailure, IoOp};
+use super::{Completion, IoEngine, IoFailure, IoOp};
 
 struct Job {
     ops: Vec<IoOp>,
     reply: Sender<Vec<IoOp>>,
+}
+
+struct Active {
+    job: Job,
+    remaining: usize,
 }
 
 pub struct DeviceQueue {
@@ -22,43 +28,97 @@ pub struct DeviceQueue {
     engine_name: &'static str,
 }
 
-/// Most ops merged into one engine run.
-const MAX_MERGED_OPS: usize = 4096;
+fn tag(slot: usize, op: usize) -> u64 {
+    ((slot as u64) << 32) | op as u64
+}
+
+fn untag(tag: u64) -> (usize, usize) {
+    ((tag >> 32) as usize, (tag & 0xffff_ffff) as usize)
+}
+
+fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsize>) {
+    let mut slots: Vec<Option<Active>> = Vec::new();
+    let mut backlog: VecDeque<(usize, usize)> = VecDeque::new();
+    let mut inflight = 0usize;
+    let mut done: Vec<Completion> = Vec::new();
+    let mut open = true;
+    let admit = |job: Job, slots: &mut Vec<Option<Active>>, backlog: &mut VecDeque<(usize, usize)>| {
+        let n = job.ops.len();
+        if n == 0 {
+            let _ = job.reply.send(job.ops);
+            return;
+        }
+        let slot = slots.iter().position(Option::is_none).unwrap_or_else(|| {
+            slots.push(None);
+            slots.len() - 1
+        });
+        backlog.extend((0..n).map(|i| (slot, i)));
+        slots[slot] = Some(Active { job, remaining: n });
+    };
+    loop {
+        if inflight == 0 && backlog.is_empty() {
+            if !open {
+                return;
+            }
+            match rx.recv() {
+                Ok(job) => admit(job, &mut slots, &mut backlog),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(job) => admit(job, &mut slots, &mut backlog),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        while inflight < engine.capacity() {
+            let Some(&(slot, op)) = backlog.front() else { break };
+            let Some(active) = slots[slot].as_ref() else {
+                backlog.pop_front();
+                continue;
+            };
+            if !engine.push(&active.job.ops[op], tag(slot, op)) {
+                break;
+            }
+            backlog.pop_front();
+            inflight += 1;
+        }
+        if inflight == 0 {
+            continue;
+        }
+        engine.reap(1, &mut done);
+        for (t, result) in done.drain(..) {
+            let (slot, op) = untag(t);
+            inflight -= 1;
+            gauge.fetch_sub(1, Ordering::Relaxed);
+            let finished = match slots[slot].as_mut() {
+                Some(active) => {
+                    active.job.ops[op].result = result;
+                    active.remaining -= 1;
+                    active.remaining == 0
+                }
+                None => false,
+            };
+            if finished {
+                if let Some(active) = slots[slot].take() {
+                    let _ = active.job.reply.send(active.job.ops);
+                }
+            }
+        }
+    }
+}
 
 impl DeviceQueue {
-    pub fn spawn(name: String, mut engine: Box<dyn IoEngine>) -> std::io::Result<Self> {
+    pub fn spawn(name: String, engine: Box<dyn IoEngine>) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let inflight = Arc::new(AtomicUsize::new(0));
         let engine_name = engine.name();
         let gauge = inflight.clone();
-        let thread = std::thread::Builder::new().name(name).spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut jobs = vec![first];
-                let mut count = jobs[0].ops.len();
-                while count < MAX_MERGED_OPS {
-                    match rx.try_recv() {
-                        Ok(job) => {
-                            count += job.ops.len();
-                            jobs.push(job);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let sizes: Vec<usize> = jobs.iter().map(|j| j.ops.len()).collect();
-                let mut all: Vec<IoOp> = Vec::with_capacity(count);
-                let mut replies = Vec::with_capacity(jobs.len());
-                for job in jobs {
-                    all.extend(job.ops);
-                    replies.push(job.reply);
-                }
-                engine.run(&mut all);
-                gauge.fetch_sub(count, Ordering::Relaxed);
-                let mut rest = all.into_iter();
-                for (n, reply) in sizes.into_iter().zip(replies) {
-                    let _ = reply.send(rest.by_ref().take(n).collect());
-                }
-            }
-        })?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || serve(rx, engine, gauge))?;
         Ok(DeviceQueue { tx: Some(tx), thread: Some(thread), inflight, engine_name })
     }
 
@@ -66,6 +126,7 @@ impl DeviceQueue {
         self.engine_name
     }
 
+    /// Ops queued or in flight on this device.
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
