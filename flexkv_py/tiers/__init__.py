@@ -1,0 +1,1 @@
+"""Storage tiers below the GPU: the pinned host pool and the SSD block store."""
