@@ -409,3 +409,6 @@ impl Drop for BlockStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
