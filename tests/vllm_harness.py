@@ -29,6 +29,7 @@ import copy
 import hashlib
 import json
 import pickle
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -136,7 +137,7 @@ def make_vllm_config(
         model_config=model_config,
         cache_config=cache_config,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=2048,
             enable_chunked_prefill=True,
@@ -336,6 +337,9 @@ class Engine:
         # update_from_output publishes connector.take_events(); record what it publishes.
         self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
         self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
+        # One for the engine's lifetime, as vLLM's executor keeps it: a request is finished
+        # once every rank has reported it, possibly in different steps.
+        self._aggregator = KVOutputAggregator(expected_finished_count=tp_size)
         self.history: list[StepRecord] = []
         self.outputs: dict[str, list[int]] = {}
         self.stats: list[dict[str, Any]] = []  # kv_connector_stats payload per step
@@ -402,7 +406,7 @@ class Engine:
             )
         if len(per_rank) == 1:
             return per_rank[0]
-        return KVOutputAggregator(expected_finished_count=len(per_rank)).aggregate(per_rank, 0)
+        return self._aggregator.aggregate(per_rank, 0)
 
     def _start_load(self, connector: Any) -> None:
         # As ActiveKVConnector does outside a forward: a context without attention metadata.
@@ -460,21 +464,26 @@ class Engine:
         self.history.append(rec)
         return rec
 
-    def run(self, max_steps: int = 500) -> int:
-        steps = 0
-        while self.scheduler.has_requests():
-            self.step()
-            steps += 1
-            if steps >= max_steps:
-                raise AssertionError(f"engine did not drain in {max_steps} steps")
-        return steps
+    def run(self, timeout_s: float = 120.0) -> int:
+        """Step until the scheduler holds no request (including delayed frees)."""
+        return self.run_until(lambda: not self.scheduler.has_requests(), timeout_s, first=False)
 
-    def run_until(self, cond: Any, max_steps: int = 500) -> int:
-        for steps in range(1, max_steps + 1):
-            self.step()
+    def run_until(self, cond: Any, timeout_s: float = 120.0, *, first: bool = True) -> int:
+        """Step until `cond()`; idle steps (nothing scheduled, transfers in flight) are cheap,
+        so the bound is wall time, and an idle step yields the CPU to the transfer threads."""
+        deadline = time.monotonic() + timeout_s
+        steps = 0
+        if not first and cond():
+            return 0
+        while True:
+            rec = self.step()
+            steps += 1
             if cond():
                 return steps
-        raise AssertionError(f"condition not reached in {max_steps} steps")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached in {timeout_s} s ({steps} steps)")
+            if not rec.scheduled:
+                time.sleep(0.0005)
 
     def mismatches(self) -> list[str]:
         return [m for w in self.workers for m in w.model.mismatches]

@@ -91,6 +91,7 @@ class FlexKVPromMetrics(KVConnectorPromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._labelvalues = per_engine_labelvalues
         self._counters: dict[str, dict[int, Any]] = {}
         for key in COUNTERS:
             metric = self._counter_cls(
@@ -106,7 +107,6 @@ class FlexKVPromMetrics(KVConnectorPromMetrics):
             buckets=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
         )
         self._latency = latency
-        self._labelvalues = per_engine_labelvalues
 
     def create_metric_per_engine(self, metric: Any) -> dict[int, Any]:
         return {idx: metric.labels(*values) for idx, values in self._labelvalues.items()}
