@@ -288,6 +288,20 @@ def test_admission_grammar() -> None:
             parse_admission(bad)
 
 
+def test_apply_log_level() -> None:
+    import logging
+
+    from flexkv_py.config import apply_log_level
+
+    logger = logging.getLogger("flexkv_py")
+    old = logger.level
+    try:
+        apply_log_level(load_config({"log_level": "debug"}, env={}))
+        assert logger.level == logging.DEBUG
+    finally:
+        logger.setLevel(old)
+
+
 def test_config_policy_names_match_policy_classes() -> None:
     assert set(EVICTION_POLICIES) == set(POLICY_CLASSES)
 

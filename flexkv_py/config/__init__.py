@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flexkv_py.config.admission import AdmissionSpec, parse_admission
-from flexkv_py.config.loader import load_config, resolve_config
+from flexkv_py.config.loader import apply_log_level, load_config, resolve_config
 from flexkv_py.config.model import FlexKVConfig, ResolvedConfig
 from flexkv_py.config.schema import FIELDS, FIELDS_BY_KEY
 from flexkv_py.config.validate import validate
@@ -14,6 +14,7 @@ __all__ = [
     "AdmissionSpec",
     "FlexKVConfig",
     "ResolvedConfig",
+    "apply_log_level",
     "load_config",
     "parse_admission",
     "resolve_config",

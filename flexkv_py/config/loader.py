@@ -100,6 +100,11 @@ def resolve_config(
     return ResolvedConfig(config=config, sources=sources, config_path=config_path)
 
 
+def apply_log_level(config: FlexKVConfig) -> None:
+    """Set the `flexkv_py` logger to the configured level (handlers stay the host app's)."""
+    logging.getLogger("flexkv_py").setLevel(config.log_level)
+
+
 def load_config(
     overrides: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None
 ) -> FlexKVConfig:
