@@ -146,6 +146,37 @@ def bench_dedup(directory: Path) -> float:
     return float(s["physical_bytes"]) / float(s["logical_bytes"])
 
 
+def bench_recovery(directory: Path, nblocks: int) -> dict:
+    """Time reopening a store of `nblocks` 64 KiB blocks after a clean close, and after a kill
+    (a copy of the directory taken while the store is open: the journal is not compacted)."""
+    d = directory / "store-recovery"
+    d.mkdir()
+    block = 64 * 1024
+    pool = HostPool(256 * block)
+    view = np.frombuffer(pool.memoryview(), np.uint8)
+    fill_unique(view, block, seed=3)
+    store = BlockStore(str(d), nblocks * (block + 4096) + 64 * MiB)
+    for lo in range(0, nblocks, 256):
+        n = min(256, nblocks - lo)
+        items = [(b"r%d" % (lo + i), (pool.address + i * block, block)) for i in range(n)]
+        check(store.submit_put(items).wait(600))
+    crashed = directory / "store-recovery-crashed"
+    shutil.copytree(d, crashed, ignore=shutil.ignore_patterns("flexkv.lock"))
+    store.close()
+    timings = {}
+    for name, path in (("clean", d), ("crash", crashed)):
+        start = time.perf_counter()
+        reopened = BlockStore(str(path), nblocks * (block + 4096) + 64 * MiB)
+        timings[f"recovery_{name}_s"] = time.perf_counter() - start
+        assert len(reopened) == nblocks, (name, len(reopened))
+        reopened.close()
+    del view
+    pool.close()
+    shutil.rmtree(d)
+    shutil.rmtree(crashed)
+    return {"recovery_blocks": nblocks, **timings}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,6 +218,13 @@ def main() -> None:
                 f"(raw {row['raw_read_gbps']:.2f}, ratio {row['read_ratio']:.2f})",
                 file=sys.stderr if args.json else sys.stdout,
             )
+        recovery = bench_recovery(base, 4096 if args.quick else 65536)
+        print(
+            f"recovery of {recovery['recovery_blocks']} blocks: clean reopen "
+            f"{recovery['recovery_clean_s']:.3f} s, "
+            f"after a kill {recovery['recovery_crash_s']:.3f} s",
+            file=sys.stderr if args.json else sys.stdout,
+        )
         dedup = bench_dedup(base)
         print(
             f"dedup: physical/logical bytes with every block stored twice = {dedup:.3f}",
@@ -209,6 +247,7 @@ def main() -> None:
         }
         out.update(
             dedup_physical_bytes_ratio=dedup,
+            **recovery,
             rows=rows,
             gib_per_size=gib,
             host=platform.node(),
