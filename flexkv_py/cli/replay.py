@@ -145,6 +145,8 @@ class ReplayResult:
             "gbps": gbps,
             "tokens_saved": self.tokens_saved,
             "prompt_tokens": self.prompt_tokens,
+            # What the offload tiers add on top of the GPU prefix cache alone.
+            "tokens_saved_by_offload": (self.hits - self.hits_by_tier["gpu"]) * self.block_tokens,
             "tokens_saved_fraction": (
                 self.tokens_saved / self.prompt_tokens if self.prompt_tokens else 0.0
             ),
