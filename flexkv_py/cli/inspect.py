@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
         description="Blocks, namespaces, logical/physical bytes, dedup, last clean shutdown and "
         "free space of SSD cache directories. Read-only: safe while a server uses them.",
     )
-    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="cache directory (all stripes)")
+    p.add_argument(
+        "dirs", nargs="+", type=Path, metavar="DIR", help="cache directory (all stripes)"
+    )
     p.add_argument(
         "--verify",
         action="store_true",
@@ -98,7 +100,11 @@ def lock_holder(directory: Path) -> str | None:
     for line in locks:
         parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 4545 fd:00:10010901 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(st.st_ino):
+        if (
+            len(parts) >= 6
+            and parts[1] == "FLOCK"
+            and parts[5].rsplit(":", 1)[-1] == str(st.st_ino)
+        ):
             pid = parts[4]
             try:
                 text = (directory / LOCK_FILE).read_text().strip()
@@ -209,5 +215,3 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"flexkv-py inspect: {bad} corrupt blocks", file=sys.stderr)
     return 1 if bad or any(r.error for r in reports) else 0
-
-

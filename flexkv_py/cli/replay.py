@@ -20,7 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from flexkv_py.cli.sim_gpu import ModelShape, SimulatedGPU
+from flexkv_py.cli.model_shape import ModelShape
+from flexkv_py.cli.sim_gpu import SimulatedGPU
 from flexkv_py.cli.workloads import Workload
 from flexkv_py.config import FlexKVConfig, load_config, resolve_config
 from flexkv_py.coordinator import CacheEngine
@@ -276,9 +277,7 @@ def _run(
         samples=[],
     )
     start = time.perf_counter()
-    bar = tqdm(
-        workload.requests, desc="replay", unit="req", disable=not progress, mininterval=0.5
-    )
+    bar = tqdm(workload.requests, desc="replay", unit="req", disable=not progress, mininterval=0.5)
     for req in bar:
         keys, contents = ns.keys(req.keys), req.contents
         g = len(gpu.prefix_hits(keys))

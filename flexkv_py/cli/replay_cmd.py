@@ -6,11 +6,9 @@ import argparse
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flexkv_py.cli import report
-from flexkv_py.cli.replay import ReplayOptions, TierSizes, replay
-from flexkv_py.cli.sim_gpu import DTYPES, ModelShape
+from flexkv_py.cli.model_shape import DTYPE_BYTES, ModelShape
 from flexkv_py.cli.workloads import (
     SyntheticSpec,
     TraceFormatError,
@@ -20,6 +18,9 @@ from flexkv_py.cli.workloads import (
 )
 from flexkv_py.cli.workloads.mooncake import MOONCAKE_BLOCK_TOKENS
 from flexkv_py.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flexkv_py.cli.replay import ReplayOptions
 
 # `--quick`: a few seconds on a laptop, still enough reuse for every tier to get hits.
 QUICK_SYNTHETIC = SyntheticSpec(users=12, turns=4, prefix_tokens=512, docs=4, doc_tokens=2048)
@@ -82,7 +83,7 @@ def add_parser(sub: Any) -> None:
             default=None,
             help=f"default {getattr(ModelShape(), name)}",
         )
-    m.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default float16")
+    m.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default=None, help="default float16")
 
     t = p.add_argument_group("tiers (default: sized from the workload's unique blocks)")
     t.add_argument("--gpu-blocks", type=int, help="simulated GPU prefix cache, in blocks")
@@ -118,7 +119,9 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def _workload(args: argparse.Namespace) -> Workload:
     if args.trace is not None:
-        limit = args.limit if args.limit is not None else (QUICK_TRACE_REQUESTS if args.quick else None)
+        limit = (
+            args.limit if args.limit is not None else (QUICK_TRACE_REQUESTS if args.quick else None)
+        )
         return read_mooncake_trace(args.trace, args.trace_block_tokens, limit)
     spec = QUICK_SYNTHETIC if args.quick else SyntheticSpec()
     given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec)}
@@ -126,6 +129,8 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
+    from flexkv_py.cli.replay import ReplayOptions, TierSizes
+
     shape = QUICK_SHAPE if args.quick else ModelShape()
     given = {f.name: getattr(args, f.name) for f in fields(ModelShape)}
     shape = replace(shape, **{k: v for k, v in given.items() if v is not None})
@@ -145,6 +150,10 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch loads here, not at startup: `config`, `inspect` and `bench` stay fast.
+    from flexkv_py.cli import report
+    from flexkv_py.cli.replay import replay
+
     try:
         workload = _workload(args)
         opts = _options(args)

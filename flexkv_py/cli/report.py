@@ -100,4 +100,3 @@ def plot(result: ReplayResult, path: str | Path) -> Path:
     fig.savefig(out, format="png", dpi=100)
     plt.close(fig)
     return out
-

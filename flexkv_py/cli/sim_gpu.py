@@ -9,38 +9,11 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    dtype: str = "float16"
-
-    def __post_init__(self) -> None:
-        for name in ("layers", "kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def itemsize(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
-
-    def bytes_per_token(self) -> int:
-        return self.layers * self.kv_heads * 2 * self.head_dim * self.itemsize
+from flexkv_py.cli.model_shape import ModelShape
 
 
 class SimulatedGPU:
@@ -51,8 +24,9 @@ class SimulatedGPU:
         self.num_blocks = num_blocks
         c = 2 * shape.head_dim  # K and V concatenated on the last dim
         # Physical LBNHC; each layer's view is [B, H, N, C] like vLLM's.
+        dtype: torch.dtype = getattr(torch, shape.dtype)
         self.buffer = torch.zeros(
-            (shape.layers, num_blocks, block_tokens, shape.kv_heads, c), dtype=shape.torch_dtype
+            (shape.layers, num_blocks, block_tokens, shape.kv_heads, c), dtype=dtype
         )
         self.kv_caches = {
             f"model.layers.{i}.self_attn.attn": self.buffer[i].permute(0, 2, 1, 3)
