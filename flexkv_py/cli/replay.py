@@ -26,6 +26,7 @@ from flexkv_py.cli.workloads import Workload
 from flexkv_py.config import FlexKVConfig, load_config, resolve_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.coordinator.planning import slot_nbytes_for
+from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.transfer import describe_kv_caches
 
@@ -185,7 +186,12 @@ def _config(opts: ReplayOptions, page_bytes: int, cpu: int, ssd: int, ssd_dir: s
 @contextlib.contextmanager
 def _ssd_directory(opts: ReplayOptions) -> Iterator[str]:
     if opts.ssd_dir is not None:
-        opts.ssd_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            opts.ssd_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"--ssd-dir: cannot create {str(opts.ssd_dir)!r}: {e.strerror}"
+            ) from e
         yield str(opts.ssd_dir)
         return
     tmp = tempfile.mkdtemp(prefix="flexkv-replay-")

@@ -65,13 +65,14 @@ def add_parser(sub: Any) -> None:
         default=MOONCAKE_BLOCK_TOKENS,
         help="tokens per hash_id in the trace (default %(default)s)",
     )
-    w.add_argument("--limit", type=int, help="replay at most this many trace requests")
+    w.add_argument("--limit", type=int, metavar="N", help="replay at most this many trace requests")
     for name, text in _SYNTHETIC_FLAGS.items():
         default = getattr(SyntheticSpec(), name)
         w.add_argument(
             "--" + name.replace("_", "-"),
             type=type(default),
             default=None,
+            metavar="N" if isinstance(default, int) else "X",
             help=f"{text} (default {default}; --quick {getattr(QUICK_SYNTHETIC, name)})",
         )
 
@@ -81,14 +82,19 @@ def add_parser(sub: Any) -> None:
             "--" + name.replace("_", "-"),
             type=int,
             default=None,
+            metavar="N",
             help=f"default {getattr(ModelShape(), name)}",
         )
     m.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default=None, help="default float16")
 
     t = p.add_argument_group("tiers (default: sized from the workload's unique blocks)")
-    t.add_argument("--gpu-blocks", type=int, help="simulated GPU prefix cache, in blocks")
-    t.add_argument("--cpu-blocks", type=int, help="host tier, in blocks")
-    t.add_argument("--ssd-blocks", type=int, help="SSD tier, in blocks (0 = no SSD tier)")
+    t.add_argument(
+        "--gpu-blocks", type=int, metavar="N", help="simulated GPU prefix cache, in blocks"
+    )
+    t.add_argument("--cpu-blocks", type=int, metavar="N", help="host tier, in blocks")
+    t.add_argument(
+        "--ssd-blocks", type=int, metavar="N", help="SSD tier, in blocks (0 = no SSD tier)"
+    )
     t.add_argument(
         "--ssd-dir", type=Path, help="SSD tier directory, kept afterwards (default: a temp dir)"
     )
