@@ -88,20 +88,28 @@ impl EngineChoice {
     }
 }
 
+const PSYNC_MAX_THREADS: u32 = 8;
+
 /// Build the engine for one directory; `auto` falls back to psync (and logs why) when the
 /// kernel or a seccomp profile refuses io_uring.
 pub fn build_engine(choice: EngineChoice, queue_depth: u32) -> Result<Box<dyn IoEngine>> {
+    // Threads of the fallback engine: enough to keep an SSD queue busy, bounded by the depth.
+    let psync = || -> Result<Box<dyn IoEngine>> {
+        let threads = queue_depth.clamp(1, PSYNC_MAX_THREADS) as usize;
+        psync::PsyncEngine::new(threads)
+            .map(|e| Box::new(e) as Box<dyn IoEngine>)
+            .map_err(|e| StoreError::io("starting pread/pwrite threads", e))
+    };
     match choice {
-        EngineChoice::Psync => Ok(Box::new(psync::PsyncEngine::default())),
+        EngineChoice::Psync => psync(),
         EngineChoice::IoUring => uring::UringEngine::new(queue_depth)
             .map(|e| Box::new(e) as Box<dyn IoEngine>)
             .map_err(|e| StoreError::io("io_engine=io_uring: io_uring_setup failed", e)),
         EngineChoice::Auto => match uring::UringEngine::new(queue_depth) {
             Ok(e) => Ok(Box::new(e)),
             Err(e) => {
-                tracing::warn!(error = %e, "io_uring unavailable; falling back to the pread/pwrite engine");
-                log::warn!("io_uring unavailable ({e}); falling back to the pread/pwrite engine");
-                Ok(Box::new(psync::PsyncEngine::default()))
+                tracing::warn!("io_uring unavailable ({e}); falling back to the pread/pwrite engine");
+                psync()
             }
         },
     }

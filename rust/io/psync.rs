@@ -1,13 +1,48 @@
 //! pread/pwrite engine: the fallback where io_uring is unavailable (Docker's default seccomp
-//! profile blocks it). One op at a time; retries partial transfers until done or EOF.
+//! profile blocks it). A few threads each run one op at a time, so the device still sees a
+//! queue; partial transfers are retried until done or EOF.
 
 use std::os::fd::RawFd;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
 
 use super::{Completion, IoEngine, IoFailure, IoOp};
 
-#[derive(Default)]
+/// A pointer to an op owned by the device queue, valid until its completion is reaped.
+struct OpRef(*const IoOp, u64);
+
+// SAFETY: the device queue keeps the op alive and unmoved until the completion comes back.
+unsafe impl Send for OpRef {}
+
 pub struct PsyncEngine {
-    done: Vec<Completion>,
+    tx: Option<Sender<OpRef>>,
+    done: Receiver<Completion>,
+    threads: Vec<JoinHandle<()>>,
+    inflight: usize,
+}
+
+impl PsyncEngine {
+    pub fn new(threads: usize) -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded::<OpRef>();
+        let (done_tx, done) = crossbeam_channel::unbounded::<Completion>();
+        let threads = (0..threads.max(1))
+            .map(|i| {
+                let rx = rx.clone();
+                let done_tx = done_tx.clone();
+                std::thread::Builder::new().name(format!("flexkv-psync-{i}")).spawn(move || {
+                    while let Ok(OpRef(op, tag)) = rx.recv() {
+                        // SAFETY: see OpRef.
+                        let result = run_one(unsafe { &*op });
+                        if done_tx.send((tag, result)).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(PsyncEngine { tx: Some(tx), done, threads, inflight: 0 })
+    }
 }
 
 impl IoEngine for PsyncEngine {
@@ -16,16 +51,43 @@ impl IoEngine for PsyncEngine {
     }
 
     fn capacity(&self) -> usize {
-        1
+        self.threads.len()
     }
 
     fn push(&mut self, op: &IoOp, tag: u64) -> bool {
-        self.done.push((tag, run_one(op)));
+        let Some(tx) = &self.tx else { return false };
+        if tx.send(OpRef(op as *const IoOp, tag)).is_err() {
+            return false;
+        }
+        self.inflight += 1;
         true
     }
 
-    fn reap(&mut self, _min: usize, out: &mut Vec<Completion>) {
-        out.append(&mut self.done);
+    fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {
+        let mut got = 0;
+        while got < min.min(self.inflight) {
+            match self.done.recv() {
+                Ok(c) => {
+                    out.push(c);
+                    got += 1;
+                    self.inflight -= 1;
+                }
+                Err(_) => return,
+            }
+        }
+        while let Ok(c) = self.done.try_recv() {
+            out.push(c);
+            self.inflight -= 1;
+        }
+    }
+}
+
+impl Drop for PsyncEngine {
+    fn drop(&mut self) {
+        self.tx.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use pyo3::prelude::*;
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Rust log records reach Python's `logging` under the "flexkv_native" logger.
+    let _ = pyo3_log::try_init();
     errors::register(m)?;
     m.add_class::<store::PyBlockStore>()?;
     m.add_class::<store::PyBatchHandle>()?;

@@ -298,6 +298,22 @@ impl PyBlockStore {
     }
 }
 
+impl Drop for PyBlockStore {
+    fn drop(&mut self) {
+        // Garbage collection may run with the GIL held; closing waits for batch threads that
+        // may need the GIL (logging, releasing buffers), so finish closing on a thread of its own.
+        let store = self.store.clone();
+        let spawned = std::thread::Builder::new().name("flexkv-close".into()).spawn(move || {
+            if let Err(e) = store.close() {
+                tracing::error!("closing a dropped block store: {e}");
+            }
+        });
+        if spawned.is_err() {
+            tracing::error!("could not start the closing thread of a dropped block store");
+        }
+    }
+}
+
 #[pyfunction]
 #[pyo3(signature = (data, algorithm="xxh3-128"))]
 pub fn content_hash<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, algorithm: &str) -> PyResult<Bound<'py, PyBytes>> {
