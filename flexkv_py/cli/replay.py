@@ -224,6 +224,7 @@ def replay(workload: Workload, opts: ReplayOptions) -> ReplayResult:
                 "cpu_blocks": engine.manager.num_host_slots,
                 "ssd_bytes": config.ssd_cache_bytes,
                 "ssd_dirs": list(config.ssd_cache_dir) if config.ssd_enabled else [],
+                "ssd_kept": opts.ssd_dir is not None or opts.use_config,
                 "kv_layout": geom.layout,
                 "transfer": type(engine.executor.transfer).__name__,
             }

@@ -31,7 +31,11 @@ def to_text(result: ReplayResult) -> str:
         f"{s['block_tokens']} tokens ({_bytes(s['page_bytes'])} KV each)",
         f"tiers           GPU {tiers['gpu_blocks']} blocks (simulated prefix cache), host "
         f"{tiers['cpu_blocks']} blocks, SSD {_bytes(tiers['ssd_bytes'])}"
-        + (f" in {', '.join(tiers['ssd_dirs'])}" if tiers["ssd_dirs"] else " (off)"),
+        + (
+            f" in {', '.join(tiers['ssd_dirs'])}{'' if tiers['ssd_kept'] else ' (temporary)'}"
+            if tiers["ssd_dirs"]
+            else " (off)"
+        ),
         f"hit rate        {s['hit_rate']:.1%}  (GPU {hits['gpu']}, CPU {hits['cpu']}, "
         f"SSD {hits['ssd']} of {s['blocks']} blocks; {s['misses']} recomputed)",
         f"per tier        GPU {s['hit_rate_by_tier']['gpu']:.1%}  CPU "
