@@ -118,3 +118,85 @@ pub fn build_engine(choice: EngineChoice, queue_depth: u32) -> Result<Box<dyn Io
 pub fn io_uring_available() -> bool {
     uring::UringEngine::new(4).is_ok()
 }
+
+/// Largest merged I/O and most iovecs in one (Linux's IOV_MAX).
+const MAX_MERGED_BYTES: usize = 8 << 20;
+const MAX_IOVECS: usize = 1024;
+
+/// Several block ops merged into one because they touch adjacent bytes of the same file.
+pub struct MergedOp {
+    /// The caller's ids of the merged ops, in file order.
+    pub ids: Vec<usize>,
+    /// Byte length of each merged op.
+    pub lens: Vec<usize>,
+    pub op: IoOp,
+}
+
+impl MergedOp {
+    /// Each merged op's own outcome: on a short transfer, the ops that fit in the bytes that
+    /// were transferred still succeed.
+    pub fn split_result(&self) -> Vec<(usize, std::result::Result<(), IoFailure>)> {
+        let mut start = 0usize;
+        self.ids
+            .iter()
+            .zip(&self.lens)
+            .map(|(&id, &len)| {
+                let r = match self.op.result {
+                    Err(IoFailure::Short { done, .. }) if start + len <= done => Ok(()),
+                    Err(IoFailure::Short { done, .. }) => {
+                        Err(IoFailure::Short { done: done.saturating_sub(start).min(len), expected: len })
+                    }
+                    other => other,
+                };
+                start += len;
+                (id, r)
+            })
+            .collect()
+    }
+}
+
+/// Merge ops on adjacent byte ranges of one file into single vectored ops: blocks allocated
+/// back to back then move in a few large I/Os instead of many small ones.
+pub fn coalesce(mut ops: Vec<(usize, IoOp)>) -> Vec<MergedOp> {
+    ops.sort_by_key(|(_, op)| (op.fd, op.offset));
+    let mut out: Vec<MergedOp> = Vec::new();
+    for (id, op) in ops {
+        let len = op.expected_len();
+        if let Some(last) = out.last_mut() {
+            let last_len = last.op.expected_len();
+            let adjacent = last.op.fd == op.fd
+                && last.op.write == op.write
+                && last.op.offset + last_len as u64 == op.offset;
+            if adjacent && last_len + len <= MAX_MERGED_BYTES && last.op.iov.len() + op.iov.len() <= MAX_IOVECS {
+                last.op.iov.extend(op.iov);
+                last.ids.push(id);
+                last.lens.push(len);
+                continue;
+            }
+        }
+        out.push(MergedOp { ids: vec![id], lens: vec![len], op });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(offset: u64, len: usize) -> IoOp {
+        IoOp::new(3, offset, vec![iovec(std::ptr::null_mut(), len)], true)
+    }
+
+    #[test]
+    fn coalesces_adjacent_and_splits_short_results() {
+        let merged = coalesce(vec![(0, op(8192, 4096)), (1, op(0, 8192)), (2, op(20480, 4096))]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].ids, vec![1, 0]);
+        assert_eq!(merged[0].op.expected_len(), 12288);
+        let mut m = merged.into_iter().next().unwrap();
+        m.op.result = Err(IoFailure::Short { done: 9000, expected: 12288 });
+        let split = m.split_result();
+        assert_eq!(split[0], (1, Ok(())));
+        assert!(matches!(split[1], (0, Err(IoFailure::Short { done: 808, expected: 4096 }))));
+    }
+}

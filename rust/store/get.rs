@@ -3,7 +3,6 @@
 //! into caller memory when aligned), then verify header and content hash. Lock: unpin, and
 //! drop keys whose content proved corrupt so they are recomputed, never served.
 
-use std::collections::HashMap;
 
 use super::batch::{BlockResult, RawBuf, Status};
 use super::stats::Counters;
@@ -68,20 +67,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let dir = &shared.dirs[p.loc.dir as usize];
         per_dir[p.loc.dir as usize].push((p_idx, IoOp::new(dir.data.fd(), p.loc.offset, iov, false)));
     }
-    let mut receivers = Vec::new();
-    for (d, ops) in per_dir.into_iter().enumerate() {
-        if !ops.is_empty() {
-            let (idx, ops): (Vec<usize>, Vec<IoOp>) = ops.into_iter().unzip();
-            receivers.push((idx, shared.dirs[d].queue.submit(ops)));
-        }
-    }
-    let mut io_results: HashMap<usize, Result<(), IoFailure>> = HashMap::new();
-    for (idx, rx) in receivers {
-        let ops = rx.recv().unwrap_or_default();
-        for (pos, p_idx) in idx.into_iter().enumerate() {
-            io_results.insert(p_idx, ops.get(pos).map_or(Err(IoFailure::Errno(libc::EIO)), |op| op.result));
-        }
-    }
+    let mut io_results = shared.run_ops(per_dir);
 
     let mut corrupt_hashes: Vec<ContentHash> = Vec::new();
     for (p_idx, p) in pending.iter().enumerate() {

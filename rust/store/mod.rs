@@ -12,7 +12,7 @@ mod get;
 mod open;
 mod put;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,6 +28,7 @@ use crate::format::{MAX_KEY_LEN, PAGE};
 use crate::index::admission::FrequencySketch;
 use crate::index::{FreedExtent, Index};
 use crate::io::queue::DeviceQueue;
+use crate::io::{coalesce, IoFailure, IoOp, MergedOp};
 
 pub use batch::{Batch, BlockResult, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
@@ -126,6 +127,33 @@ impl Shared {
                 tracing::error!(error = %e, "journal compaction failed; keeping the old journal");
             }
         }
+    }
+
+    /// Run ops grouped by directory: merge adjacent ones, submit every directory's queue, wait,
+    /// and give each op (by the caller's id) its own outcome.
+    pub fn run_ops(&self, per_dir: Vec<Vec<(usize, IoOp)>>) -> HashMap<usize, std::result::Result<(), IoFailure>> {
+        let mut pending = Vec::new();
+        for (d, ops) in per_dir.into_iter().enumerate() {
+            if !ops.is_empty() {
+                let merged = coalesce(ops);
+                let (meta, ops): (Vec<_>, Vec<IoOp>) =
+                    merged.into_iter().map(|m| ((m.ids, m.lens), m.op)).unzip();
+                pending.push((meta, self.dirs[d].queue.submit(ops)));
+            }
+        }
+        let mut outcomes = HashMap::new();
+        for (meta, rx) in pending {
+            let mut done = rx.recv().unwrap_or_default().into_iter();
+            for (ids, lens) in meta {
+                let op = done.next().unwrap_or_else(|| {
+                    let mut failed = IoOp::new(-1, 0, Vec::new(), false);
+                    failed.result = Err(IoFailure::Errno(libc::EIO));
+                    failed
+                });
+                outcomes.extend(MergedOp { ids, lens, op }.split_result());
+            }
+        }
+        outcomes
     }
 
     fn begin(&self) {

@@ -164,27 +164,19 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let dir = &shared.dirs[loc.dir as usize];
         per_dir[loc.dir as usize].push((i, IoOp::new(dir.data.fd(), loc.offset, iov, true)));
     }
-    let mut outcomes: HashMap<usize, Result<(), String>> = HashMap::new();
-    let mut receivers = Vec::new();
-    for (d, ops) in per_dir.into_iter().enumerate() {
-        if ops.is_empty() {
-            continue;
-        }
-        let (idx, ops): (Vec<usize>, Vec<IoOp>) = ops.into_iter().unzip();
-        receivers.push((d, idx, shared.dirs[d].queue.submit(ops)));
-    }
-    let mut touched_dirs = Vec::new();
-    for (d, idx, rx) in receivers {
-        touched_dirs.push(d);
-        let ops = rx.recv().unwrap_or_default();
-        for (pos, i) in idx.into_iter().enumerate() {
-            let outcome = match ops.get(pos) {
-                Some(op) => op.result.map_err(|f| format!("write to {}: {f}", shared.dirs[d].path.display())),
-                None => Err("I/O thread stopped".to_string()),
-            };
-            outcomes.insert(i, outcome);
-        }
-    }
+    let touched_dirs: Vec<usize> = (0..per_dir.len()).filter(|&d| !per_dir[d].is_empty()).collect();
+    let mut outcomes: HashMap<usize, Result<(), String>> = shared
+        .run_ops(per_dir)
+        .into_iter()
+        .map(|(i, r)| {
+            let dir = plans.get(i).and_then(|p| match p {
+                Plan::Write { loc, .. } => Some(loc.dir as usize),
+                _ => None,
+            });
+            let path = dir.map(|d| shared.dirs[d].path.display().to_string()).unwrap_or_default();
+            (i, r.map_err(|f| format!("write to {path}: {f}")))
+        })
+        .collect();
     drop(owned);
     if cfg.durability == Durability::Power {
         for d in touched_dirs {
