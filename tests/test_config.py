@@ -314,3 +314,25 @@ def test_dirs_accept_list_and_semicolon_string(tmp_path: Path) -> None:
     from_list = load_config({**base, "ssd_cache_dir": [str(a), str(b)]}, env={})
     from_str = load_config({**base, "ssd_cache_dir": f" {a} ; {b} "}, env={})
     assert from_list.ssd_cache_dir == from_str.ssd_cache_dir == (str(a), str(b))
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo", "lfu"])
+def test_every_valid_eviction_policy_opens_an_ssd_tier(tmp_path: Path, policy: str) -> None:
+    from flexkv_py.index.namespace import Namespace
+    from flexkv_py.tiers.ssd_tier import SsdTier
+
+    cfg = load_config(
+        {
+            "cpu_cache_gb": 0.01,
+            "ssd_cache_gb": 0.05,
+            "ssd_cache_dir": str(tmp_path),
+            "eviction_policy": policy,
+        },
+        env={},
+    )
+    ns = Namespace(model="m", revision=None, kv_dtype="bfloat16", kv_layout="LBNHC", block_size=16)
+    tier = SsdTier(cfg, ns)
+    try:
+        assert tier.store.put(b"k", b"x" * 4096).ok
+    finally:
+        tier.close()

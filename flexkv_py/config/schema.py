@@ -24,7 +24,7 @@ SSD_COMPRESSIONS = ("none", "zstd")
 CONTENT_HASHES = ("xxh3-128", "blake3")
 DURABILITIES = ("process", "power")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-TRANSFER_ENGINES = ("auto", "triton", "copy_engine", "torch")
+TRANSFER_ENGINES = ("auto", "staged", "triton", "copy_engine", "torch")
 OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -43,7 +43,8 @@ class SsdTier:
             queue_depth=config.iouring_entries,
             compression=config.ssd_compression,  # type: ignore[arg-type]
             zstd_level=config.zstd_level,
-            eviction=config.eviction_policy,  # type: ignore[arg-type]
+            # The store orders keys LRU or FIFO; LFU counting is the host tier's (it sees hits).
+            eviction="fifo" if config.eviction_policy == "fifo" else "lru",
             # Admission is decided by the coordinator (it sees hits the store never does).
             admit_min_hits=1,
             content_hash=config.content_hash,  # type: ignore[arg-type]
