@@ -1,0 +1,228 @@
+"""End-to-end tier bench: the whole stack (CacheEngine: manager + executor + host pool + transfer
+engine + SSD BlockStore) on vLLM-shaped KV caches, against the hardware ceilings, in one run.
+
+Phases (N scattered blocks of a Qwen3-8B-like cache, LBNHC, 2.25 MiB per block):
+  store      GPU -> host (write-through to SSD)     vs  contiguous pinned D2H memcpy
+  load_host  host -> GPU                            vs  contiguous pinned H2D memcpy
+  load_ssd   SSD -> host -> GPU, after a restart    vs  raw sequential O_DIRECT read, same disk
+Every loaded block is checked bit-exact against what was stored. Prints GB/s and ratios;
+`--json` ends with one JSON line. Without CUDA it runs on CPU tensors with small sizes.
+
+    python3 benches/tier_bench.py [--blocks 2000] [--json] [--ssd-dir DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from transfer_bench import make_caches
+
+from flexkv_py.config import load_config
+from flexkv_py.coordinator import CacheEngine
+from flexkv_py.index.namespace import Namespace
+
+RAW_CHUNK = 8 << 20
+
+
+def sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def memcpy_ceiling(nbytes: int, cuda: bool) -> tuple[float, float]:
+    """Seconds for one contiguous pinned D2H and H2D copy of nbytes."""
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    out = []
+    for src, dst in ((dev, host), (host, dev)):
+        dst.copy_(src, non_blocking=True)  # warm-up
+        sync(cuda)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        sync(cuda)
+        out.append(time.perf_counter() - t0)
+    return out[0], out[1]
+
+
+def raw_disk_read(directory: Path, nbytes: int) -> float:
+    """Write then read nbytes sequentially with O_DIRECT; seconds of the read."""
+    import mmap
+
+    path = directory / "raw-read.dat"
+    buf = mmap.mmap(-1, RAW_CHUNK)
+    buf.write(os.urandom(RAW_CHUNK))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+    try:
+        for off in range(0, nbytes, RAW_CHUNK):
+            os.pwrite(fd, buf, off)
+        os.fsync(fd)
+        t0 = time.perf_counter()
+        for off in range(0, nbytes, RAW_CHUNK):
+            os.preadv(fd, [buf], off)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--blocks", type=int, default=2000)
+    p.add_argument("--ssd-dir", type=Path, default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    out = sys.stderr if args.json else sys.stdout
+    if cuda and not args.quick:
+        layers, heads, head, tokens, n = 36, 8, 128, 16, args.blocks
+    else:  # CPU: the same path on a small cache
+        layers, heads, head, tokens, n = 4, 2, 64, 16, 128
+    total_blocks = 2 * n + 8
+    device = "cuda" if cuda else "cpu"
+    caches = make_caches("LBNHC", layers, total_blocks, heads, head, tokens, device)
+    page = layers * heads * tokens * 2 * head * 2
+    nbytes = n * page
+
+    base = Path(tempfile.mkdtemp(prefix="flexkv-tier-bench-", dir=args.ssd_dir or Path.cwd()))
+    cfg = load_config(
+        {
+            "cpu_cache_gb": (n + 16) * (page + 4096) / 2**30,
+            "ssd_cache_gb": 2.5 * (n + 16) * (page + 8192) / 2**30,
+            "ssd_cache_dir": str(base),
+            "admission": "write_through",
+        },
+        env={},
+    )
+    ns = Namespace(
+        model="bench/qwen3-8b-like",
+        revision=None,
+        kv_dtype="bfloat16",
+        kv_layout="LBNHC",
+        block_size=tokens,
+        page_bytes=page,
+    )
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(total_blocks, generator=g).tolist()
+    src_ids, dst_ids = perm[:n], perm[n : 2 * n]
+    keys = ns.keys([b"%032x" % i for i in range(n)])
+
+    def block_bytes(ids: list[int]) -> list[torch.Tensor]:
+        return [
+            torch.cat([c[i].reshape(-1) for c in caches.values()]).view(torch.uint8) for i in ids
+        ]
+
+    def clear_dst() -> None:
+        for c in caches.values():
+            c[dst_ids] = 0
+        sync(cuda)
+
+    def verify() -> int:
+        a, b = block_bytes(src_ids), block_bytes(dst_ids)
+        return sum(not torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    results: dict[str, float | int | str | bool] = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "blocks": n,
+        "page_bytes": page,
+    }
+    try:
+        engine = CacheEngine.from_kv_caches(cfg, ns, caches)
+        results["pinned"] = bool(getattr(engine.pool, "pinned", False))
+        results["ssd_io_engine"] = engine.executor.ssd.io_engine if engine.executor.ssd else "none"
+        sync(cuda)
+        t0 = time.perf_counter()
+        outcome = engine.store(keys, src_ids)
+        t_store = time.perf_counter() - t0
+        assert outcome.ok, outcome.failed_indices()[:5]
+        engine.flush()  # write-through SSD copies done
+
+        clear_dst()
+        t0 = time.perf_counter()
+        outcome = engine.load(keys, dst_ids)
+        sync(cuda)
+        t_host = time.perf_counter() - t0
+        assert outcome.ok and set(outcome.source_tiers) == {"cpu"}, outcome.source_tiers[:5]
+        results["host_mismatches"] = verify()
+        engine.close()
+
+        # Restart: a new engine on the same SSD directory starts with an empty host tier.
+        engine = CacheEngine.from_kv_caches(cfg, ns, caches)
+        assert engine.lookup(keys) == n
+        clear_dst()
+        t0 = time.perf_counter()
+        outcome = engine.load(keys, dst_ids)
+        sync(cuda)
+        t_ssd = time.perf_counter() - t0
+        assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers[:5]
+        results["ssd_mismatches"] = verify()
+        engine.close()
+
+        d2h, h2d = memcpy_ceiling(nbytes, cuda)
+        t_raw = raw_disk_read(base, nbytes)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    gb = nbytes / 1e9
+    results.update(
+        store_gbps=gb / t_store,
+        load_host_gbps=gb / t_host,
+        load_ssd_gbps=gb / t_ssd,
+        memcpy_d2h_gbps=gb / d2h,
+        memcpy_h2d_gbps=gb / h2d,
+        raw_disk_read_gbps=gb / t_raw,
+    )
+    results["store_ratio"] = results["store_gbps"] / results["memcpy_d2h_gbps"]
+    results["load_host_ratio"] = results["load_host_gbps"] / results["memcpy_h2d_gbps"]
+    results["load_ssd_ratio"] = results["load_ssd_gbps"] / results["raw_disk_read_gbps"]
+    r = results
+    rows = [
+        ("store GPU->host", r["store_gbps"], "memcpy D2H", r["memcpy_d2h_gbps"], r["store_ratio"]),
+        (
+            "load host->GPU",
+            r["load_host_gbps"],
+            "memcpy H2D",
+            r["memcpy_h2d_gbps"],
+            r["load_host_ratio"],
+        ),
+        (
+            "load SSD->GPU",
+            r["load_ssd_gbps"],
+            "raw disk",
+            r["raw_disk_read_gbps"],
+            r["load_ssd_ratio"],
+        ),
+    ]
+    print(
+        f"{n} blocks x {page / 2**20:.2f} MiB on {r['device']} (pinned={r['pinned']}, "
+        f"ssd={r['ssd_io_engine']})",
+        file=out,
+    )
+    for name, ours, base_name, base, ratio in rows:
+        print(
+            f"  {name:<16} {ours:6.2f} GB/s  vs {base_name:<10} {base:6.2f}  ratio {ratio:.2f}",
+            file=out,
+        )
+    print(f"  mismatched blocks: host {r['host_mismatches']}, ssd {r['ssd_mismatches']}", file=out)
+    if args.json:
+        print(json.dumps(results))
+    if results["host_mismatches"] or results["ssd_mismatches"]:
+        raise SystemExit("tier bench: loaded KV differs from stored KV")
+
+
+if __name__ == "__main__":
+    main()
