@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _overrides(pairs: list[str]) -> dict[str, str]:
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` options as config overrides (shared by `config` and `replay`)."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -52,7 +53,7 @@ def _show(value: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        resolved = resolve_config(_overrides(args.set) or None)
+        resolved = resolve_config(parse_overrides(args.set) or None)
     except ConfigError as e:
         print(f"flexkv-py config: invalid configuration: {e}", file=sys.stderr)
         return 2

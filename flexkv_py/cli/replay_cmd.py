@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flexkv_py.cli.config_cmd import parse_overrides
 from flexkv_py.cli.model_shape import DTYPE_BYTES, ModelShape
 from flexkv_py.cli.workloads import (
     SyntheticSpec,
@@ -113,16 +114,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _overrides(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE")
-        out[key.strip()] = value
-    return out
-
-
 def _workload(args: argparse.Namespace) -> Workload:
     if args.trace is not None:
         limit = (
@@ -150,7 +141,7 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
         sizes=TierSizes(args.gpu_blocks, args.cpu_blocks, args.ssd_blocks),
         ssd_dir=args.ssd_dir,
         use_config=args.use_config,
-        overrides=_overrides(args.set),
+        overrides=parse_overrides(args.set),
         progress=not args.no_progress,
     )
 
