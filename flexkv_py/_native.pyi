@@ -92,10 +92,13 @@ class BlockStore:
         preallocate: bool = True,
         read_only: bool = False,
         batch_threads: int = 4,
+        fault_injection: str | None = None,
     ) -> None:
         """`dirs`: a list, or FlexKV's ';'-separated string. `capacity_bytes` is the physical
         byte budget, split evenly across directories. `read_only=True` opens an existing store
-        (capacity ignored) without taking the lock, e.g. to inspect a directory in use."""
+        (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
+        `fault_injection` (testing only; also the FLEXKV_FAULT_INJECTION environment variable):
+        "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O."""
     @property
     def io_engine(self) -> str:
         """The engine actually in use ("io_uring" or "psync")."""

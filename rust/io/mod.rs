@@ -2,6 +2,7 @@
 //! per cache directory owns its engine, so N directories on N disks run in parallel.
 
 pub mod aligned;
+pub mod fault;
 pub mod psync;
 pub mod queue;
 pub mod uring;

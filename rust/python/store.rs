@@ -117,7 +117,7 @@ impl PyBlockStore {
     #[new]
     #[pyo3(signature = (dirs, capacity_bytes, *, io_engine="auto", queue_depth=64, compression="none",
         zstd_level=1, eviction="lru", admit_min_hits=1, content_hash="xxh3-128", durability="process",
-        preallocate=true, read_only=false, batch_threads=4))]
+        preallocate=true, read_only=false, batch_threads=4, fault_injection=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -134,6 +134,7 @@ impl PyBlockStore {
         preallocate: bool,
         read_only: bool,
         batch_threads: usize,
+        fault_injection: Option<&str>,
     ) -> PyResult<Self> {
         let mut cfg = StoreConfig::new(parse_dirs(dirs)?, capacity_bytes);
         let parsed = (|| -> crate::error::Result<()> {
@@ -142,6 +143,7 @@ impl PyBlockStore {
             cfg.eviction = EvictionPolicy::parse(eviction)?;
             cfg.hash = HashAlgo::parse(content_hash)?;
             cfg.durability = Durability::parse(durability)?;
+            cfg.fault_injection = fault_injection.map(crate::io::fault::FaultPlan::parse).transpose()?;
             Ok(())
         })();
         parsed.map_err(to_py)?;

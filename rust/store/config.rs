@@ -46,6 +46,8 @@ pub struct StoreConfig {
     pub read_only: bool,
     /// Threads that hash, compress and verify batches (and wait on the device queues).
     pub batch_threads: usize,
+    /// Testing only: make the device fail some I/Os (see `io::fault`).
+    pub fault_injection: Option<crate::io::fault::FaultPlan>,
 }
 
 impl StoreConfig {
@@ -63,6 +65,7 @@ impl StoreConfig {
             preallocate: true,
             read_only: false,
             batch_threads: 4,
+            fault_injection: None,
         }
     }
 

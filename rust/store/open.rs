@@ -21,6 +21,7 @@ use crate::format::PAGE;
 use crate::index::admission::FrequencySketch;
 use crate::index::{extent_pages, Index};
 use crate::io::queue::DeviceQueue;
+use crate::io::fault::{FaultPlan, FaultyEngine};
 use crate::io::{build_engine, EngineChoice};
 
 fn new_store_id() -> u64 {
@@ -182,10 +183,18 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         Some(JournalFile::rewrite(journal_dir, header, &records)?)
     };
 
+    let fault_plan = match (cfg.fault_injection, std::env::var("FLEXKV_FAULT_INJECTION")) {
+        (Some(plan), _) => Some(plan),
+        (None, Ok(spec)) if !spec.is_empty() => Some(FaultPlan::parse(&spec)?),
+        _ => None,
+    };
     let mut dirs = Vec::with_capacity(ndirs);
     for ((path, data), lock) in cfg.dirs.iter().zip(files).zip(locks) {
         let choice = if cfg.read_only { EngineChoice::Psync } else { cfg.io_engine };
-        let engine = build_engine(choice, cfg.queue_depth)?;
+        let mut engine = build_engine(choice, cfg.queue_depth)?;
+        if let Some(plan) = fault_plan {
+            engine = Box::new(FaultyEngine::new(engine, plan));
+        }
         let name = format!("flexkv-io-{}", dirs.len());
         let queue = DeviceQueue::spawn(name, engine).map_err(|e| StoreError::io("starting I/O thread", e))?;
         dirs.push(DirDevice { path: path.clone(), data, queue, lock: Mutex::new(lock) });
