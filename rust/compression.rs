@@ -16,9 +16,7 @@ impl Compression {
             "none" | "" | "off" => Ok(Compression::None),
             "zstd" => {
                 if !(1..=22).contains(&level) {
-                    return Err(StoreError::Config(format!(
-                        "zstd_level: {level} is outside 1..=22"
-                    )));
+                    return Err(StoreError::Config(format!("zstd_level: {level} is outside 1..=22")));
                 }
                 Ok(Compression::Zstd { level })
             }

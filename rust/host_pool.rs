@@ -24,7 +24,11 @@ impl HostPool {
         if len == 0 {
             return Err(StoreError::Config("host pool size must be > 0".into()));
         }
-        let len = if huge_pages { len.div_ceil(HUGE_PAGE) * HUGE_PAGE } else { crate::format::round_up_to_page(len) };
+        let len = if huge_pages {
+            len.div_ceil(HUGE_PAGE) * HUGE_PAGE
+        } else {
+            crate::format::round_up_to_page(len)
+        };
         let (ptr, huge) = map(len, huge_pages)?;
         let pool = HostPool { ptr, len, huge_pages: huge };
         pool.first_touch(touch_threads);

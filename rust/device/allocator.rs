@@ -102,10 +102,7 @@ impl ExtentAllocator {
     }
 
     fn overlaps_free(&self, start: u64, pages: u64) -> bool {
-        self.free_by_start
-            .range(..start + pages)
-            .next_back()
-            .is_some_and(|(&s, &l)| s + l > start)
+        self.free_by_start.range(..start + pages).next_back().is_some_and(|(&s, &l)| s + l > start)
     }
 }
 

@@ -17,13 +17,10 @@ pub struct DirLock {
 impl DirLock {
     pub fn acquire(dir: &Path) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| StoreError::Config(format!("cache directory {} is not writable: {e}", dir.display())))?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(
+                |e| StoreError::Config(format!("cache directory {} is not writable: {e}", dir.display())),
+            )?;
         // SAFETY: flock on a file descriptor we own.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {

@@ -162,9 +162,23 @@ mod tests {
     fn arb_record() -> impl Strategy<Value = Record> {
         let key = proptest::collection::vec(any::<u8>(), 0..80);
         prop_oneof![
-            (key.clone(), any::<[u8; 16]>(), any::<u16>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), any::<u64>())
-                .prop_map(|(key, hash, dir, offset, stored_len, raw_len, compressed, seq)| Record::Put {
-                    key, hash, loc: Location { dir, offset, stored_len, raw_len, compressed, seq } }),
+            (
+                key.clone(),
+                any::<[u8; 16]>(),
+                any::<u16>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<bool>(),
+                any::<u64>()
+            )
+                .prop_map(|(key, hash, dir, offset, stored_len, raw_len, compressed, seq)| {
+                    Record::Put {
+                        key,
+                        hash,
+                        loc: Location { dir, offset, stored_len, raw_len, compressed, seq },
+                    }
+                }),
             key.prop_map(|key| Record::Delete { key }),
             any::<u64>().prop_map(|unix_secs| Record::CleanShutdown { unix_secs }),
         ]

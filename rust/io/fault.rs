@@ -18,7 +18,9 @@ pub struct FaultPlan {
 impl FaultPlan {
     /// `"<read|write|any>:<EIO|ENOSPC>:<every>"`, e.g. `"write:EIO:2"`.
     pub fn parse(spec: &str) -> Result<Self> {
-        let bad = || StoreError::Config(format!("fault_injection: {spec:?} is not <read|write|any>:<EIO|ENOSPC>:<N>"));
+        let bad = || {
+            StoreError::Config(format!("fault_injection: {spec:?} is not <read|write|any>:<EIO|ENOSPC>:<N>"))
+        };
         let mut parts = spec.split(':');
         let (reads, writes) = match parts.next() {
             Some("read") => (true, false),

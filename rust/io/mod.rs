@@ -16,7 +16,10 @@ use crate::error::{Result, StoreError};
 pub enum IoFailure {
     Errno(i32),
     /// Fewer bytes than asked (a truncated file, or a device that gave up mid-way).
-    Short { done: usize, expected: usize },
+    Short {
+        done: usize,
+        expected: usize,
+    },
 }
 
 impl std::fmt::Display for IoFailure {
@@ -168,7 +171,10 @@ pub fn coalesce(mut ops: Vec<(usize, IoOp)>) -> Vec<MergedOp> {
             let adjacent = last.op.fd == op.fd
                 && last.op.write == op.write
                 && last.op.offset + last_len as u64 == op.offset;
-            if adjacent && last_len + len <= MAX_MERGED_BYTES && last.op.iov.len() + op.iov.len() <= MAX_IOVECS {
+            if adjacent
+                && last_len + len <= MAX_MERGED_BYTES
+                && last.op.iov.len() + op.iov.len() <= MAX_IOVECS
+            {
                 last.op.iov.extend(op.iov);
                 last.ids.push(id);
                 last.lens.push(len);

@@ -28,7 +28,11 @@ pub fn extract_items(py: Python<'_>, items: &Bound<'_, PyAny>, writable: bool) -
 }
 
 /// The raw view of one buffer and the object that keeps its memory alive.
-pub fn extract_one(helper: &Bound<'_, PyAny>, buf: &Bound<'_, PyAny>, writable: bool) -> PyResult<(RawBuf, Py<PyAny>)> {
+pub fn extract_one(
+    helper: &Bound<'_, PyAny>,
+    buf: &Bound<'_, PyAny>,
+    writable: bool,
+) -> PyResult<(RawBuf, Py<PyAny>)> {
     if let Ok(pair) = buf.cast::<PyTuple>() {
         let (addr, len): (usize, usize) = pair.extract()?;
         if addr == 0 && len > 0 {

@@ -35,12 +35,27 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let base = make(py, "FlexKVError", vec![py.get_type::<PyException>()], "Base of every flexkv-py error.")?;
     let b = base.bind(py).clone();
     let classes = Classes {
-        config: make(py, "ConfigError", vec![b.clone(), py.get_type::<PyValueError>()], "Bad configuration or input; the message names the key.")?,
+        config: make(
+            py,
+            "ConfigError",
+            vec![b.clone(), py.get_type::<PyValueError>()],
+            "Bad configuration or input; the message names the key.",
+        )?,
         full: make(py, "StorageFullError", vec![b.clone()], "The budget or the device has no room.")?,
         corrupt: make(py, "CorruptBlockError", vec![b.clone()], "Stored bytes failed verification.")?,
-        io: make(py, "IoEngineError", vec![b.clone(), py.get_type::<PyOSError>()], "The device or I/O engine failed.")?,
+        io: make(
+            py,
+            "IoEngineError",
+            vec![b.clone(), py.get_type::<PyOSError>()],
+            "The device or I/O engine failed.",
+        )?,
         locked: make(py, "StoreLockedError", vec![b.clone()], "Another process holds the cache directory.")?,
-        not_found: make(py, "BlockNotFoundError", vec![b.clone(), py.get_type::<PyKeyError>()], "The key is not stored.")?,
+        not_found: make(
+            py,
+            "BlockNotFoundError",
+            vec![b.clone(), py.get_type::<PyKeyError>()],
+            "The key is not stored.",
+        )?,
         base,
     };
     for (name, cls) in [

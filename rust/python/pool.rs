@@ -56,6 +56,8 @@ impl PyHostPool {
 
 impl PyHostPool {
     fn live(&self) -> PyResult<&HostPool> {
-        self.pool.as_ref().ok_or_else(|| to_py(crate::error::StoreError::Config("host pool is closed".into())))
+        self.pool
+            .as_ref()
+            .ok_or_else(|| to_py(crate::error::StoreError::Config("host pool is closed".into())))
     }
 }

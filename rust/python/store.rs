@@ -42,7 +42,11 @@ impl PyBlockResult {
     }
     fn __repr__(&self) -> String {
         match &self.inner.error {
-            Some(e) => format!("BlockResult({}, nbytes={}, error={e:?})", self.inner.status.name(), self.inner.nbytes),
+            Some(e) => format!(
+                "BlockResult({}, nbytes={}, error={e:?})",
+                self.inner.status.name(),
+                self.inner.nbytes
+            ),
             None => format!("BlockResult({}, nbytes={})", self.inner.status.name(), self.inner.nbytes),
         }
     }
@@ -96,13 +100,21 @@ fn parse_dirs(dirs: &Bound<'_, PyAny>) -> PyResult<Vec<std::path::PathBuf>> {
         return Ok(StoreConfig::split_dirs(&s));
     }
     let list: Vec<std::path::PathBuf> = dirs.extract().map_err(|_| {
-        to_py(StoreError::Config("ssd_cache_dir: expected a path, a ';'-separated string or a list of paths".into()))
+        to_py(StoreError::Config(
+            "ssd_cache_dir: expected a path, a ';'-separated string or a list of paths".into(),
+        ))
     })?;
     Ok(list)
 }
 
 impl PyBlockStore {
-    fn single(&self, py: Python<'_>, key: Vec<u8>, buf: &Bound<'_, PyAny>, put: bool) -> PyResult<PyBlockResult> {
+    fn single(
+        &self,
+        py: Python<'_>,
+        key: Vec<u8>,
+        buf: &Bound<'_, PyAny>,
+        put: bool,
+    ) -> PyResult<PyBlockResult> {
         let items = PyList::new(py, [(PyBytes::new(py, &key), buf.clone())])?;
         let handle = if put { self.submit_put(py, &items)? } else { self.submit_get(py, &items)? };
         let batch = handle.batch.clone();
@@ -216,10 +228,9 @@ impl PyBlockStore {
         match result.status {
             Status::Ok => Ok(PyBytes::new(py, &buf)),
             Status::NotFound => Err(to_py(StoreError::NotFound(format!("key {name:?} is not stored")))),
-            Status::Corrupt => Err(to_py(StoreError::Corrupt(format!(
-                "key {name:?}: {}",
-                result.error.unwrap_or_default()
-            )))),
+            Status::Corrupt => {
+                Err(to_py(StoreError::Corrupt(format!("key {name:?}: {}", result.error.unwrap_or_default()))))
+            }
             _ => Err(to_py(StoreError::Io(format!("key {name:?}: {}", result.error.unwrap_or_default())))),
         }
     }
@@ -318,7 +329,11 @@ impl Drop for PyBlockStore {
 
 #[pyfunction]
 #[pyo3(signature = (data, algorithm="xxh3-128"))]
-pub fn content_hash<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, algorithm: &str) -> PyResult<Bound<'py, PyBytes>> {
+pub fn content_hash<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    algorithm: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
     let algo = HashAlgo::parse(algorithm).map_err(to_py)?;
     let helper = py.import("flexkv_py._buffers")?.getattr("address_of")?;
     let (raw, owner) = super::buffers::extract_one(&helper, data, false)?;

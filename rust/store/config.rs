@@ -103,10 +103,7 @@ impl StoreConfig {
             }
         }
         if self.queue_depth == 0 || self.queue_depth > 4096 {
-            return Err(StoreError::Config(format!(
-                "queue_depth: {} is outside 1..=4096",
-                self.queue_depth
-            )));
+            return Err(StoreError::Config(format!("queue_depth: {} is outside 1..=4096", self.queue_depth)));
         }
         if self.admit_min_hits == 0 || self.admit_min_hits > 255 {
             return Err(StoreError::Config(format!(

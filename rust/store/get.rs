@@ -3,7 +3,6 @@
 //! into caller memory when aligned), then verify header and content hash. Lock: unpin, and
 //! drop keys whose content proved corrupt so they are recomputed, never served.
 
-
 use super::batch::{BlockResult, RawBuf, Status};
 use super::stats::Counters;
 use super::Shared;
@@ -73,11 +72,13 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
     for (p_idx, p) in pending.iter().enumerate() {
         let buf = items[p.item].1;
         let outcome = match io_results.remove(&p_idx).unwrap_or(Err(IoFailure::Errno(libc::EIO))) {
-            Err(IoFailure::Short { done, expected }) => Err((
-                Status::Corrupt,
-                format!("block truncated on disk: read {done} of {expected} bytes"),
+            Err(IoFailure::Short { done, expected }) => {
+                Err((Status::Corrupt, format!("block truncated on disk: read {done} of {expected} bytes")))
+            }
+            Err(f) => Err((
+                Status::IoError,
+                format!("read from {}: {f}", shared.dirs[p.loc.dir as usize].path.display()),
             )),
-            Err(f) => Err((Status::IoError, format!("read from {}: {f}", shared.dirs[p.loc.dir as usize].path.display()))),
             Ok(()) => verify(shared, p, buf),
         };
         results[p.item] = Some(match outcome {
@@ -145,12 +146,8 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
 
 /// Forget every key that maps to damaged content, so no later put dedups against it.
 fn drop_content(shared: &Shared, state: &mut super::State, hashes: &[ContentHash]) {
-    let doomed: Vec<Vec<u8>> = state
-        .index
-        .keys_in_order()
-        .filter(|(_, h)| hashes.contains(h))
-        .map(|(k, _)| k.to_vec())
-        .collect();
+    let doomed: Vec<Vec<u8>> =
+        state.index.keys_in_order().filter(|(_, h)| hashes.contains(h)).map(|(k, _)| k.to_vec()).collect();
     let mut journal = Vec::new();
     for key in &doomed {
         let released = state.index.remove(key);

@@ -34,10 +34,9 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };
-    let header = buf
-        .get(..FILE_HEADER_LEN)
-        .and_then(FileHeader::decode)
-        .ok_or_else(|| StoreError::Corrupt(format!("{}: not a flexkv journal (bad header)", path.display())))?;
+    let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
+        StoreError::Corrupt(format!("{}: not a flexkv journal (bad header)", path.display()))
+    })?;
     let body = &buf[FILE_HEADER_LEN..];
     let decoded = decode_all(body);
     Ok(Some(Replayed {
@@ -82,7 +81,8 @@ impl JournalFile {
     /// Append encoded records with one write; on error nothing is acknowledged.
     pub fn append(&mut self, encoded: &[u8], count: u64) -> Result<()> {
         let file = self.file.as_mut().ok_or_else(|| StoreError::Io("journal is closed".into()))?;
-        file.write_all(encoded).map_err(|e| StoreError::io(format!("appending to {}", self.path.display()), e))?;
+        file.write_all(encoded)
+            .map_err(|e| StoreError::io(format!("appending to {}", self.path.display()), e))?;
         self.records += count;
         self.bytes += encoded.len() as u64;
         Ok(())

@@ -131,7 +131,10 @@ impl Shared {
 
     /// Run ops grouped by directory: merge adjacent ones, submit every directory's queue, wait,
     /// and give each op (by the caller's id) its own outcome.
-    pub fn run_ops(&self, per_dir: Vec<Vec<(usize, IoOp)>>) -> HashMap<usize, std::result::Result<(), IoFailure>> {
+    pub fn run_ops(
+        &self,
+        per_dir: Vec<Vec<(usize, IoOp)>>,
+    ) -> HashMap<usize, std::result::Result<(), IoFailure>> {
         let mut pending = Vec::new();
         for (d, ops) in per_dir.into_iter().enumerate() {
             if !ops.is_empty() {
@@ -207,7 +210,11 @@ impl BlockStore {
         Ok(())
     }
 
-    fn spawn(&self, batch: Arc<Batch>, job: impl FnOnce(&Shared) -> Vec<BlockResult> + Send + 'static) -> Result<()> {
+    fn spawn(
+        &self,
+        batch: Arc<Batch>,
+        job: impl FnOnce(&Shared) -> Vec<BlockResult> + Send + 'static,
+    ) -> Result<()> {
         if self.shared.state.lock().closed {
             return Err(StoreError::Config("store is closed".into()));
         }
@@ -367,7 +374,8 @@ impl BlockStore {
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
                 let mut buf = Vec::new();
                 Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
-                let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
+                let journal =
+                    state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
                 journal.append(&buf, 1)?;
                 journal.sync()
             });
@@ -416,7 +424,10 @@ impl BlockStore {
             ("bytes_read", StatValue::Int(g(&c.bytes_read))),
             ("bytes_written", StatValue::Int(g(&c.bytes_written))),
             ("compressed_blocks", StatValue::Int(g(&c.compressed_blocks))),
-            ("inflight_ios", StatValue::Int(self.shared.dirs.iter().map(|d| d.queue.inflight() as u64).sum())),
+            (
+                "inflight_ios",
+                StatValue::Int(self.shared.dirs.iter().map(|d| d.queue.inflight() as u64).sum()),
+            ),
             ("queue_depth", StatValue::Int(self.shared.cfg.queue_depth as u64)),
             ("io_engine", StatValue::Text(self.io_engine().to_string())),
             ("direct_io", StatValue::Int(self.shared.dirs.iter().all(|d| d.data.direct) as u64)),

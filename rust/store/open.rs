@@ -20,8 +20,8 @@ use crate::format::superblock::Superblock;
 use crate::format::PAGE;
 use crate::index::admission::FrequencySketch;
 use crate::index::{extent_pages, Index};
-use crate::io::queue::DeviceQueue;
 use crate::io::fault::{FaultPlan, FaultyEngine};
+use crate::io::queue::DeviceQueue;
 use crate::io::{build_engine, EngineChoice};
 
 fn new_store_id() -> u64 {
@@ -52,7 +52,8 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         Some(r) => {
             let h = r.header;
             if h.hash_algo != cfg.hash.code() && !cfg.read_only {
-                let existing = crate::hashing::HashAlgo::from_code(h.hash_algo).map_or("unknown", |a| a.name());
+                let existing =
+                    crate::hashing::HashAlgo::from_code(h.hash_algo).map_or("unknown", |a| a.name());
                 return Err(StoreError::Config(format!(
                     "content_hash: the store in {} was created with {existing}, not {}; use a fresh directory",
                     journal_dir.display(),
@@ -120,8 +121,10 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     let mut index = Index::new(cfg.eviction);
     // A read-only view allocates nothing; it accepts every recorded extent so that a damaged
     // (e.g. truncated) file shows up as corrupt blocks on verify instead of silently missing.
-    let pages_of = |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
-    let mut allocators: Vec<ExtentAllocator> = files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
+    let pages_of =
+        |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
+    let mut allocators: Vec<ExtentAllocator> =
+        files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
     let mut last_clean = None;
     let mut next_seq = 1u64;
     let mut torn = 0u64;

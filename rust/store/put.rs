@@ -18,15 +18,29 @@ use crate::io::{iovec, IoOp};
 
 enum Plan {
     Done(BlockResult),
-    Write { hash: ContentHash, loc: Location },
+    Write {
+        hash: ContentHash,
+        loc: Location,
+    },
     /// Same content as an earlier item of this batch that is being written.
-    Follow { leader: usize, hash: ContentHash },
+    Follow {
+        leader: usize,
+        hash: ContentHash,
+    },
     /// The same key appears again later in the batch; the last occurrence wins.
-    Superseded { by: usize },
+    Superseded {
+        by: usize,
+    },
 }
 
 /// Find room for `pages`, evicting cold keys while nothing fits.
-fn allocate(shared: &Shared, state: &mut State, pages: u64, journal: &mut Vec<u8>, count: &mut u64) -> Option<(usize, u64)> {
+fn allocate(
+    shared: &Shared,
+    state: &mut State,
+    pages: u64,
+    journal: &mut Vec<u8>,
+    count: &mut u64,
+) -> Option<(usize, u64)> {
     let ndirs = state.allocators.len();
     if !state.allocators.iter().any(|a| a.total_pages() > pages) {
         return None;
@@ -64,7 +78,8 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let mut journal = Vec::new();
         let mut count = 0u64;
         let mut leaders: HashMap<ContentHash, usize> = HashMap::new();
-        let last_of: HashMap<&[u8], usize> = items.iter().enumerate().map(|(i, (k, _))| (k.as_slice(), i)).collect();
+        let last_of: HashMap<&[u8], usize> =
+            items.iter().enumerate().map(|(i, (k, _))| (k.as_slice(), i)).collect();
         for (i, ((key, buf), (hash, packed))) in items.iter().zip(&prepared).enumerate() {
             let hash = *hash;
             let last = last_of.get(key.as_slice()).copied().unwrap_or(i);
@@ -244,18 +259,23 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 }
             },
             Plan::Follow { leader, hash } => {
-                let leader_ok = results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
+                let leader_ok =
+                    results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
                 match state.index.content(hash).map(|c| c.loc.clone()) {
                     Some(loc) if leader_ok => {
                         let released = state.index.insert(key, *hash, &loc);
                         Shared::free_extent(&mut state, released);
-                        Record::Put { key: key.clone(), hash: *hash, loc: loc.clone() }.encode_into(&mut journal);
+                        Record::Put { key: key.clone(), hash: *hash, loc: loc.clone() }
+                            .encode_into(&mut journal);
                         count += 1;
                         acknowledged.push(i);
                         Counters::add(&shared.counters.deduped, 1);
                         BlockResult::new(Status::Deduped, loc.raw_len)
                     }
-                    _ => BlockResult::failed(Status::IoError, "the identical block earlier in this batch failed"),
+                    _ => BlockResult::failed(
+                        Status::IoError,
+                        "the identical block earlier in this batch failed",
+                    ),
                 }
             }
         };

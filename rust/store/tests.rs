@@ -13,7 +13,11 @@ fn data(key: &[u8], len: usize) -> Vec<u8> {
 
 fn put_all(store: &BlockStore, keys: &[Vec<u8>], len: usize) -> Vec<BlockResult> {
     let bufs: Vec<Vec<u8>> = keys.iter().map(|k| data(k, len)).collect();
-    let items = keys.iter().zip(&bufs).map(|(k, b)| (k.clone(), RawBuf { ptr: b.as_ptr() as *mut u8, len: b.len() })).collect();
+    let items = keys
+        .iter()
+        .zip(&bufs)
+        .map(|(k, b)| (k.clone(), RawBuf { ptr: b.as_ptr() as *mut u8, len: b.len() }))
+        .collect();
     let batch = store.submit_put(items, None).unwrap();
     let results = batch.wait(None).unwrap();
     drop(bufs);
