@@ -44,6 +44,8 @@ pub struct ContentEntry {
     pub loc: Location,
     pub refs: u32,
     pub readers: u32,
+    /// Failed verification: kept only until its last reader unpins; never deduped onto.
+    pub poisoned: bool,
 }
 
 /// An extent whose last reference went away: the caller returns it to the allocator.
@@ -145,7 +147,7 @@ impl Index {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
                 self.content_raw_bytes += loc.raw_len;
                 self.content_stored_bytes += loc.stored_len;
-                v.insert(ContentEntry { loc: loc.clone(), refs: 0, readers: 0 })
+                v.insert(ContentEntry { loc: loc.clone(), refs: 0, readers: 0, poisoned: false })
             }
         };
         entry.refs += 1;
@@ -160,6 +162,13 @@ impl Index {
         entry.refs -= 1;
         self.logical_bytes -= entry.loc.raw_len;
         self.release_if_unused(&hash)
+    }
+
+    /// Mark content as damaged (see `ContentEntry::poisoned`).
+    pub fn poison(&mut self, hash: &ContentHash) {
+        if let Some(e) = self.contents.get_mut(hash) {
+            e.poisoned = true;
+        }
     }
 
     /// Pin content for an in-flight read so its extent cannot be reused under the reader.

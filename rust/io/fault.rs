@@ -10,22 +10,25 @@ use crate::error::{Result, StoreError};
 pub struct FaultPlan {
     pub reads: bool,
     pub writes: bool,
+    /// Journal appends and rewrites (a failed append leaves half a record behind).
+    pub journal: bool,
     pub errno: i32,
     /// Fail one op out of every `every` matching ops (the 1st, the (every+1)th, ...).
     pub every: u64,
 }
 
 impl FaultPlan {
-    /// `"<read|write|any>:<EIO|ENOSPC>:<every>"`, e.g. `"write:EIO:2"`.
+    /// `"<read|write|any|journal>:<EIO|ENOSPC>:<every>"`, e.g. `"write:EIO:2"`.
     pub fn parse(spec: &str) -> Result<Self> {
         let bad = || {
             StoreError::Config(format!("fault_injection: {spec:?} is not <read|write|any>:<EIO|ENOSPC>:<N>"))
         };
         let mut parts = spec.split(':');
-        let (reads, writes) = match parts.next() {
-            Some("read") => (true, false),
-            Some("write") => (false, true),
-            Some("any") => (true, true),
+        let (reads, writes, journal) = match parts.next() {
+            Some("read") => (true, false, false),
+            Some("write") => (false, true, false),
+            Some("any") => (true, true, false),
+            Some("journal") => (false, false, true),
             _ => return Err(bad()),
         };
         let errno = match parts.next() {
@@ -37,7 +40,7 @@ impl FaultPlan {
         if parts.next().is_some() {
             return Err(bad());
         }
-        Ok(FaultPlan { reads, writes, errno, every })
+        Ok(FaultPlan { reads, writes, journal, errno, every })
     }
 }
 

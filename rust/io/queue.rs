@@ -18,6 +18,9 @@ struct Job {
 
 struct Active {
     job: Job,
+    /// Outcomes land here, not in `job.ops`, while engine threads may still read sibling ops;
+    /// they are copied into the ops once the last one completed.
+    results: Vec<Option<Result<(), IoFailure>>>,
     remaining: usize,
 }
 
@@ -53,7 +56,7 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
             slots.len() - 1
         });
         backlog.extend((0..n).map(|i| (slot, i)));
-        slots[slot] = Some(Active { job, remaining: n });
+        slots[slot] = Some(Active { job, results: vec![None; n], remaining: n });
     };
     loop {
         if inflight == 0 && backlog.is_empty() {
@@ -97,14 +100,17 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
             gauge.fetch_sub(1, Ordering::Relaxed);
             let finished = match slots[slot].as_mut() {
                 Some(active) => {
-                    active.job.ops[op].result = result;
+                    active.results[op] = Some(result);
                     active.remaining -= 1;
                     active.remaining == 0
                 }
                 None => false,
             };
             if finished {
-                if let Some(active) = slots[slot].take() {
+                if let Some(mut active) = slots[slot].take() {
+                    for (op, r) in active.job.ops.iter_mut().zip(active.results) {
+                        op.result = r.unwrap_or(Err(IoFailure::Errno(libc::EIO)));
+                    }
                     let _ = active.job.reply.send(active.job.ops);
                 }
             }

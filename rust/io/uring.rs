@@ -45,12 +45,27 @@ impl IoEngine for UringEngine {
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {
+        let mut failures = 0u32;
         loop {
             match self.ring.submit_and_wait(min) {
                 Ok(_) => break,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // Out of kernel resources or a full completion queue: reap what is done now;
+                // the device queue calls again for the rest.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => break,
                 Err(e) => {
-                    // The ring itself failed: fail everything in flight.
+                    // Ops already handed to the kernel may still read or write their buffers,
+                    // so they are not reported failed while the ring may still complete them:
+                    // retry for a while; only a ring that stays broken gives them up.
+                    failures += 1;
+                    if failures < 1000 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        continue;
+                    }
+                    tracing::error!(
+                        "io_uring keeps failing ({e}); failing {} in-flight ops",
+                        self.expected.len()
+                    );
                     let errno = e.raw_os_error().unwrap_or(libc::EIO);
                     out.extend(self.expected.drain().map(|(tag, _)| (tag, Err(IoFailure::Errno(errno)))));
                     return;

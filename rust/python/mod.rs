@@ -3,6 +3,7 @@
 
 mod buffers;
 mod errors;
+mod log_bridge;
 mod pool;
 mod store;
 
@@ -12,7 +13,7 @@ use pyo3::prelude::*;
 #[pyo3(name = "_native")]
 fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Rust log records reach Python's `logging` under the "flexkv_native" logger.
-    let _ = pyo3_log::try_init();
+    log_bridge::init();
     errors::register(m)?;
     m.add_class::<store::PyBlockStore>()?;
     m.add_class::<store::PyBatchHandle>()?;

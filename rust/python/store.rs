@@ -235,20 +235,22 @@ impl PyBlockStore {
         }
     }
 
-    fn contains(&self, key: Vec<u8>) -> bool {
-        self.store.contains(&key)
+    // Every method that takes the store's lock first releases the GIL: a store thread may hold
+    // that lock while it needs the GIL (releasing a caller's buffer).
+    fn contains(&self, py: Python<'_>, key: Vec<u8>) -> bool {
+        py.detach(|| self.store.contains(&key))
     }
 
-    fn __contains__(&self, key: Vec<u8>) -> bool {
-        self.store.contains(&key)
+    fn __contains__(&self, py: Python<'_>, key: Vec<u8>) -> bool {
+        self.contains(py, key)
     }
 
-    fn match_prefix(&self, keys: Vec<Vec<u8>>) -> usize {
-        self.store.match_prefix(keys.iter().map(Vec::as_slice))
+    fn match_prefix(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> usize {
+        py.detach(|| self.store.match_prefix(keys.iter().map(Vec::as_slice)))
     }
 
-    fn block_len(&self, key: Vec<u8>) -> Option<u64> {
-        self.store.block_len(&key)
+    fn block_len(&self, py: Python<'_>, key: Vec<u8>) -> Option<u64> {
+        py.detach(|| self.store.block_len(&key))
     }
 
     fn delete(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
@@ -262,11 +264,13 @@ impl PyBlockStore {
     }
 
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.store.keys().iter().map(|k| PyBytes::new(py, k)))
+        let keys = py.detach(|| self.store.keys());
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
     fn drain_evicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.store.drain_evicted().iter().map(|k| PyBytes::new(py, k)))
+        let keys = py.detach(|| self.store.drain_evicted());
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
     fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -277,7 +281,7 @@ impl PyBlockStore {
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (name, value) in self.store.stats() {
+        for (name, value) in py.detach(|| self.store.stats()) {
             match value {
                 StatValue::Int(v) => d.set_item(name, v)?,
                 StatValue::Float(v) => d.set_item(name, v)?,
@@ -306,8 +310,8 @@ impl PyBlockStore {
         self.close(py)
     }
 
-    fn __len__(&self) -> usize {
-        self.store.len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.store.len())
     }
 }
 

@@ -68,7 +68,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
     }
     let mut io_results = shared.run_ops(per_dir);
 
-    let mut corrupt_hashes: Vec<ContentHash> = Vec::new();
+    let mut corrupt: Vec<(ContentHash, Location)> = Vec::new();
     for (p_idx, p) in pending.iter().enumerate() {
         let buf = items[p.item].1;
         let outcome = match io_results.remove(&p_idx).unwrap_or(Err(IoFailure::Errno(libc::EIO))) {
@@ -90,7 +90,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             Err((status, msg)) => {
                 if status == Status::Corrupt {
                     Counters::add(&shared.counters.corrupt_reads, 1);
-                    corrupt_hashes.push(p.hash);
+                    corrupt.push((p.hash, p.loc.clone()));
                     tracing::warn!(key = ?String::from_utf8_lossy(&items[p.item].0), reason = %msg, "corrupt block");
                 } else {
                     Counters::add(&shared.counters.io_errors, 1);
@@ -106,8 +106,8 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             let released = state.index.unpin(&p.hash);
             Shared::free_extent(&mut state, released);
         }
-        if !corrupt_hashes.is_empty() && state.journal.is_some() {
-            drop_content(shared, &mut state, &corrupt_hashes);
+        if !corrupt.is_empty() && state.journal.is_some() {
+            drop_content(shared, &mut state, &corrupt);
         }
     }
     results.into_iter().map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "lost"))).collect()
@@ -144,10 +144,23 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
     Ok(())
 }
 
-/// Forget every key that maps to damaged content, so no later put dedups against it.
-fn drop_content(shared: &Shared, state: &mut super::State, hashes: &[ContentHash]) {
+/// Forget every key that maps to damaged content, so no later put dedups against it. Only
+/// content still at the location that was read is dropped (it may have been stored again
+/// elsewhere meanwhile); if a reader still pins it, it stays poisoned until unpinned.
+fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentHash, Location)]) {
+    let current: Vec<ContentHash> = damaged
+        .iter()
+        .filter(|(h, loc)| state.index.content(h).is_some_and(|c| c.loc == *loc))
+        .map(|(h, _)| *h)
+        .collect();
+    if current.is_empty() {
+        return;
+    }
+    for h in &current {
+        state.index.poison(h);
+    }
     let doomed: Vec<Vec<u8>> =
-        state.index.keys_in_order().filter(|(_, h)| hashes.contains(h)).map(|(k, _)| k.to_vec()).collect();
+        state.index.keys_in_order().filter(|(_, h)| current.contains(h)).map(|(k, _)| k.to_vec()).collect();
     let mut journal = Vec::new();
     for key in &doomed {
         let released = state.index.remove(key);
@@ -155,6 +168,6 @@ fn drop_content(shared: &Shared, state: &mut super::State, hashes: &[ContentHash
         Record::Delete { key: key.clone() }.encode_into(&mut journal);
     }
     if let Err(e) = shared.journal_append(state, &journal, doomed.len() as u64) {
-        tracing::error!(error = %e, "journal append failed while dropping corrupt blocks");
+        tracing::error!("journal append failed while dropping corrupt blocks: {e}");
     }
 }

@@ -78,14 +78,36 @@ impl JournalFile {
         self.header
     }
 
-    /// Append encoded records with one write; on error nothing is acknowledged.
+    /// Append encoded records with one write. On error nothing is acknowledged and whatever
+    /// part of the write reached the file is cut off again: a torn record left in the middle
+    /// would make replay drop every later (acknowledged) record.
     pub fn append(&mut self, encoded: &[u8], count: u64) -> Result<()> {
         let file = self.file.as_mut().ok_or_else(|| StoreError::Io("journal is closed".into()))?;
-        file.write_all(encoded)
-            .map_err(|e| StoreError::io(format!("appending to {}", self.path.display()), e))?;
+        if let Err(e) = file.write_all(encoded) {
+            self.cut_back();
+            return Err(StoreError::io(format!("appending to {}", self.path.display()), e));
+        }
         self.records += count;
         self.bytes += encoded.len() as u64;
         Ok(())
+    }
+
+    /// Testing: fail like a disk that accepted only part of the write.
+    pub fn append_torn(&mut self, encoded: &[u8], errno: i32) -> Result<()> {
+        if let Some(f) = self.file.as_mut() {
+            let _ = f.write_all(&encoded[..encoded.len() / 2]);
+        }
+        self.cut_back();
+        let err = std::io::Error::from_raw_os_error(errno);
+        Err(StoreError::io(format!("appending to {} (injected fault)", self.path.display()), err))
+    }
+
+    fn cut_back(&mut self) {
+        if let Some(f) = &self.file {
+            if let Err(e) = f.set_len(self.bytes) {
+                tracing::error!("cannot cut a failed append off {}: {e}", self.path.display());
+            }
+        }
     }
 
     pub fn sync(&self) -> Result<()> {

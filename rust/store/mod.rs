@@ -53,6 +53,8 @@ pub(crate) struct State {
     pub next_dir: usize,
     pub evicted: VecDeque<Vec<u8>>,
     pub closed: bool,
+    /// The last journal append failed and no rewrite has succeeded since.
+    pub journal_broken: bool,
 }
 
 pub(crate) struct Shared {
@@ -65,6 +67,9 @@ pub(crate) struct Shared {
     pub recovery_seconds: f64,
     pub last_clean_shutdown: Option<u64>,
     pub torn_journal_bytes: u64,
+    /// Testing: journal writes to fail (see `io::fault`), and how many were made.
+    pub journal_fault: Option<crate::io::fault::FaultPlan>,
+    pub journal_writes: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -74,17 +79,41 @@ impl Shared {
         }
     }
 
-    /// Append records to the journal (no-op for read-only stores).
+    /// Make `encoded` durable (as `durability` defines). When an append fails, the journal is
+    /// rewritten from the in-memory index instead (which already holds these changes); until
+    /// one such rewrite succeeds the journal is "broken" and nothing is acknowledged.
     pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
-        if count == 0 {
+        if count == 0 && !state.journal_broken {
             return Ok(());
         }
         let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("store is read-only".into()))?;
-        journal.append(encoded, count)?;
-        if self.cfg.durability == Durability::Power {
-            journal.sync()?;
+        if !state.journal_broken {
+            let appended = match self.injected_journal_fault() {
+                Some(errno) => journal.append_torn(encoded, errno),
+                None => journal.append(encoded, count),
+            };
+            let synced = appended.and_then(|_| match self.cfg.durability {
+                Durability::Power => journal.sync(),
+                Durability::Process => Ok(()),
+            });
+            match synced {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::error!("journal append failed ({e}); rewriting the journal from memory");
+                    state.journal_broken = true;
+                }
+            }
         }
+        self.compact(state)?;
+        state.journal_broken = false;
         Ok(())
+    }
+
+    /// Testing: the errno to fail this journal write with, per the fault plan.
+    fn injected_journal_fault(&self) -> Option<i32> {
+        let plan = self.journal_fault?;
+        let n = self.journal_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (n % plan.every == 0).then_some(plan.errno)
     }
 
     /// Evict the coldest key; false when there is nothing left to evict.
@@ -105,6 +134,10 @@ impl Shared {
     /// Rewrite the journal as one Put per live key, coldest first (replay restores the order).
     pub fn compact(&self, state: &mut State) -> Result<()> {
         let Some(journal) = state.journal.as_ref() else { return Ok(()) };
+        if let Some(errno) = self.injected_journal_fault() {
+            let err = std::io::Error::from_raw_os_error(errno);
+            return Err(StoreError::io("rewriting the journal (injected fault)", err));
+        }
         let header = journal.header();
         let records: Vec<Record> = state
             .index
@@ -215,11 +248,16 @@ impl BlockStore {
         batch: Arc<Batch>,
         job: impl FnOnce(&Shared) -> Vec<BlockResult> + Send + 'static,
     ) -> Result<()> {
-        if self.shared.state.lock().closed {
-            return Err(StoreError::Config("store is closed".into()));
-        }
         let shared = self.shared.clone();
-        shared.begin();
+        {
+            // Checked and counted under the state lock, so `close` (which marks the store
+            // closed under it before waiting for in-flight batches) cannot miss this batch.
+            let state = shared.state.lock();
+            if state.closed {
+                return Err(StoreError::Config("store is closed".into()));
+            }
+            shared.begin();
+        }
         let task = Box::new(move || {
             let results = job(&shared);
             batch.complete(results);
@@ -358,16 +396,19 @@ impl BlockStore {
     /// Wait for in-flight batches, compact, mark a clean shutdown, release the locks.
     pub fn close(&self) -> Result<()> {
         {
+            let mut state = self.shared.state.lock();
+            if state.closed {
+                return Ok(());
+            }
+            state.closed = true; // no new batches from here on
+        }
+        {
             let mut n = self.shared.inflight.lock();
             while *n > 0 {
                 self.shared.idle.wait_for(&mut n, Duration::from_millis(100));
             }
         }
         let mut state = self.shared.state.lock();
-        if state.closed {
-            return Ok(());
-        }
-        state.closed = true;
         let mut result = Ok(());
         if state.journal.is_some() {
             result = self.shared.compact(&mut state).and_then(|_| {

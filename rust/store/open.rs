@@ -195,7 +195,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     for ((path, data), lock) in cfg.dirs.iter().zip(files).zip(locks) {
         let choice = if cfg.read_only { EngineChoice::Psync } else { cfg.io_engine };
         let mut engine = build_engine(choice, cfg.queue_depth)?;
-        if let Some(plan) = fault_plan {
+        if let Some(plan) = fault_plan.filter(|p| p.reads || p.writes) {
             engine = Box::new(FaultyEngine::new(engine, plan));
         }
         let name = format!("flexkv-io-{}", dirs.len());
@@ -220,6 +220,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
             next_dir: 0,
             evicted: VecDeque::new(),
             closed: false,
+            journal_broken: false,
         }),
         cfg,
         dirs,
@@ -229,6 +230,8 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         recovery_seconds,
         last_clean_shutdown: last_clean,
         torn_journal_bytes: torn,
+        journal_fault: fault_plan.filter(|p| p.journal),
+        journal_writes: std::sync::atomic::AtomicU64::new(0),
     })
 }
 

@@ -12,7 +12,7 @@ use crate::format::header::{BlockHeader, FLAG_COMPRESSED};
 use crate::format::journal::{Location, Record};
 use crate::format::{round_up_to_page, PAGE};
 use crate::hashing::ContentHash;
-use crate::index::extent_pages;
+use crate::index::{extent_pages, FreedExtent};
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoOp};
 
@@ -31,6 +31,10 @@ enum Plan {
     Superseded {
         by: usize,
     },
+}
+
+fn extent_of(loc: &Location) -> FreedExtent {
+    FreedExtent { dir: loc.dir, first_page: loc.offset / PAGE as u64, pages: extent_pages(loc.stored_len) }
 }
 
 /// Find room for `pages`, evicting cold keys while nothing fits.
@@ -78,6 +82,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         let mut journal = Vec::new();
         let mut count = 0u64;
         let mut leaders: HashMap<ContentHash, usize> = HashMap::new();
+        let mut deduped_now: Vec<usize> = Vec::new();
         let last_of: HashMap<&[u8], usize> =
             items.iter().enumerate().map(|(i, (k, _))| (k.as_slice(), i)).collect();
         for (i, ((key, buf), (hash, packed))) in items.iter().zip(&prepared).enumerate() {
@@ -98,7 +103,15 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 plans.push(Plan::Done(BlockResult::new(Status::Deduped, buf.len as u64)));
                 continue;
             }
+            if state.index.content(&hash).is_some_and(|c| c.poisoned) {
+                plans.push(Plan::Done(BlockResult::failed(
+                    Status::IoError,
+                    "identical content failed verification and is being dropped; store it again later",
+                )));
+                continue;
+            }
             if let Some(existing) = state.index.content(&hash).map(|c| c.loc.clone()) {
+                deduped_now.push(i);
                 let released = state.index.insert(key, hash, &existing);
                 Shared::free_extent(&mut state, released);
                 Record::Put { key: key.clone(), hash, loc: existing }.encode_into(&mut journal);
@@ -137,8 +150,25 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             }
         }
         if let Err(e) = shared.journal_append(&mut state, &journal, count) {
-            tracing::error!(error = %e, "journal append failed");
+            // Not journaled means not acknowledged: undo this phase's dedup mappings and write
+            // nothing (freed extents are reused only once a journal rewrite has succeeded).
             Counters::add(&shared.counters.io_errors, 1);
+            let failed = || BlockResult::failed(Status::IoError, format!("journal: {e}"));
+            for &i in &deduped_now {
+                let released = state.index.remove(&items[i].0);
+                Shared::free_extent(&mut state, released);
+                plans[i] = Plan::Done(failed());
+            }
+            for plan in plans.iter_mut() {
+                match plan {
+                    Plan::Write { loc, .. } => {
+                        Shared::free_extent(&mut state, Some(extent_of(loc)));
+                        *plan = Plan::Done(failed());
+                    }
+                    Plan::Follow { .. } => *plan = Plan::Done(failed()),
+                    _ => {}
+                }
+            }
         }
     }
 
@@ -220,14 +250,19 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             Plan::Superseded { .. } => BlockResult::new(Status::Ok, 0),
             Plan::Write { hash, loc } => match outcomes.remove(&i).unwrap_or(Err("not submitted".into())) {
                 Ok(()) => {
-                    let ours = Some(crate::index::FreedExtent {
-                        dir: loc.dir,
-                        first_page: loc.offset / PAGE as u64,
-                        pages: extent_pages(loc.stored_len),
-                    });
+                    let ours = Some(extent_of(loc));
                     // Another batch may have stored the same content meanwhile: keep theirs.
-                    let loc = match state.index.content(hash).map(|c| c.loc.clone()) {
-                        Some(existing) => {
+                    let existing = state.index.content(hash).map(|c| (c.loc.clone(), c.poisoned));
+                    let loc = match existing {
+                        Some((_, true)) => {
+                            Shared::free_extent(&mut state, ours);
+                            results.push(Some(BlockResult::failed(
+                                Status::IoError,
+                                "identical content failed verification and is being dropped; store it again later",
+                            )));
+                            continue;
+                        }
+                        Some((existing, false)) => {
                             Shared::free_extent(&mut state, ours);
                             existing
                         }
@@ -246,14 +281,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                     BlockResult::new(Status::Ok, loc.raw_len)
                 }
                 Err(msg) => {
-                    Shared::free_extent(
-                        &mut state,
-                        Some(crate::index::FreedExtent {
-                            dir: loc.dir,
-                            first_page: loc.offset / PAGE as u64,
-                            pages: extent_pages(loc.stored_len),
-                        }),
-                    );
+                    Shared::free_extent(&mut state, Some(extent_of(loc)));
                     Counters::add(&shared.counters.io_errors, 1);
                     BlockResult::failed(Status::IoError, msg)
                 }
