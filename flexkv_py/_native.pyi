@@ -6,7 +6,7 @@ compression releases the GIL.
 """
 
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, final
 
 from typing_extensions import Buffer
 
@@ -34,6 +34,7 @@ class IoEngineError(FlexKVError, OSError): ...
 class StoreLockedError(FlexKVError): ...
 class BlockNotFoundError(FlexKVError, KeyError): ...
 
+@final
 class BlockResult:
     @property
     def status(self) -> BlockStatus: ...
@@ -46,6 +47,7 @@ class BlockResult:
     def ok(self) -> bool:
         """True for "ok" and "deduped"."""
 
+@final
 class BatchHandle:
     """An in-flight batch. The store keeps every buffer alive until the batch completes,
     even if this handle is dropped."""
@@ -55,13 +57,14 @@ class BatchHandle:
         """Block (GIL released) until done; raises TimeoutError after `timeout` seconds."""
     def __len__(self) -> int: ...
 
+@final
 class HostPool:
     """Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA
     (after cudaHostRegister) and O_DIRECT I/O. Unmapped on close() / garbage collection."""
 
-    def __init__(
-        self, nbytes: int, *, huge_pages: bool = False, touch_threads: int = 0
-    ) -> None: ...
+    def __new__(
+        cls, nbytes: int, *, huge_pages: bool = False, touch_threads: int = 0
+    ) -> HostPool: ...
     @property
     def address(self) -> int: ...
     @property
@@ -73,11 +76,12 @@ class HostPool:
         memory: keep the pool open while any view or tensor made from it is in use."""
     def close(self) -> None: ...
 
+@final
 class BlockStore:
     """A crash-safe, content-deduplicated block store over one or more cache directories."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         dirs: str | Sequence[str],
         capacity_bytes: int,
         *,
@@ -93,7 +97,7 @@ class BlockStore:
         read_only: bool = False,
         batch_threads: int = 4,
         fault_injection: str | None = None,
-    ) -> None:
+    ) -> BlockStore:
         """`dirs`: a list, or FlexKV's ';'-separated string. `capacity_bytes` is the physical
         byte budget, split evenly across directories. `read_only=True` opens an existing store
         (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
