@@ -34,7 +34,7 @@ _HOST_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHos
 try:  # the Rust extension may be absent (CPU CI before the build, the GPU box before the wheel)
     from flexkv_py import _native
 except ImportError:  # pragma: no cover - depends on the build
-    _native = None
+    _native = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -200,7 +200,7 @@ class HostPool:
         """A writable memoryview of one slot (buffer protocol, for the native store)."""
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
-        return memoryview(self.tensor[slot].numpy())
+        return memoryview(self.tensor[slot].numpy())  # type: ignore[arg-type]
 
     @property
     def closed(self) -> bool:

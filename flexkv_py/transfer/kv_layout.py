@@ -128,7 +128,7 @@ def _classify(name: str, t: torch.Tensor, num_blocks: int | None) -> tuple[str, 
 
 def _physical_order(labels: str, t: torch.Tensor) -> str:
     """Logical dims sorted outermost-first by stride (ties keep logical order)."""
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride()[d], d))
     return "".join(labels[d] for d in order)
 
 
@@ -243,7 +243,7 @@ def describe_kv_caches(
                 block_dim=block_dim,
                 family=family,
                 storage_key=key,
-                base_offset=t.storage_offset() * t.element_size(),
+                base_offset=int(t.storage_offset()) * t.element_size(),
                 run_offsets=offsets,
                 run_nbytes=run,
                 block_stride=block_stride,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
 MEDIA = {"CPU", "SSD"}
 
@@ -64,9 +64,9 @@ def to_vllm_events(
             origin = origins.get(block_hash)
             out.append(
                 BlockStored(
-                    block_hashes=[maybe_convert_block_hash(block_hash)],
+                    block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                     parent_block_hash=(
-                        maybe_convert_block_hash(origin.parent_hash)
+                        maybe_convert_block_hash(BlockHash(origin.parent_hash))
                         if origin is not None and origin.parent_hash is not None
                         else None
                     ),
@@ -79,6 +79,8 @@ def to_vllm_events(
             )
         elif ev.kind == "removed":
             out.append(
-                BlockRemoved(block_hashes=[maybe_convert_block_hash(block_hash)], medium=medium)
+                BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))], medium=medium
+                )
             )
     return out

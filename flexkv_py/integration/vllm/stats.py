@@ -60,8 +60,10 @@ class FlexKVConnectorStats(KVConnectorStats):
         if lookups:
             out["hit_rate"] = round(d.get("hit_blocks", 0) / lookups, 4)
         for kind in ("load", "store"):
-            secs, nbytes, jobs = d.get(f"{kind}_seconds", 0), d.get(f"{kind}_bytes", 0), d.get(
-                f"{kind}_jobs", 0
+            secs, nbytes, jobs = (
+                d.get(f"{kind}_seconds", 0),
+                d.get(f"{kind}_bytes", 0),
+                d.get(f"{kind}_jobs", 0),
             )
             if secs:
                 out[f"{kind}_gbps"] = round(nbytes / secs / 1e9, 3)
@@ -100,7 +102,8 @@ class FlexKVPromMetrics(KVConnectorPromMetrics):
                 labelnames=labelnames,
             )
             self._counters[key] = self.create_metric_per_engine(metric)
-        latency = self._histogram_cls(
+        histogram: Any = self._histogram_cls  # a Histogram class (vLLM types it as a union)
+        latency = histogram(
             name="vllm:flexkv_transfer_job_seconds",
             documentation="FlexKV connector: mean job latency per logging interval",
             labelnames=[*labelnames, "direction"],
