@@ -12,16 +12,20 @@ uses: the manager guarantees that with pins.
 
 Every job completes, and every block that did not make it is reported in its JobResult; an
 unexpected exception fails all blocks of the job rather than leaving them unreported.
+
+A caller that stops waiting for a store while its GPU->host copy may still run (vLLM reuses a
+preempted request's blocks) calls `abandon`: the job's blocks fail, so nothing the late copy read
+is ever committed. Its host slots stay pinned until the job really ends, so the late copy only
+lands in memory nobody else uses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
@@ -85,30 +89,24 @@ class Transfer(Protocol):
 
 
 class _StreamMark:
-    """Where the caller's CUDA stream is now; `after()` makes work issued later (from any
-    thread) start behind it. Without CUDA there is nothing to order."""
+    """Where the caller's CUDA stream is now: a copy issued later (from any thread) through
+    `JobExecutor._submit_transfer(..., after=mark)` starts behind it. Without CUDA there is
+    nothing to order and `event` is None."""
 
     def __init__(self, transfer: Any) -> None:
         device = getattr(transfer, "device", None)
-        self._event: Any = None
+        self.event: Any = None
+        self.device: Any = None
         if device is not None and getattr(device, "type", None) == "cuda":
             import torch
 
-            self._device = device
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))
+            self.device = device
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(device))
 
-    @contextlib.contextmanager
-    def after(self) -> Iterator[None]:
-        if self._event is None:
-            yield
-            return
-        import torch
 
-        side = torch.cuda.Stream(self._device)
-        side.wait_event(self._event)
-        with torch.cuda.stream(side):
-            yield
+class _Abandoned(Exception):
+    """The job was abandoned while it could still read GPU blocks."""
 
 
 class JobHandle:
@@ -182,11 +180,17 @@ class JobExecutor:
         )
         self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix="flexkv-job")
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a submit call ends
         self._submit_lock = threading.Lock()  # one transfer submit at a time
         self._handles: dict[int, JobHandle] = {}
         self._finished: dict[int, JobResult] = {}
+        # Store jobs that may still read GPU blocks -> abandoned by the caller (see abandon).
+        self._reading: dict[int, bool] = {}
+        self._submitting = 0  # submit calls in progress (shutdown waits for them)
+        self._side_streams: dict[Any, Any] = {}  # CUDA device -> side stream for chained stores
         self._owns = list(owns)
-        self._closed = False
+        self._closed = False  # no new jobs
+        self._released = False  # SSD store and owned objects closed
         self._stats: Counter[str] = Counter()
 
     @classmethod
@@ -205,8 +209,25 @@ class JobExecutor:
     def submit(self, job: Job, fill: Callable[[], None] | None = None) -> JobHandle:
         """Start a job. `fill` (host-only stores, in-process callers): writes the pages into the
         job's slots; it runs on the job thread after the job's spills have read those slots."""
-        if self._closed:
-            raise RuntimeError("job executor is shut down")
+        reads_gpu = isinstance(job, StoreJob) and job.gpu_block_ids is not None and bool(job.keys)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("job executor is shut down")
+            self._submitting += 1
+            if reads_gpu:
+                self._reading[job.job_id] = False
+        try:
+            return self._submit(job, fill, reads_gpu)
+        except BaseException:
+            with self._lock:
+                self._reading.pop(job.job_id, None)
+            raise
+        finally:
+            with self._lock:
+                self._submitting -= 1
+                self._idle.notify_all()
+
+    def _submit(self, job: Job, fill: Callable[[], None] | None, reads_gpu: bool) -> JobHandle:
         started = time.perf_counter()
         if isinstance(job, DropJob):
             future: Future[JobResult] = Future()
@@ -214,7 +235,8 @@ class JobExecutor:
         else:
             d2h: Any = None
             d2h_error: BaseException | None = None
-            if isinstance(job, StoreJob) and job.gpu_block_ids is not None and job.keys:
+            if reads_gpu:
+                assert isinstance(job, StoreJob) and job.gpu_block_ids is not None
                 try:
                     if job.spill_keys:
                         # The slots must be written out first: remember the point on the
@@ -263,6 +285,9 @@ class JobExecutor:
                 failed_gpu_block_ids=gpu,
                 seconds=time.perf_counter() - started,
             )
+        finally:
+            with self._lock:
+                self._reading.pop(job.job_id, None)
         self._stats[f"jobs_{job.kind}"] += 1
         for reason in result.failed.values():
             self._stats[f"failed_{job.kind}_{reason}"] += 1
@@ -285,21 +310,45 @@ class JobExecutor:
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> list[JobResult]:
         """Block until the given jobs finish; returns their results not yet returned by poll.
-        Unknown or already-returned ids are ignored. TimeoutError if not done in time."""
+        Unknown or already-returned ids are ignored. TimeoutError if not all are done in time;
+        then no result is consumed: `poll` returns each one once its job finishes."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        out: list[JobResult] = []
-        for job_id in job_ids:
-            with self._lock:
-                handle = self._handles.get(job_id)
-            if handle is None:
-                continue
+        with self._lock:
+            handles = [h for h in map(self._handles.get, job_ids) if h is not None]
+        for handle in handles:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            result = handle.wait(remaining)
-            with self._lock:
-                if self._handles.pop(job_id, None) is not None:
-                    self._finished.pop(job_id, None)
-                    out.append(result)
+            handle.wait(remaining)
+        out: list[JobResult] = []
+        with self._lock:
+            for handle in handles:
+                if self._handles.pop(handle.job_id, None) is not None:
+                    self._finished.pop(handle.job_id, None)
+                    out.append(handle.wait(0))  # done: returns at once
         return out
+
+    def abandon(self, job_ids: Iterable[int]) -> list[int]:
+        """Stop trusting the GPU->host copy of these store jobs: the caller is about to reuse
+        their GPU blocks. A job whose copy may still run fails all its blocks (nothing it read is
+        committed) and writes none of them to SSD; one whose copy already finished is untouched.
+        The job still runs to its end (its host slots stay pinned until then) and its result
+        comes from `poll`/`wait` as usual. Returns the ids of the jobs that will fail."""
+        out: list[int] = []
+        with self._lock:
+            for job_id in job_ids:
+                if job_id in self._reading:
+                    self._reading[job_id] = True
+                    out.append(job_id)
+        self._stats["jobs_abandoned"] += len(out)
+        return out
+
+    def _abandoned(self, job_id: int) -> bool:
+        with self._lock:
+            return self._reading.get(job_id, False)
+
+    def _end_gpu_read(self, job_id: int) -> bool:
+        """The job's GPU->host copy finished; True if it was abandoned before that."""
+        with self._lock:
+            return self._reading.pop(job_id, False)
 
     def pending(self) -> int:
         with self._lock:
@@ -310,14 +359,35 @@ class JobExecutor:
         return (self.pool.slot_address(slot), self.pool.slot_nbytes)
 
     def _submit_transfer(
-        self, direction: str, gpu_ids: Sequence[int], slots: Sequence[int]
+        self,
+        direction: str,
+        gpu_ids: Sequence[int],
+        slots: Sequence[int],
+        after: _StreamMark | None = None,
     ) -> TransferHandleLike:
-        if self.transfer is None:
+        """Issue one copy; with `after` (CUDA), it starts behind that point of the caller's
+        stream: one side stream per device carries the wait into the transfer engine, which
+        orders its copy after the current stream."""
+        transfer = self.transfer
+        if transfer is None:
             raise RuntimeError("job moves GPU blocks but this executor has no transfer engine")
-        with self._submit_lock:
+
+        def issue() -> TransferHandleLike:
             if direction == "d2h":
-                return self.transfer.submit_d2h(gpu_ids, slots)
-            return self.transfer.submit_h2d(slots, gpu_ids)
+                return transfer.submit_d2h(gpu_ids, slots)
+            return transfer.submit_h2d(slots, gpu_ids)
+
+        with self._submit_lock:
+            if after is None or after.event is None:
+                return issue()
+            import torch
+
+            side = self._side_streams.get(after.device)
+            if side is None:
+                side = self._side_streams[after.device] = torch.cuda.Stream(after.device)
+            side.wait_event(after.event)
+            with torch.cuda.stream(side):
+                return issue()
 
     def _ssd_batch(
         self, put: bool, keys: Sequence[bytes], slots: Sequence[int]
@@ -375,11 +445,23 @@ class JobExecutor:
                     raise d2h_error
                 if isinstance(d2h, _StreamMark):
                     assert job.gpu_block_ids is not None
-                    with d2h.after():
-                        d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots)
+                    if self._abandoned(job.job_id):
+                        raise _Abandoned  # the GPU blocks may hold other KV now: do not copy
+                    d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots, after=d2h)
                 d2h.wait()
+                if self._end_gpu_read(job.job_id):
+                    raise _Abandoned
                 nbytes += len(job.keys) * self.pool.slot_nbytes
                 self._stats["d2h_blocks"] += len(job.keys)
+            except _Abandoned:
+                logger.warning(
+                    "store job %d: abandoned before its GPU->host copy finished; its %d blocks "
+                    "fail (their GPU blocks may have been reused)",
+                    job.job_id,
+                    len(job.keys),
+                )
+                failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
+                self._stats["abandoned_store_blocks"] += len(job.keys)
             except Exception as e:
                 logger.warning("store job %d: GPU->host copy failed: %s", job.job_id, e)
                 failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
@@ -475,22 +557,41 @@ class JobExecutor:
             out["ssd"] = self.ssd.stats()
         return out
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Finish in-flight jobs (acknowledged stores reach SSD), then close what we own."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._lock:
-            handles = list(self._handles.values())
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Finish in-flight jobs (acknowledged stores reach SSD), then close what we own.
+
+        Bounded by `timeout`: if a job is still running then, it may still copy into host
+        slots or have SSD reads land in them, so the pool, transfer engine and SSD store are
+        left open (leaked, an error is logged) rather than unmapped under it; returns False.
+        Calling again later retries. True once everything is closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._released:
+                return True
+            self._closed = True  # no new jobs from here on
+            settled = self._idle.wait_for(lambda: self._submitting == 0, timeout)
+            handles = list(self._handles.values())
+        running = [] if settled else [-1]  # -1: a submit call still in progress
         for h in handles:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 h.wait(remaining)
             except TimeoutError:
-                logger.warning("shutdown: job %d still running", h.job_id)
-        self._threads.shutdown(wait=timeout is None)
+                running.append(h.job_id)
+        if running:
+            self._threads.shutdown(wait=False)
+            logger.error(
+                "shutdown: %d jobs still running after %s s (ids %s); leaving the host pool, "
+                "transfer engine and SSD store open rather than unmapping memory they may use",
+                len(running),
+                timeout,
+                running[:16],
+            )
+            return False
+        self._threads.shutdown(wait=True)
+        self._released = True
         if self.ssd is not None:
             self.ssd.close()
         for obj in self._owns:
             obj.close()
+        return True

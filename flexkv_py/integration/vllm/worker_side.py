@@ -8,7 +8,10 @@ engine on the worker's own CUDA streams). Ordering rules:
   transfer engine orders its copy after the current stream), and decode steps replayed as full
   CUDA graphs call no per-layer hooks, so block ids come from our metadata, never save_kv_layer;
 - `handle_preemptions` (before the next forward) waits for stores reading preempted requests'
-  blocks, which vLLM hands to other requests from that step on;
+  blocks, which vLLM hands to other requests from that step on. The wait is bounded: a store
+  still copying after `flush_timeout_s` is abandoned (all its blocks fail, so KV the late copy
+  reads from reused blocks is never committed; the scheduler learns it from the job's result
+  when the job really ends, and frees its host slots only then) and the step goes on;
 - a load reports its request in finished_recving and its failed blocks in
   get_block_ids_with_load_errors in the same step, so vLLM recomputes them.
 """
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 # Bounded waits: a stuck device must degrade to an error, never hang the engine.
 FLUSH_TIMEOUT_S = 120.0
+SHUTDOWN_TIMEOUT_S = 120.0
 
 
 class WorkerSide:
@@ -44,6 +48,8 @@ class WorkerSide:
         self._config = config
         self._ns = info.namespace.for_rank(tp_rank, pp_rank)
         self.tp_rank = tp_rank
+        self.flush_timeout_s = FLUSH_TIMEOUT_S
+        self.shutdown_timeout_s = SHUTDOWN_TIMEOUT_S
         self._executor: Any | None = None
         # job_id -> (req_id, kind, gpu block ids) for jobs submitted and not yet finished.
         self._inflight: dict[int, tuple[str | None, str, tuple[int, ...]]] = {}
@@ -87,8 +93,37 @@ class WorkerSide:
         self.submit_pending()  # jobs of a step whose wait_for_save has not run yet
         stores = (j for r in meta.flush_req_ids for j in self._req_stores.get(r, ()))
         job_ids = [j for j in stores if j in self._inflight]
-        if job_ids:
-            self._collect(self.executor.wait(job_ids, FLUSH_TIMEOUT_S))
+        if not job_ids:
+            return
+        try:
+            self._collect(self.executor.wait(job_ids, self.flush_timeout_s))
+        except TimeoutError:
+            self._abandon(meta.flush_req_ids, job_ids)
+
+    def _abandon(self, req_ids: set[str], job_ids: list[int]) -> None:
+        """Flush timed out: vLLM reuses the blocks now, so stores still copying them must not
+        be committed. Their results (all blocks failed) reach the scheduler when they end."""
+        abandoned = set(self.executor.abandon(job_ids))
+        logger.error(
+            "rank %d: stores of preempted requests %s not done after %g s; %d of %d jobs "
+            "abandoned: their blocks fail and are not cached (jobs %s)",
+            self.tp_rank,
+            sorted(req_ids),
+            self.flush_timeout_s,
+            len(abandoned),
+            len(job_ids),
+            sorted(abandoned),
+        )
+        self._stats.add("flush_timeouts", 1)
+        self._stats.add("store_abandoned_jobs", len(abandoned))
+        # As the scheduler does on preemption: the requests no longer wait for these stores.
+        for r in req_ids:
+            stores = self._req_stores.get(r)
+            if stores is None:
+                continue
+            stores.difference_update(job_ids)
+            if not stores and r not in self._await_free:
+                del self._req_stores[r]
 
     def submit_pending(self) -> None:
         jobs, self._pending = self._pending, []
@@ -165,5 +200,6 @@ class WorkerSide:
         if self._executor is not None:
             if self._pending:
                 self.submit_pending()
-            self._executor.shutdown()
+            if not self._executor.shutdown(self.shutdown_timeout_s):
+                logger.error("rank %d: FlexKV jobs still running at shutdown", self.tp_rank)
             self._executor = None
