@@ -31,6 +31,9 @@ pub struct DeviceQueue {
     engine_name: &'static str,
 }
 
+/// Bytes of I/O kept in flight per device (at least one op always is).
+const MAX_INFLIGHT_BYTES: usize = 64 << 20;
+
 fn tag(slot: usize, op: usize) -> u64 {
     ((slot as u64) << 32) | op as u64
 }
@@ -43,6 +46,7 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
     let mut slots: Vec<Option<Active>> = Vec::new();
     let mut backlog: VecDeque<(usize, usize)> = VecDeque::new();
     let mut inflight = 0usize;
+    let mut inflight_bytes = 0usize;
     let mut done: Vec<Completion> = Vec::new();
     let mut open = true;
     let admit = |job: Job, slots: &mut Vec<Option<Active>>, backlog: &mut VecDeque<(usize, usize)>| {
@@ -78,17 +82,21 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
                 }
             }
         }
-        while inflight < engine.capacity() {
+        // Bounded by ops (the engine's depth) and by bytes: a few large merged ops already keep
+        // a device busy, and queueing hundreds of MiB more only adds latency.
+        while inflight < engine.capacity() && (inflight == 0 || inflight_bytes < MAX_INFLIGHT_BYTES) {
             let Some(&(slot, op)) = backlog.front() else { break };
             let Some(active) = slots[slot].as_ref() else {
                 backlog.pop_front();
                 continue;
             };
-            if !engine.push(&active.job.ops[op], tag(slot, op)) {
+            let io = &active.job.ops[op];
+            if !engine.push(io, tag(slot, op)) {
                 break;
             }
             backlog.pop_front();
             inflight += 1;
+            inflight_bytes += io.expected_len();
         }
         if inflight == 0 {
             continue;
@@ -100,6 +108,7 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
             gauge.fetch_sub(1, Ordering::Relaxed);
             let finished = match slots[slot].as_mut() {
                 Some(active) => {
+                    inflight_bytes -= active.job.ops[op].expected_len();
                     active.results[op] = Some(result);
                     active.remaining -= 1;
                     active.remaining == 0
