@@ -296,7 +296,9 @@ class TierIndex:
         """End a fill and unpin; a failed fill frees its slot."""
         with self._lock:
             e = self._get(key)
-            if e.host_slot is None or e.host_ready:
+            # A releasing slot (evicted while pinned) is not a fill: committing it would make
+            # the index promise host bytes that are being given up.
+            if e.host_slot is None or e.host_ready or e.releasing:
                 raise IndexStateError(f"key {key.hex()} has no host fill in flight")
             e.pins -= 1
             if ok:
