@@ -108,3 +108,38 @@ def test_journal_faults_never_lose_an_acknowledged_block(tmp_path: Path, spec: s
         assert not acked  # every journal write failed: nothing may be acknowledged
     else:
         assert len(acked) > 60  # failed appends were healed by rewriting the journal
+
+
+def test_closed_handle_never_touches_the_journal(tmp_path: Path) -> None:
+    a = BlockStore(str(tmp_path), 16 * MiB)
+    a.put(b"old", block(b"old", 4096))
+    a.close()
+    with BlockStore(str(tmp_path), 16 * MiB) as b:  # a new owner of the directory
+        for i in range(10):
+            assert b.put(b"new%d" % i, block(b"new%d" % i, 4096)).ok
+        for call in (lambda: a.delete(b"old"), a.clear, a.checkpoint, a.verify):
+            with pytest.raises(ConfigError, match="closed"):
+                call()
+        with pytest.raises(ConfigError, match="closed"):
+            a.put(b"late", b"x")
+    with BlockStore(str(tmp_path), 16 * MiB) as c:
+        assert {b"old", *(b"new%d" % i for i in range(10))} <= set(c.keys())
+
+
+def test_interpreter_exit_while_rust_logs_does_not_abort(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    for run in range(5):
+        d = tmp_path / str(run)
+        d.mkdir()
+        out = subprocess.run(
+            [sys.executable, str(here / "exit_while_logging.py"), str(d)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=here,
+        )
+        assert out.returncode == 0, (out.returncode, out.stderr[-1500:])
+        assert out.stdout.strip() == "exiting"

@@ -104,6 +104,13 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
         engine.reap(1, &mut done);
         for (t, result) in done.drain(..) {
             let (slot, op) = untag(t);
+            // Only an op that is in flight may complete (never count one twice).
+            let in_flight =
+                slots.get(slot).and_then(Option::as_ref).is_some_and(|a| a.results.get(op) == Some(&None));
+            if !in_flight {
+                tracing::error!("completion for an op that is not in flight ({slot}/{op}) ignored");
+                continue;
+            }
             inflight -= 1;
             gauge.fetch_sub(1, Ordering::Relaxed);
             let finished = match slots[slot].as_mut() {

@@ -56,25 +56,30 @@ impl IoEngine for UringEngine {
                 Err(e) => {
                     // Ops already handed to the kernel may still read or write their buffers,
                     // so they are not reported failed while the ring may still complete them:
-                    // retry for a while; only a ring that stays broken gives them up.
+                    // retry for a while. Handing them back from a ring that stays broken would let
+                    // their buffers be reused while the kernel may still write into them (wrong
+                    // KV); a crash instead keeps every acknowledged block (the journal).
                     failures += 1;
                     if failures < 1000 {
                         std::thread::sleep(std::time::Duration::from_millis(1));
                         continue;
                     }
-                    tracing::error!(
-                        "io_uring keeps failing ({e}); failing {} in-flight ops",
+                    let msg = format!(
+                        "flexkv: io_uring failed 1000 times in a row ({e}) with {} ops in flight; aborting",
                         self.expected.len()
                     );
-                    let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                    out.extend(self.expected.drain().map(|(tag, _)| (tag, Err(IoFailure::Errno(errno)))));
-                    return;
+                    tracing::error!("{msg}");
+                    eprintln!("{msg}");
+                    std::process::abort();
                 }
             }
         }
         for cqe in self.ring.completion() {
             let tag = cqe.user_data();
-            let expected = self.expected.remove(&tag).unwrap_or(0);
+            let Some(expected) = self.expected.remove(&tag) else {
+                tracing::error!("io_uring completion for unknown tag {tag:#x} ignored");
+                continue;
+            };
             let res = cqe.result();
             let outcome = if res < 0 {
                 Err(IoFailure::Errno(-res))

@@ -3,8 +3,18 @@
 //! takes the GIL (through pyo3-log). A store thread that logs while holding the store lock
 //! therefore cannot deadlock with a Python thread that holds the GIL and wants that lock.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crossbeam_channel::{Sender, TrySendError};
 use log::{Level, LevelFilter, Log, Metadata, Record};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+/// Set at interpreter exit (atexit): the forwarder then drops records instead of calling into
+/// a Python that is finalizing (which would abort the process).
+static STOPPED: AtomicBool = AtomicBool::new(false);
+/// Held by the forwarder while it is inside Python; `stop` takes it to wait for that call.
+static IN_PYTHON: Mutex<()> = Mutex::new(());
 
 /// Records waiting for the forwarder; beyond this, records are dropped (never block).
 const QUEUE: usize = 4096;
@@ -50,6 +60,10 @@ pub fn init() {
     let python = pyo3_log::Logger::default();
     let spawned = std::thread::Builder::new().name("flexkv-log".into()).spawn(move || {
         while let Ok(r) = rx.recv() {
+            let _in_python = IN_PYTHON.lock();
+            if STOPPED.load(Ordering::Acquire) {
+                continue;
+            }
             python.log(
                 &Record::builder()
                     .level(r.level)
@@ -62,4 +76,18 @@ pub fn init() {
     if spawned.is_err() {
         eprintln!("flexkv_py: could not start the log forwarding thread; Rust logs are dropped");
     }
+}
+
+/// Registered with `atexit`: stop forwarding before the interpreter finalizes. Waits (with the
+/// GIL released) for a record the forwarder may be passing to Python right now.
+#[pyfunction]
+pub fn _stop_log_forwarding(py: Python<'_>) {
+    STOPPED.store(true, Ordering::Release);
+    py.detach(|| drop(IN_PYTHON.lock()));
+}
+
+pub fn register_atexit(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let stop = wrap_pyfunction!(_stop_log_forwarding, m)?;
+    m.py().import("atexit")?.call_method1("register", (stop,))?;
+    Ok(())
 }

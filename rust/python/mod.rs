@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Rust log records reach Python's `logging` under the "flexkv_native" logger.
     log_bridge::init();
+    log_bridge::register_atexit(m)?;
     errors::register(m)?;
     m.add_class::<store::PyBlockStore>()?;
     m.add_class::<store::PyBatchHandle>()?;

@@ -57,14 +57,25 @@ impl JournalFile {
             r.encode_into(&mut buf);
         }
         let ctx = |e| StoreError::io(format!("rewriting {}", path.display()), e);
-        {
-            let mut f = File::create(&tmp).map_err(ctx)?;
-            f.write_all(&buf).map_err(ctx)?;
-            f.sync_all().map_err(ctx)?;
+        // Everything that can fail happens before the rename: until it, the old journal stays
+        // the current one; after it, this handle already points at the new file.
+        let prepared = (|| -> std::io::Result<File> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&buf)?;
+            f.sync_all()?;
+            OpenOptions::new().append(true).open(&tmp)
+        })();
+        let file = match prepared.and_then(|file| std::fs::rename(&tmp, &path).map(|_| file)) {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(ctx(e));
+            }
+        };
+        if let Err(e) = sync_dir(dir) {
+            // The rename is visible to every process; only its survival of a power cut is open.
+            tracing::warn!("fsync of {} after the journal rewrite failed: {e}", dir.display());
         }
-        std::fs::rename(&tmp, &path).map_err(ctx)?;
-        sync_dir(dir).map_err(ctx)?;
-        let file = OpenOptions::new().append(true).open(&path).map_err(ctx)?;
         Ok(JournalFile {
             path,
             file: Some(file),

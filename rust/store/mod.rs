@@ -34,6 +34,9 @@ pub use batch::{Batch, BlockResult, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
 use stats::{Counters, StatValue, StatsSnapshot};
 
+/// Least time between two attempts to rewrite a broken journal.
+const HEAL_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Keys evicted but not yet drained by the owner; older ones are dropped past this.
 const MAX_PENDING_EVICTED: usize = 1 << 20;
 
@@ -55,6 +58,8 @@ pub(crate) struct State {
     pub closed: bool,
     /// The last journal append failed and no rewrite has succeeded since.
     pub journal_broken: bool,
+    /// When the last rewrite of a broken journal was attempted.
+    pub last_heal: Option<std::time::Instant>,
 }
 
 pub(crate) struct Shared {
@@ -83,6 +88,10 @@ impl Shared {
     /// rewritten from the in-memory index instead (which already holds these changes); until
     /// one such rewrite succeeds the journal is "broken" and nothing is acknowledged.
     pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
+        if state.closed {
+            // A closed handle must never rewrite the journal: another process may own it now.
+            return Err(StoreError::Config("store is closed".into()));
+        }
         if count == 0 && !state.journal_broken {
             return Ok(());
         }
@@ -99,13 +108,21 @@ impl Shared {
             match synced {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    tracing::error!("journal append failed ({e}); rewriting the journal from memory");
+                    tracing::error!("journal append failed ({e}); nothing is acknowledged until a rewrite of the journal succeeds");
                     state.journal_broken = true;
+                    state.last_heal = None;
                 }
             }
         }
+        // Broken: rewrite from memory, at most once per HEAL_INTERVAL (a full disk would
+        // otherwise make every batch rewrite the whole journal under the lock).
+        if state.last_heal.is_some_and(|t| t.elapsed() < HEAL_INTERVAL) {
+            return Err(StoreError::Io("journal is unwritable (a rewrite is retried every second)".into()));
+        }
+        state.last_heal = Some(std::time::Instant::now());
         self.compact(state)?;
         state.journal_broken = false;
+        tracing::warn!("journal rewritten from memory; writes are acknowledged again");
         Ok(())
     }
 
@@ -153,6 +170,9 @@ impl Shared {
     }
 
     pub fn maybe_compact(&self, state: &mut State) {
+        if state.closed || state.journal_broken {
+            return;
+        }
         let live = state.index.len() as u64;
         let grown = state.journal.as_ref().is_some_and(|j| j.records > 2 * live + 65_536);
         if grown {
@@ -336,6 +356,9 @@ impl BlockStore {
             return Err(StoreError::Config("store was opened read-only".into()));
         }
         let mut state = self.shared.state.lock();
+        if state.closed {
+            return Err(StoreError::Config("store is closed".into()));
+        }
         let mut buf = Vec::new();
         let mut removed = 0u64;
         for key in keys {
@@ -367,6 +390,9 @@ impl BlockStore {
 
     /// Read every block; returns keys whose data failed verification or could not be read.
     pub fn verify(&self) -> Result<Vec<Vec<u8>>> {
+        if self.shared.state.lock().closed {
+            return Err(StoreError::Config("store is closed".into()));
+        }
         let keys = self.keys();
         let mut bad = Vec::new();
         for chunk in keys.chunks(64) {
@@ -390,6 +416,9 @@ impl BlockStore {
 
     pub fn checkpoint(&self) -> Result<()> {
         let mut state = self.shared.state.lock();
+        if state.closed {
+            return Err(StoreError::Config("store is closed".into()));
+        }
         self.shared.compact(&mut state)
     }
 

@@ -221,6 +221,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
             evicted: VecDeque::new(),
             closed: false,
             journal_broken: false,
+            last_heal: None,
         }),
         cfg,
         dirs,
