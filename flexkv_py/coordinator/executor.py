@@ -17,6 +17,14 @@ A caller that stops waiting for a store while its GPU->host copy may still run (
 preempted request's blocks) calls `abandon`: the job's blocks fail, so nothing the late copy read
 is ever committed. Its host slots stay pinned until the job really ends, so the late copy only
 lands in memory nobody else uses.
+
+A store reads GPU memory only in its GPU->host copy; its SSD write-through (and, for a store
+reusing evicted slots, the spill before the copy) reads host slots. So "GPU read done" is reported
+apart from job completion: `poll_gpu_reads` names each store job once its copy finished, failed
+or will never be issued (abandoned, submit failed, job crashed), and `wait_gpu_reads` blocks on
+that alone. The caller may reuse the job's GPU blocks from then on, while the job still runs.
+A copy issued at submit is watched through its transfer handle, so the report does not wait for
+a job thread (those may all be busy with SSD writes).
 """
 
 from __future__ import annotations
@@ -105,6 +113,21 @@ class _StreamMark:
             self.event.record(torch.cuda.current_stream(device))
 
 
+class _GpuRead:
+    """A store job that may still read GPU blocks: its copy once issued, and whether the caller
+    abandoned it (see JobExecutor.abandon)."""
+
+    __slots__ = ("abandoned", "copy")
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.copy: TransferHandleLike | None = None
+
+    def copied(self) -> bool:
+        """The copy was issued and has finished (or failed): no GPU read left."""
+        return self.copy is not None and self.copy.done()
+
+
 class _Abandoned(Exception):
     """The job was abandoned while it could still read GPU blocks."""
 
@@ -184,8 +207,11 @@ class JobExecutor:
         self._submit_lock = threading.Lock()  # one transfer submit at a time
         self._handles: dict[int, JobHandle] = {}
         self._finished: dict[int, JobResult] = {}
-        # Store jobs that may still read GPU blocks -> abandoned by the caller (see abandon).
-        self._reading: dict[int, bool] = {}
+        # Store jobs that may still read GPU blocks (see abandon, wait_gpu_reads).
+        self._reading: dict[int, _GpuRead] = {}
+        self._read_ended = threading.Condition(self._lock)  # an entry left _reading / got a copy
+        # Store jobs reading GPU blocks whose end of reading poll_gpu_reads has not reported.
+        self._unreported_reads: set[int] = set()
         self._submitting = 0  # submit calls in progress (shutdown waits for them)
         self._side_streams: dict[Any, Any] = {}  # CUDA device -> side stream for chained stores
         self._owns = list(owns)
@@ -215,12 +241,13 @@ class JobExecutor:
                 raise RuntimeError("job executor is shut down")
             self._submitting += 1
             if reads_gpu:
-                self._reading[job.job_id] = False
+                self._reading[job.job_id] = _GpuRead()
         try:
             return self._submit(job, fill, reads_gpu)
         except BaseException:
             with self._lock:
                 self._reading.pop(job.job_id, None)
+                self._read_ended.notify_all()
             raise
         finally:
             with self._lock:
@@ -244,13 +271,17 @@ class JobExecutor:
                         d2h = _StreamMark(self.transfer)
                     else:
                         d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots)
+                        self._issued(job.job_id, d2h)
                 except Exception as e:  # bad ids, engine closed: fail the blocks, keep going
                     d2h_error = e
+                    self._end_gpu_read(job.job_id)  # no copy: nothing reads the GPU blocks
             run = self._runner(job, d2h, d2h_error, started, fill)
             future = self._threads.submit(self._guard, job, started, run)
         handle = JobHandle(job, future)
         with self._lock:
             self._handles[job.job_id] = handle
+            if reads_gpu:
+                self._unreported_reads.add(job.job_id)
         future.add_done_callback(self._on_done)
         return handle
 
@@ -286,8 +317,7 @@ class JobExecutor:
                 seconds=time.perf_counter() - started,
             )
         finally:
-            with self._lock:
-                self._reading.pop(job.job_id, None)
+            self._end_gpu_read(job.job_id)
         self._stats[f"jobs_{job.kind}"] += 1
         for reason in result.failed.values():
             self._stats[f"failed_{job.kind}_{reason}"] += 1
@@ -305,6 +335,7 @@ class JobExecutor:
             out = list(self._finished.values())
             for r in out:
                 del self._handles[r.job_id]
+                self._unreported_reads.discard(r.job_id)
             self._finished.clear()
         return out
 
@@ -323,6 +354,7 @@ class JobExecutor:
             for handle in handles:
                 if self._handles.pop(handle.job_id, None) is not None:
                     self._finished.pop(handle.job_id, None)
+                    self._unreported_reads.discard(handle.job_id)
                     out.append(handle.wait(0))  # done: returns at once
         return out
 
@@ -335,20 +367,79 @@ class JobExecutor:
         out: list[int] = []
         with self._lock:
             for job_id in job_ids:
-                if job_id in self._reading:
-                    self._reading[job_id] = True
+                read = self._reading.get(job_id)
+                if read is not None and not read.copied():
+                    read.abandoned = True
                     out.append(job_id)
         self._stats["jobs_abandoned"] += len(out)
         return out
 
     def _abandoned(self, job_id: int) -> bool:
         with self._lock:
-            return self._reading.get(job_id, False)
+            read = self._reading.get(job_id)
+            return read is not None and read.abandoned
+
+    def _issued(self, job_id: int, copy: TransferHandleLike) -> None:
+        """The job's GPU->host copy is issued: its end can be seen without the job thread."""
+        with self._lock:
+            read = self._reading.get(job_id)
+            if read is not None:
+                read.copy = copy
+                self._read_ended.notify_all()
 
     def _end_gpu_read(self, job_id: int) -> bool:
-        """The job's GPU->host copy finished; True if it was abandoned before that."""
+        """The job reads no GPU block any more (its copy finished or will never be issued);
+        True if it was abandoned before that."""
         with self._lock:
-            return self._reading.pop(job_id, False)
+            read = self._reading.pop(job_id, None)
+            if read is None:
+                return False
+            self._read_ended.notify_all()
+            return read.abandoned
+
+    def _still_reading(self, job_id: int) -> bool:
+        read = self._reading.get(job_id)
+        return read is not None and not read.copied()
+
+    def poll_gpu_reads(self) -> list[int]:
+        """Store jobs whose GPU->host copy ended (finished, failed, abandoned or never issued)
+        since the last call: their GPU blocks may be reused, although the jobs may still run
+        (SSD write-through). Non-blocking. Each job is named once, and no later than its result
+        is available from `poll`/`wait`; a job whose result was taken before is not named (the
+        result says more). Only store jobs that read GPU blocks are named."""
+        with self._lock:
+            out = sorted(j for j in self._unreported_reads if not self._still_reading(j))
+            self._unreported_reads.difference_update(out)
+        return out
+
+    def wait_gpu_reads(self, job_ids: Iterable[int], timeout: float | None = None) -> None:
+        """Block until none of these jobs reads GPU blocks any more (see `poll_gpu_reads`,
+        which still names them). Unknown or finished ids are ignored. TimeoutError if a copy is
+        still running after `timeout`; nothing is consumed either way."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job_id in job_ids:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with self._lock:
+                    if not self._still_reading(job_id):
+                        break
+                    copy = self._reading[job_id].copy
+                    if copy is None:  # not issued yet (spill first): the job thread tells us
+                        if remaining is not None and remaining <= 0:
+                            raise TimeoutError(
+                                f"job {job_id}: GPU->host copy not issued after {timeout} s"
+                            )
+                        self._read_ended.wait(remaining)
+                        continue
+                try:
+                    copy.wait(remaining)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"job {job_id}: GPU->host copy not done after {timeout} s"
+                    ) from None
+                except Exception:
+                    pass  # the copy failed: it reads nothing any more
+                break
 
     def pending(self) -> int:
         with self._lock:
@@ -448,6 +539,7 @@ class JobExecutor:
                     if self._abandoned(job.job_id):
                         raise _Abandoned  # the GPU blocks may hold other KV now: do not copy
                     d2h = self._submit_transfer("d2h", job.gpu_block_ids, job.host_slots, after=d2h)
+                    self._issued(job.job_id, d2h)
                 d2h.wait()
                 if self._end_gpu_read(job.job_id):
                     raise _Abandoned
@@ -465,6 +557,8 @@ class JobExecutor:
             except Exception as e:
                 logger.warning("store job %d: GPU->host copy failed: %s", job.job_id, e)
                 failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
+            finally:
+                self._end_gpu_read(job.job_id)  # the GPU blocks are free to reuse from here
         todo = [
             (k, s)
             for k, s, w in zip(job.keys, job.host_slots, job.ssd_write, strict=True)

@@ -186,6 +186,12 @@ class FlexKVConnectorV1(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler_side.request_finished(request, block_ids)
 
+    def has_pending_push_work(self) -> bool:
+        # A finished request's blocks are freed once its stores' GPU->host copies are done;
+        # the engine keeps stepping until those stores report back (SSD write-through), so
+        # the manager commits them now rather than whenever the next request comes.
+        return self._scheduler is not None and self._scheduler.has_pending_stores()
+
     def take_events(self) -> Iterable[KVCacheEvent]:
         return self.scheduler_side.take_events()
 

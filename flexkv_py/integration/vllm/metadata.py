@@ -6,8 +6,9 @@ each belongs to, and request-level instructions (flush stores of preempted reque
 delayed-free requests' stores are done).
 
 Workers -> scheduler (`FlexKVWorkerMetadata`, folded across ranks by vLLM with `aggregate`): the
-per-rank result of every finished job, each rank's SSD inventory once after start, and transfer
-counters.
+per-rank result of every finished job, how many ranks ended each store's GPU->host copy (the
+request's GPU blocks are no longer read there; the job may still be writing to SSD), each rank's
+SSD inventory once after start, and transfer counters.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def _merge_lists(a: dict[int, list[Any]], b: dict[int, list[Any]]) -> dict[int, 
 class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     # job_id -> one JobResult per rank that finished it (the scheduler waits for all ranks).
     results: dict[int, list[Any]] = field(default_factory=dict)
+    # store job_id -> number of ranks whose GPU->host copy of it ended (each rank counts once,
+    # no later than its result; the scheduler waits for all ranks, as for results).
+    gpu_read_done: dict[int, int] = field(default_factory=dict)
     # tp_rank -> logical keys this rank's SSD tier holds (sent once, after register_kv_caches).
     inventories: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
     # Numeric transfer counters, summed over ranks.
@@ -64,11 +68,15 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
         counters = dict(self.counters)
         for k, v in other.counters.items():
             counters[k] = counters.get(k, 0) + v
+        reads = dict(self.gpu_read_done)
+        for job_id, n in other.gpu_read_done.items():
+            reads[job_id] = reads.get(job_id, 0) + n
         return FlexKVWorkerMetadata(
             results=_merge_lists(self.results, other.results),
+            gpu_read_done=reads,
             inventories={**self.inventories, **other.inventories},
             counters=counters,
         )
 
     def is_empty(self) -> bool:
-        return not (self.results or self.inventories or self.counters)
+        return not (self.results or self.gpu_read_done or self.inventories or self.counters)

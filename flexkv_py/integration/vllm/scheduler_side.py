@@ -5,7 +5,9 @@ vLLM's request lifecycle into manager calls and picklable jobs:
 
 - lookup: full blocks beyond the local GPU hit, answered as an asynchronous load;
 - store: blocks are offloaded as they fill (prefill chunks and decode), not only at finish;
-- finish: GPU blocks stay allocated (delay_free) only while a store still reads them;
+- finish: GPU blocks stay allocated (delay_free) only while a store still reads them: until every
+  rank reported the store's GPU->host copy ended (`gpu_read_done`), not until its SSD
+  write-through is done; the manager still commits or fails the keys only from the job's results;
 - preemption: workers finish the stores of preempted requests before the blocks are reused.
 """
 
@@ -48,7 +50,7 @@ class _RequestState:
     request: Request
     # Leading blocks already handed to the store planner (stored, in flight, or skipped).
     planned_blocks: int = 0
-    # Store jobs that still read GPU blocks this request holds.
+    # Store jobs that still read GPU blocks this request holds (on some rank).
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
     # Between the async-load answer and the request's finished_recving (vLLM's view).
@@ -58,10 +60,13 @@ class _RequestState:
 
 @dataclass
 class _JobInfo:
+    job_id: int
     req_id: str | None
     kind: str
     keys: tuple[bytes, ...]
     results: list[Any] = field(default_factory=list)
+    # Ranks whose GPU->host copy of this store ended (counted like results: one per rank).
+    gpu_read_ranks: int = 0
 
 
 class SchedulerSide:
@@ -140,7 +145,7 @@ class SchedulerSide:
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
         else:
-            self._jobs[job.job_id] = _JobInfo(request.request_id, "load", keys)
+            self._jobs[job.job_id] = _JobInfo(job.job_id, request.request_id, "load", keys)
             state.load_job = job.job_id
             for k in keys:
                 self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
@@ -202,7 +207,7 @@ class SchedulerSide:
         if job is None:
             return
         self._remember_origins(req, start, hashes)
-        self._jobs[job.job_id] = _JobInfo(req.request_id, "store", tuple(job.keys))
+        self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
 
@@ -243,6 +248,13 @@ class SchedulerSide:
                 self._mgr.adopt_ssd_keys(ranks)
                 self._inventory_ready = True
                 logger.info("adopted %d SSD blocks from %d ranks", min(map(len, ranks)), len(ranks))
+        for job_id, nranks in meta.gpu_read_done.items():
+            info = self._jobs.get(job_id)
+            if info is None:
+                continue
+            info.gpu_read_ranks += nranks
+            if info.gpu_read_ranks >= self._info.num_workers:
+                self._gpu_read_done(info)
         for job_id, results in meta.results.items():
             info = self._jobs.get(job_id)
             if info is None:
@@ -253,8 +265,19 @@ class SchedulerSide:
 
     def _add_background(self, job: Any) -> None:
         """Spills and SSD deletes: no request, but spills must report back to free slots."""
-        self._jobs[job.job_id] = _JobInfo(None, str(job.kind), tuple(job.keys))
+        self._jobs[job.job_id] = _JobInfo(job.job_id, None, str(job.kind), tuple(job.keys))
         self._step_jobs.append(JobEntry(None, "background", job))
+
+    def _gpu_read_done(self, info: _JobInfo) -> None:
+        """Every rank's GPU->host copy of a store ended: its request's blocks are not read any
+        more (the job may still write to SSD; the manager hears of it from the results)."""
+        if info.kind != "store" or info.req_id is None:
+            return
+        state = self._reqs.get(info.req_id)
+        if state is None:
+            return
+        state.store_jobs.discard(info.job_id)
+        self._maybe_forget(info.req_id)
 
     def _finish_job(self, job_id: int, info: _JobInfo) -> None:
         del self._jobs[job_id]
@@ -338,6 +361,10 @@ class SchedulerSide:
             return None
         stats, self._stats = self._stats, FlexKVConnectorStats()
         return stats
+
+    def has_pending_stores(self) -> bool:
+        """Store jobs not yet finished on every rank (their requests may be gone)."""
+        return any(info.kind == "store" for info in self._jobs.values())
 
     def has_work(self) -> bool:
         return bool(self._jobs or self._step_jobs or self._delayed_free)

@@ -7,11 +7,18 @@ engine on the worker's own CUDA streams). Ordering rules:
   the order the scheduler created them — a store copies only KV the model already wrote (the
   transfer engine orders its copy after the current stream), and decode steps replayed as full
   CUDA graphs call no per-layer hooks, so block ids come from our metadata, never save_kv_layer;
-- `handle_preemptions` (before the next forward) waits for stores reading preempted requests'
-  blocks, which vLLM hands to other requests from that step on. The wait is bounded: a store
-  still copying after `flush_timeout_s` is abandoned (all its blocks fail, so KV the late copy
-  reads from reused blocks is never committed; the scheduler learns it from the job's result
-  when the job really ends, and frees its host slots only then) and the step goes on;
+- a store reads GPU blocks only in its GPU->host copy. Once that copy ended on this rank (the
+  executor's `poll_gpu_reads`), the job no longer holds its request's blocks here, although its
+  SSD write-through may still run: the rank names the job in the worker metadata
+  (`gpu_read_done`, counted per rank by the scheduler like job results) and a finished request
+  whose stores all ended their copies is reported in finished_sending (vLLM frees its blocks once
+  every rank did);
+- `handle_preemptions` (before the next forward) waits for the GPU->host copies of stores reading
+  preempted requests' blocks, which vLLM hands to other requests from that step on (not for their
+  SSD writes). The wait is bounded: a store still copying after `flush_timeout_s` is abandoned
+  (all its blocks fail, so KV the late copy reads from reused blocks is never committed; the
+  scheduler learns it from the job's result when the job really ends, and frees its host slots
+  only then) and the step goes on;
 - a load reports its request in finished_recving and its failed blocks in
   get_block_ids_with_load_errors in the same step, so vLLM recomputes them.
 """
@@ -53,7 +60,10 @@ class WorkerSide:
         self._executor: Any | None = None
         # job_id -> (req_id, kind, gpu block ids) for jobs submitted and not yet finished.
         self._inflight: dict[int, tuple[str | None, str, tuple[int, ...]]] = {}
+        # req_id -> its store jobs whose GPU->host copy has not ended on this rank.
         self._req_stores: dict[str, set[int]] = {}
+        # Submitted store jobs whose end of GPU reading is not yet in the worker metadata.
+        self._reads_unreported: set[int] = set()
         self._await_free: set[str] = set()
         self._pending: list[JobEntry] = []
         self._finished_recving: set[str] = set()
@@ -91,14 +101,17 @@ class WorkerSide:
         # Stores of the previous steps are all submitted (wait_for_save ran); wait for those
         # reading the preempted requests' blocks.
         self.submit_pending()  # jobs of a step whose wait_for_save has not run yet
+        self._collect_reads(self.executor.poll_gpu_reads())
         stores = (j for r in meta.flush_req_ids for j in self._req_stores.get(r, ()))
         job_ids = [j for j in stores if j in self._inflight]
         if not job_ids:
             return
         try:
-            self._collect(self.executor.wait(job_ids, self.flush_timeout_s))
+            # Only the copies read the blocks: SSD writes of these stores may go on.
+            self.executor.wait_gpu_reads(job_ids, self.flush_timeout_s)
         except TimeoutError:
             self._abandon(meta.flush_req_ids, job_ids)
+        self._collect_reads(self.executor.poll_gpu_reads())
 
     def _abandon(self, req_ids: set[str], job_ids: list[int]) -> None:
         """Flush timed out: vLLM reuses the blocks now, so stores still copying them must not
@@ -137,10 +150,13 @@ class WorkerSide:
             job_id = entry.job.job_id
             self._inflight[job_id] = (entry.req_id, entry.kind, entry.gpu_block_ids)
             self.executor.submit(entry.job)
+            if entry.kind == "store":
+                self._reads_unreported.add(job_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._executor is not None:
             self._collect(self._executor.poll())
+            self._collect_reads(self._executor.poll_gpu_reads())
         sending = {r for r in self._await_free if not self._req_stores.get(r)}
         self._await_free -= sending
         for r in sending:
@@ -171,12 +187,26 @@ class WorkerSide:
                     self._finished_recving.add(req_id)
             elif kind == "store":
                 self._stats.add("store_failed_blocks", len(getattr(res, "failed", {}) or {}))
-                if req_id is not None:
-                    stores = self._req_stores.get(req_id)
-                    if stores is not None:
-                        stores.discard(res.job_id)
-                        if not stores and req_id not in self._await_free:
-                            del self._req_stores[req_id]
+                self._read_done(res.job_id, req_id)  # a finished job reads nothing any more
+
+    def _collect_reads(self, job_ids: list[int]) -> None:
+        """Store jobs whose GPU->host copy ended on this rank (they may still write to SSD)."""
+        for job_id in job_ids:
+            entry = self._inflight.get(job_id)
+            self._read_done(job_id, entry[0] if entry is not None else None)
+
+    def _read_done(self, job_id: int, req_id: str | None) -> None:
+        if job_id not in self._reads_unreported:
+            return  # reported already (the copy's end, then the job's result)
+        self._reads_unreported.discard(job_id)
+        self._out.gpu_read_done[job_id] = self._out.gpu_read_done.get(job_id, 0) + 1
+        if req_id is None:
+            return
+        stores = self._req_stores.get(req_id)
+        if stores is not None:
+            stores.discard(job_id)
+            if not stores and req_id not in self._await_free:
+                del self._req_stores[req_id]
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
