@@ -1,4 +1,4 @@
-"""Test-wide settings.
+"""Test-wide settings and fixtures.
 
 Hypothesis runs derandomized by default, so CI explores the same examples on every run and a
 failure reproduces anywhere; `HYPOTHESIS_PROFILE=explore` draws fresh random examples (and more
@@ -9,8 +9,25 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("default", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's FLEXKV_* / DYNAMO_USE_FLEXKV settings."""
+    for name in list(os.environ):
+        if name.startswith("FLEXKV_") or name == "DYNAMO_USE_FLEXKV":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A local model directory holding only a tiny config.json (vLLM tests, no weights)."""
+    import vllm_harness
+
+    return vllm_harness.tiny_model_dir(tmp_path_factory.mktemp("model"))

@@ -23,18 +23,6 @@ from flexkv_py.integration.vllm import FlexKVConnectorStats, FlexKVConnectorV1
 BS = 16
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return vh.tiny_model_dir(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLEXKV_") or name == "DYNAMO_USE_FLEXKV":
-            monkeypatch.delenv(name)
-
-
 def host_only(**kw: Any) -> dict[str, Any]:
     return {"cpu_cache_gb": 0.004, **kw}
 

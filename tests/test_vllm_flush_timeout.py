@@ -11,7 +11,6 @@ must never be committed, and nothing may leak or load wrong KV afterwards.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -23,18 +22,6 @@ from flexkv_py.integration.vllm import worker_side
 
 BS = 16
 WORKER_LOG = "flexkv_py.integration.vllm.worker_side"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return vh.tiny_model_dir(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLEXKV_") or name == "DYNAMO_USE_FLEXKV":
-            monkeypatch.delenv(name)
 
 
 def _engine(model_dir: str, **kw: Any) -> vh.Engine:

@@ -11,7 +11,6 @@ output aggregation (vllm_harness), the coordinator, the host pool, the native SS
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import threading
 from collections.abc import Callable, Iterable
@@ -33,18 +32,6 @@ from flexkv_py.transfer import describe_kv_caches
 BS = 16
 GATE_S = 60.0  # a safety bound only: every test opens its gates itself
 WORKER_LOG = "flexkv_py.integration.vllm.worker_side"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return vh.tiny_model_dir(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLEXKV_") or name == "DYNAMO_USE_FLEXKV":
-            monkeypatch.delenv(name)
 
 
 class SsdGate:
