@@ -18,7 +18,7 @@ import pytest
 import torch
 import vllm_harness as vh
 
-from flexkv_py.integration.vllm import worker_side
+from flexkv_py.integration.vllm import FlexKVConnectorV1, worker_side
 
 BS = 16
 WORKER_LOG = "flexkv_py.integration.vllm.worker_side"
@@ -83,6 +83,12 @@ def test_flush_timeout_abandons_the_stores_and_never_commits_them(
     assert not e.mismatches()  # B's resume did not load the late copy's wrong KV
     # The abandoned store's 4 blocks failed (never committed); every other store succeeded.
     assert _manager_stats(e)["store_failed_blocks"] == 4
+    # ... and the connector's stats (what vLLM logs and Prometheus exports) say so.
+    total = FlexKVConnectorV1.build_kv_connector_stats()
+    for s in e.stats:
+        total.aggregate(FlexKVConnectorV1.build_kv_connector_stats(s))
+    reduced = total.reduce()
+    assert reduced["flush_timeouts"] == 1 and reduced["store_abandoned_jobs"] >= 1
     assert e.outputs["A"] == _reference_outputs(model_dir, a_prompt, 40)
     assert e.outputs["B"] == _reference_outputs(model_dir, b_prompt, 8)
     vh.assert_no_leaks(e)

@@ -33,6 +33,8 @@ COUNTERS = (
     "store_bytes",
     "store_seconds",
     "store_failed_blocks",
+    "flush_timeouts",  # preemption flushes that gave up waiting for a GPU->host copy
+    "store_abandoned_jobs",  # stores failed because their GPU blocks were reused mid-copy
 )
 
 
