@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flexkv_py import _native
-from flexkv_py.index.namespace import _SHARD_TAG, PREFIX_LEN
+from flexkv_py.index.namespace import PREFIX_LEN, SHARD_TAG
 
 DATA_FILE = "flexkv-blocks.dat"
 LOCK_FILE = "flexkv.lock"
@@ -115,7 +115,7 @@ def lock_holder(directory: Path) -> str | None:
 
 
 def _rank_name(tag: bytes) -> str:
-    tp, pp = _SHARD_TAG.unpack(tag)
+    tp, pp = SHARD_TAG.unpack(tag)
     return f"tp{tp}-pp{pp}"
 
 
@@ -131,7 +131,7 @@ def inspect_shard(name: str, paths: list[Path], verify: bool) -> ShardReport:
         report.stats = dict(store.stats())
         namespaces: Counter[str] = Counter()
         ranks: Counter[str] = Counter()
-        tag_len = _SHARD_TAG.size
+        tag_len = SHARD_TAG.size
         for key in store.keys():
             if len(key) > tag_len + PREFIX_LEN:
                 ranks[_rank_name(key[:tag_len])] += 1

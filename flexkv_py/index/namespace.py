@@ -22,7 +22,8 @@ from flexkv_py.errors import ConfigError
 PREFIX_LEN = 16
 # Bump when the page format changes so old SSD contents stop matching.
 FORMAT_VERSION = 1
-_SHARD_TAG = struct.Struct(">HH")
+# Rank tag in front of every stored key: (tp_rank, pp_rank), big-endian u16 each.
+SHARD_TAG = struct.Struct(">HH")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Namespace:
     # --- per-rank isolation (worker side) ---
     @cached_property
     def shard_tag(self) -> bytes:
-        return _SHARD_TAG.pack(self.tp_rank, self.pp_rank)
+        return SHARD_TAG.pack(self.tp_rank, self.pp_rank)
 
     @property
     def shard_dir_name(self) -> str:
