@@ -15,6 +15,7 @@ import torch
 import vllm_harness as vh
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import RequestStatus
 
 from flexkv_py.errors import ConfigError
@@ -151,9 +152,21 @@ def test_restart_with_same_ssd_dir_still_hits(model_dir: str, tmp_path: Path) ->
     e1.shutdown()
 
     e2 = engine(model_dir, extra)  # new connectors, scheduler and KV tensors
+    # Record what vLLM's scheduler gets for its hit-source metrics (the real method runs).
+    sources: list[dict[CacheHitSource, int]] = []
+    connector = e2.scheduler.connector
+    real_sources = connector.get_external_cache_hit_sources
+
+    def recording(request: Any, num_tokens: int) -> dict[CacheHitSource, int]:
+        sources.append(real_sources(request, num_tokens))
+        return sources[-1]
+
+    connector.get_external_cache_hit_sources = recording  # type: ignore[method-assign]
     b = e2.add(vh.make_request("B", prompt, max_tokens=3))
     e2.run_until(prompt_done(b))
     assert loaded(e2, "B"), "no hit after restart"
+    # The restart's hits come from disk (the SSD tier), and vLLM is told so.
+    assert sources == [{CacheHitSource.DISK: 4 * BS}]
     assert all(torch.equal(x, y) for x, y in zip(bits_a, block_bits(e2, "B", 4), strict=True))
     e2.run()
     assert e2.workers[0].model.written["B"] == 3

@@ -175,6 +175,18 @@ class FlexKVConnectorV1(KVConnectorBase_V1):
     ) -> None:
         self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
 
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        """External hits split into host memory (HOST) and SSD (DISK) tokens."""
+        split = self.scheduler_side.take_hit_sources(request)
+        if not num_external_tokens:
+            return {}
+        if not split or sum(split.values()) != num_external_tokens:
+            return {self._cache_hit_source: num_external_tokens}
+        names = {"cpu": CacheHitSource.HOST, "ssd": CacheHitSource.DISK}
+        return {names[tier]: tokens for tier, tokens in split.items()}
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self.scheduler_side.build_connector_meta(scheduler_output)
 

@@ -86,6 +86,8 @@ class SchedulerSide:
         # req_id -> (local tokens given to the lookup, hit blocks): remembered between
         # get_num_new_matched_tokens and update_state_after_alloc.
         self._lookups: dict[str, tuple[int, int]] = {}
+        # req_id -> tokens of its external hit per tier, for vLLM's hit-source metrics.
+        self._hit_sources: dict[str, dict[str, int]] = {}
         self._jobs: dict[int, _JobInfo] = {}
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
@@ -142,6 +144,8 @@ class SchedulerSide:
         job = self._mgr.prepare_load(list(keys), list(block_ids))
         self._stats.add("hit_blocks", count)
         self._add_tier_hits(job)
+        split = self._tokens_by_tier(job, count, num_external_tokens)
+        self._hit_sources[request.request_id] = split
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
         else:
@@ -153,6 +157,21 @@ class SchedulerSide:
         self._step_jobs.append(JobEntry(request.request_id, "load", job, block_ids))
         # Loaded blocks are already in our tiers: the store planner starts after them.
         state.planned_blocks = max(state.planned_blocks, first + count)
+
+    def _tokens_by_tier(self, job: Any, count: int, num_tokens: int) -> dict[str, int]:
+        """The load's tokens split by the tier each block comes from ("cpu" or "ssd"; blocks
+        that vanished count as "cpu": they are recomputed, and vLLM wants the counts to add up)."""
+        tiers = list(getattr(job, "source_tiers", None) or ()) or ["cpu"] * count
+        out: dict[str, int] = {}
+        for i, tier in enumerate(tiers[:count]):
+            tokens = max(0, min(self._bs, num_tokens - i * self._bs))
+            key = "ssd" if tier == "ssd" else "cpu"
+            out[key] = out.get(key, 0) + tokens
+        return {k: v for k, v in out.items() if v}
+
+    def take_hit_sources(self, request: Request) -> dict[str, int] | None:
+        """Tokens of this request's last external hit per tier (then forgotten)."""
+        return self._hit_sources.pop(request.request_id, None)
 
     def _add_tier_hits(self, job: Any) -> None:
         tiers = getattr(job, "source_tiers", None)
@@ -309,6 +328,7 @@ class SchedulerSide:
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
         state = self._reqs.get(request.request_id)
         self._lookups.pop(request.request_id, None)
+        self._hit_sources.pop(request.request_id, None)
         if state is None:
             return False, None
         state.finished = True
