@@ -28,17 +28,6 @@ def host_only(**kw: Any) -> dict[str, Any]:
     return {"cpu_cache_gb": 0.004, **kw}
 
 
-def with_ssd(ssd_dir: Path, **kw: Any) -> dict[str, Any]:
-    ssd_dir.mkdir(parents=True, exist_ok=True)
-    return {
-        "cpu_cache_gb": 0.004,
-        "ssd_cache_gb": 0.03,
-        "ssd_cache_dir": str(ssd_dir),
-        "admission": "write_through",
-        **kw,
-    }
-
-
 def engine(model_dir: str, extra: dict[str, Any], **kw: Any) -> vh.Engine:
     transfer_kw = {k: kw.pop(k) for k in ("kv_role", "failure_policy") if k in kw}
     return vh.Engine(model_dir, vh.connector_transfer_config(extra, **transfer_kw), **kw)
@@ -59,8 +48,8 @@ def stat_total(e: vh.Engine, key: str) -> float:
 
 def prompt_done(req: Any) -> Any:
     """After an async load vLLM sets num_computed_tokens before the KV arrives: wait for RUNNING."""
-    return lambda: req.status == RequestStatus.RUNNING and req.num_computed_tokens >= len(
-        req.prompt_token_ids
+    return lambda: (
+        req.status == RequestStatus.RUNNING and req.num_computed_tokens >= len(req.prompt_token_ids)
     )
 
 
@@ -144,7 +133,7 @@ def test_offload_during_chunked_prefill(model_dir: str) -> None:
 
 # ------------------------------------------------------------------------------------ SSD
 def test_restart_with_same_ssd_dir_still_hits(model_dir: str, tmp_path: Path) -> None:
-    extra = with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(7, 4 * BS)
     e1 = engine(model_dir, extra)
     bits_a = run_prompt_then_snapshot(e1, "A", prompt, 4)
@@ -191,7 +180,7 @@ def _corrupt_ssd(ssd_dir: Path) -> int:
 
 
 def test_corrupt_ssd_data_is_a_load_error_and_recomputed(model_dir: str, tmp_path: Path) -> None:
-    extra = with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(8, 4 * BS)
     e1 = engine(model_dir, extra)
     e1.add(vh.make_request("A", prompt))
@@ -297,7 +286,7 @@ def test_async_scheduler(model_dir: str) -> None:
 
 # ------------------------------------------------------------------------------------ TP, roles
 def test_tp2_each_rank_stores_and_loads_its_own_shard(model_dir: str, tmp_path: Path) -> None:
-    extra = with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     e = engine(model_dir, extra, tp_size=2)
     assert [w.connector.worker_side.tp_rank for w in e.workers] == [0, 1]
     prompt = vh.prompt_tokens(60, 4 * BS)
@@ -323,7 +312,7 @@ def test_tp2_each_rank_stores_and_loads_its_own_shard(model_dir: str, tmp_path: 
 
 
 def test_kv_role_producer_only_stores_consumer_only_loads(model_dir: str, tmp_path: Path) -> None:
-    extra = with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(70, 4 * BS)
     prod = engine(model_dir, extra, kv_role="kv_producer")
     prod.add(vh.make_request("A", prompt))
@@ -382,7 +371,7 @@ def test_multiconnector_child(model_dir: str, tmp_path: Path) -> None:
 def test_dynamo_events(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DYNAMO_USE_FLEXKV", "1")
     # A host tier of 8 slots: the second prompt evicts the first to SSD.
-    extra = with_ssd(tmp_path / "ssd", cpu_cache_gb=8 * 4096 / 2**30, admission="write_back")
+    extra = vh.with_ssd(tmp_path / "ssd", cpu_cache_gb=8 * 4096 / 2**30, admission="write_back")
     e = engine(model_dir, extra)
     a = e.add(vh.make_request("A", vh.prompt_tokens(90, 4 * BS)))
     e.run()
@@ -398,11 +387,15 @@ def test_dynamo_events(model_dir: str, tmp_path: Path, monkeypatch: pytest.Monke
     e.add(vh.make_request("C", vh.prompt_tokens(91, 8 * BS)))
     e.run()
     removed_cpu = {
-        h for ev in e.events if isinstance(ev, BlockRemoved) and ev.medium == "CPU"
+        h
+        for ev in e.events
+        if isinstance(ev, BlockRemoved) and ev.medium == "CPU"
         for h in ev.block_hashes
     }
     on_ssd = {
-        h for ev in e.events if isinstance(ev, BlockStored) and ev.medium == "SSD"
+        h
+        for ev in e.events
+        if isinstance(ev, BlockStored) and ev.medium == "SSD"
         for h in ev.block_hashes
     }
     assert removed_cpu & set(a_hashes), "no CPU eviction event for A's blocks"
@@ -419,9 +412,7 @@ def test_no_events_without_dynamo_switch(model_dir: str) -> None:
 
 
 # ------------------------------------------------------------------------------- metrics, config
-def test_stats_roundtrip_and_prometheus(
-    model_dir: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_stats_roundtrip_and_prometheus(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     e = engine(model_dir, host_only())
     prompt = vh.prompt_tokens(95, 4 * BS)
     e.add(vh.make_request("A", prompt))

@@ -68,16 +68,6 @@ def _hold_d2h(executor: Any) -> threading.Event:
     return gate
 
 
-def _with_ssd(ssd_dir: Path) -> dict[str, Any]:
-    ssd_dir.mkdir(parents=True, exist_ok=True)
-    return {
-        "cpu_cache_gb": 0.004,
-        "ssd_cache_gb": 0.03,
-        "ssd_cache_dir": str(ssd_dir),
-        "admission": "write_through",
-    }
-
-
 def _engine(model_dir: str, extra: dict[str, Any], **kw: Any) -> vh.Engine:
     return vh.Engine(model_dir, vh.connector_transfer_config(extra), **kw)
 
@@ -210,7 +200,7 @@ def test_executor_reports_the_copy_before_the_ssd_write(
 def test_finished_request_is_freed_before_its_ssd_write(
     model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    extra = _with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     e = _engine(model_dir, extra, num_blocks=9)  # 8 usable blocks
     (ws,) = _workers(e)
     ssd = SsdGate(monkeypatch, [ws.executor])
@@ -268,7 +258,7 @@ def test_finished_request_is_freed_before_its_ssd_write(
 def test_tp2_frees_only_when_both_ranks_copied(
     model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    extra = _with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     e = _engine(model_dir, extra, tp_size=2)
     ws0, ws1 = _workers(e)
     ssd = SsdGate(monkeypatch, [ws0.executor, ws1.executor])
@@ -335,7 +325,7 @@ def test_preemption_flush_does_not_wait_for_ssd_writes(
 ) -> None:
     # A flush that waited for the (held) SSD writes would time out and abandon the stores.
     monkeypatch.setattr(worker_side, "FLUSH_TIMEOUT_S", 30.0)
-    extra = _with_ssd(tmp_path / "ssd")
+    extra = vh.with_ssd(tmp_path / "ssd")
     # As in test_vllm_flush_timeout: A decodes while B's 4-block prompt fills the cache, so
     # B is preempted and its blocks go to A in that very step.
     e = _engine(model_dir, extra, num_blocks=7)

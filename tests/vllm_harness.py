@@ -508,3 +508,15 @@ def assert_no_leaks(engine: Engine) -> None:
     pool = mgr.block_pool
     assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1  # minus null block
     assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
+
+
+def with_ssd(ssd_dir: Path, **kw: Any) -> dict[str, Any]:
+    """Connector extra config with a small host tier and a write-through SSD tier."""
+    ssd_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "cpu_cache_gb": 0.004,
+        "ssd_cache_gb": 0.03,
+        "ssd_cache_dir": str(ssd_dir),
+        "admission": "write_through",
+        **kw,
+    }
