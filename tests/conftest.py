@@ -25,6 +25,22 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # vLLM connector tests run with both ways of naming the connector (see vllm_harness).
+    if "connector_form" in metafunc.fixturenames:
+        import vllm_harness
+
+        metafunc.parametrize("connector_form", vllm_harness.CONNECTOR_FORMS, indirect=True)
+
+
+@pytest.fixture
+def connector_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    import vllm_harness
+
+    monkeypatch.setattr(vllm_harness, "CONNECTOR_FORM", request.param)
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A local model directory holding only a tiny config.json (vLLM tests, no weights)."""

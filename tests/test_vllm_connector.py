@@ -5,11 +5,9 @@ vLLM is a test dependency: if it is missing these tests fail at import, they nev
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import vllm_harness as vh
@@ -20,6 +18,9 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py.errors import ConfigError
 from flexkv_py.integration.vllm import FlexKVConnectorStats, FlexKVConnectorV1
+
+# Every test runs with the built-in connector name and with kv_connector_module_path.
+pytestmark = pytest.mark.usefixtures("connector_form")
 
 BS = 16
 
@@ -164,21 +165,6 @@ def test_restart_with_same_ssd_dir_still_hits(model_dir: str, tmp_path: Path) ->
     e2.shutdown()
 
 
-def _corrupt_ssd(ssd_dir: Path) -> int:
-    """Flip bytes all over every data file, past its one-page superblock."""
-    n = 0
-    for f in ssd_dir.rglob("*.dat"):
-        data = np.memmap(f, dtype=np.uint8, mode="r+")
-        data[4096::97] ^= 0xFF
-        data.flush()
-        del data
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-        n += 1
-    return n
-
-
 def test_corrupt_ssd_data_is_a_load_error_and_recomputed(model_dir: str, tmp_path: Path) -> None:
     extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(8, 4 * BS)
@@ -187,8 +173,10 @@ def test_corrupt_ssd_data_is_a_load_error_and_recomputed(model_dir: str, tmp_pat
     e1.run()
     e1.shutdown()
 
-    e2 = engine(model_dir, extra, failure_policy="recompute")
-    assert _corrupt_ssd(tmp_path / "ssd") >= 1
+    # vLLM's kv_load_failure_policy left at its default ("fail"), as on the published lines.
+    e2 = engine(model_dir, extra)
+    assert e2.scheduler.recompute_kv_load_failures
+    assert vh.corrupt_ssd(tmp_path / "ssd") >= 1
     e2.add(vh.make_request("B", prompt))
     e2.run()
     assert any(rec.invalid_block_ids for rec in e2.history), "corruption was not reported"
@@ -348,9 +336,11 @@ def test_multiconnector_child(model_dir: str, tmp_path: Path) -> None:
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"connectors": [flexkv, second]},
-        "kv_load_failure_policy": "recompute",
     }
     e = vh.Engine(model_dir, transfer)
+    # The child set the policy where the scheduler reads it (vLLM's default would be "fail").
+    assert e.vllm_config.kv_transfer_config.kv_load_failure_policy == "recompute"
+    assert e.scheduler.recompute_kv_load_failures
     children = e.connector.sub_connectors
     assert isinstance(children[0], FlexKVConnectorV1)
     assert type(children[1]).__name__ == "ExampleConnector"
@@ -433,12 +423,19 @@ def test_stats_roundtrip_and_prometheus(model_dir: str, monkeypatch: pytest.Monk
 
     assert KVConnectorProm(e.vllm_config, ["model_name"], {0: ["m"]}).prom_metrics is None
     monkeypatch.setenv("FLEXKV_ENABLE_METRICS", "1")
-    prom = KVConnectorProm(e.vllm_config, ["model_name"], {0: ["m"]})
-    assert prom.prom_metrics is not None
-    prom.observe(total.to_dict(), 0)
     from prometheus_client import REGISTRY
 
-    assert REGISTRY.get_sample_value("vllm:flexkv_hit_blocks_total", {"model_name": "m"}) == 4
+    before = set(REGISTRY._collector_to_names)
+    try:
+        prom = KVConnectorProm(e.vllm_config, ["model_name"], {0: ["m"]})
+        assert prom.prom_metrics is not None
+        prom.observe(total.to_dict(), 0)
+        sample = REGISTRY.get_sample_value("vllm:flexkv_hit_blocks_total", {"model_name": "m"})
+        assert sample == 4
+    finally:
+        # The process-wide registry: the test's other connector form registers them again.
+        for collector in set(REGISTRY._collector_to_names) - before:
+            REGISTRY.unregister(collector)
 
 
 def test_extra_config_overrides_env_and_rejects_unknown_keys(

@@ -20,6 +20,9 @@ import vllm_harness as vh
 
 from flexkv_py.integration.vllm import FlexKVConnectorV1, worker_side
 
+# Every test runs with the built-in connector name and with kv_connector_module_path.
+pytestmark = pytest.mark.usefixtures("connector_form")
+
 BS = 16
 WORKER_LOG = "flexkv_py.integration.vllm.worker_side"
 

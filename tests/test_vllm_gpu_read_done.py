@@ -29,6 +29,9 @@ from flexkv_py.integration.vllm import worker_side
 from flexkv_py.integration.vllm.metadata import FlexKVWorkerMetadata
 from flexkv_py.transfer import describe_kv_caches
 
+# Every test runs with the built-in connector name and with kv_connector_module_path.
+pytestmark = pytest.mark.usefixtures("connector_form")
+
 BS = 16
 GATE_S = 60.0  # a safety bound only: every test opens its gates itself
 WORKER_LOG = "flexkv_py.integration.vllm.worker_side"

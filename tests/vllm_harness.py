@@ -1,9 +1,11 @@
 """A CPU stand-in for a vLLM 0.33 engine, built from vLLM's own parts, to drive the connector.
 
-Real: `VllmConfig`, the `Scheduler` / `AsyncScheduler`, `Request`s with the engine's block
-hasher, the KV cache plan (`get_kv_cache_config_from_groups`) and tensors (`allocate_kv_cache`,
-the exact `[B, H, N, C]` views a worker registers), the connector factory (module path), TP
-output aggregation (`KVOutputAggregator`), and `update_from_output`.
+Real: `VllmConfig`, vLLM's general-plugin loading (flexkv-py's entry point points the built-in
+`FlexKVConnectorV1` name at our connector), the `Scheduler` / `AsyncScheduler`, `Request`s
+with the engine's block hasher, the KV cache plan (`get_kv_cache_config_from_groups`) and
+tensors (`allocate_kv_cache`, the exact `[B, H, N, C]` views a worker registers), the connector
+factory (built-in name or module path), TP output aggregation (`KVOutputAggregator`), and
+`update_from_output`.
 
 Stand-in: the model. `FakeModel` writes, for every scheduled token, KV that is a deterministic
 function of the token prefix (like real attention KV), and before each forward checks that the
@@ -41,6 +43,7 @@ from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -51,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.forward_context import get_forward_context, set_forward_context
+from vllm.plugins import load_general_plugins
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -69,6 +73,14 @@ from vllm.v1.worker.utils import allocate_kv_cache
 
 CONNECTOR = "FlexKVConnectorV1"
 MODULE_PATH = "flexkv_py.integration.vllm"
+# How a test names the connector: "builtin" (the published launch lines: the name alone, resolved
+# through flexkv-py's vLLM plugin) or "module_path" (kv_connector_module_path). The suite runs
+# both (conftest's `connector_form`).
+CONNECTOR_FORMS = ("builtin", "module_path")
+CONNECTOR_FORM = "builtin"
+
+# What vLLM does in every process before it builds a connector.
+load_general_plugins()
 NUM_LAYERS = 2
 NUM_KV_HEADS = 2  # total; each TP rank holds NUM_KV_HEADS // tp
 HEAD_SIZE = 16
@@ -107,15 +119,19 @@ def connector_transfer_config(
     extra: dict[str, Any] | None = None,
     *,
     kv_role: str = "kv_both",
-    failure_policy: str = "recompute",
+    failure_policy: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """Our connector's transfer config; `failure_policy` None leaves vLLM's default ("fail")."""
+    out: dict[str, Any] = {
         "kv_connector": CONNECTOR,
         "kv_role": kv_role,
-        "kv_connector_module_path": MODULE_PATH,
         "kv_connector_extra_config": dict(extra or {}),
-        "kv_load_failure_policy": failure_policy,
     }
+    if CONNECTOR_FORM == "module_path":
+        out["kv_connector_module_path"] = MODULE_PATH
+    if failure_policy is not None:
+        out["kv_load_failure_policy"] = failure_policy
+    return out
 
 
 def make_vllm_config(
@@ -128,6 +144,8 @@ def make_vllm_config(
     tp_size: int = 1,
     layout: str = "LBNHC",
     async_scheduling: bool = False,
+    kv_events: dict[str, Any] | None = None,
+    disable_hma: bool | None = None,
 ) -> VllmConfig:
     model_config = copy.copy(_model_config(model_dir))
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
@@ -143,10 +161,12 @@ def make_vllm_config(
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
             async_scheduling=async_scheduling,
+            disable_hybrid_kv_cache_manager=disable_hma,
         ),
         parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(**transfer),
+        kv_events_config=KVEventsConfig(**kv_events) if kv_events is not None else None,
     )
     # The CPU platform turns async scheduling off; a test asking for the CUDA default gets it.
     cfg.scheduler_config.async_scheduling = async_scheduling
@@ -178,6 +198,7 @@ def make_request(
     *,
     max_tokens: int = 4,
     block_size: int = 16,
+    cache_salt: str | None = None,
 ) -> Request:
     global _NONE_HASH_READY
     if not _NONE_HASH_READY:
@@ -189,6 +210,7 @@ def make_request(
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         block_hasher=get_request_block_hasher(block_size, sha256),
+        cache_salt=cache_salt,
     )
 
 
@@ -311,7 +333,14 @@ class Engine:
         max_num_batched_tokens: int = 256,
         layout: str = "LBNHC",
         async_scheduling: bool = False,
+        kv_events: dict[str, Any] | None = None,
+        disable_hma: bool | None = None,
+        process_group: bool = False,
     ) -> None:
+        """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
+        kept. Without it, what the scheduler publishes is recorded in `events`.
+        `process_group`: vLLM's distributed state on a one-process gloo group, as a worker has it
+        (NixlConnector's worker reads its TP rank from it); TP must be 1."""
         self.block_size = block_size
         self.vllm_config = make_vllm_config(
             model_dir,
@@ -321,7 +350,13 @@ class Engine:
             tp_size=tp_size,
             layout=layout,
             async_scheduling=async_scheduling,
+            kv_events=kv_events,
+            disable_hma=disable_hma,
         )
+        self._process_group = process_group
+        if process_group:
+            assert tp_size == 1, "a one-process group holds one rank"
+            _init_process_group(self.vllm_config)
         self.kv_cache_config = make_kv_cache_config(self.vllm_config, num_blocks)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         sched_cls = AsyncScheduler if async_scheduling else Scheduler
@@ -334,8 +369,9 @@ class Engine:
         )
         self.connector = self.scheduler.connector
         self.events: list[Any] = []
-        # update_from_output publishes connector.take_events(); record what it publishes.
-        self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
+        if kv_events is None:
+            # update_from_output publishes connector.take_events(); record what it publishes.
+            self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
         self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
         # One for the engine's lifetime, as vLLM's executor keeps it: a request is finished
         # once every rank has reported it, possibly in different steps.
@@ -495,6 +531,29 @@ class Engine:
         for w in self.workers:
             w.connector.shutdown()
         self.scheduler.shutdown()
+        if self._process_group:
+            from vllm.distributed import parallel_state as ps
+
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
+
+
+def _init_process_group(vllm_config: VllmConfig) -> None:
+    import tempfile
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    rendezvous = Path(tempfile.mkdtemp(prefix="flexkv-pg-")) / "rendezvous"
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"file://{rendezvous}",
+            local_rank=0,
+            backend="gloo",
+        )
+        ensure_model_parallel_initialized(1, 1)
 
 
 def assert_no_leaks(engine: Engine) -> None:
@@ -508,6 +567,23 @@ def assert_no_leaks(engine: Engine) -> None:
     pool = mgr.block_pool
     assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1  # minus null block
     assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
+
+
+def corrupt_ssd(ssd_dir: Path) -> int:
+    """Flip bytes all over every data file, past its one-page superblock."""
+    import numpy as np
+
+    n = 0
+    for f in ssd_dir.rglob("*.dat"):
+        data = np.memmap(f, dtype=np.uint8, mode="r+")
+        data[4096::97] ^= 0xFF
+        data.flush()
+        del data
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        n += 1
+    return n
 
 
 def with_ssd(ssd_dir: Path, **kw: Any) -> dict[str, Any]:

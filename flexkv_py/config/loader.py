@@ -17,7 +17,14 @@ from typing import Any
 import yaml
 
 from flexkv_py.config.model import FlexKVConfig, ResolvedConfig
-from flexkv_py.config.schema import CONFIG_PATH_ENV, ENV_PREFIX, FIELDS, FIELDS_BY_KEY, coerce
+from flexkv_py.config.schema import (
+    CONFIG_PATH_ENV,
+    ENV_PREFIX,
+    FIELDS,
+    FIELDS_BY_KEY,
+    INERT_ENV,
+    coerce,
+)
 from flexkv_py.config.validate import validate
 from flexkv_py.errors import ConfigError
 
@@ -71,8 +78,11 @@ def resolve_config(
         for name in env
         if name.startswith(ENV_PREFIX)
         and name != CONFIG_PATH_ENV
+        and name not in INERT_ENV
         and name.removeprefix(ENV_PREFIX).lower() not in FIELDS_BY_KEY
     )
+    for name in sorted(n for n in INERT_ENV if n in env):
+        logger.info("%s is ignored: %s", name, INERT_ENV[name])
     if unknown_env:
         logger.warning("ignoring unknown FLEXKV_* env vars: %s", ", ".join(unknown_env))
 

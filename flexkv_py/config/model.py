@@ -31,6 +31,9 @@ class FlexKVConfig:
     transfer_engine: str = "auto"
     host_huge_pages: bool = True
     max_file_size_gb: float | None = None
+    load_failure_policy: str = "recompute"
+    instance_num: int = 1
+    instance_id: int = 0
 
     @property
     def ssd_enabled(self) -> bool:

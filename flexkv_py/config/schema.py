@@ -26,6 +26,13 @@ DURABILITIES = ("process", "power")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRANSFER_ENGINES = ("auto", "staged", "triton", "copy_engine", "torch")
 OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+# FlexKV server-mode variables that mean nothing for an in-process tier: one info line each.
+INERT_ENV: dict[str, str] = {
+    "FLEXKV_SERVER_RECV_PORT": "flexkv-py runs inside the engine; there is no FlexKV server",
+    "FLEXKV_ENABLE_MPS": "flexkv-py starts no CUDA MPS daemon",
+}
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -155,6 +162,14 @@ FIELDS: tuple[Field, ...] = (
     Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
     Field("max_file_size_gb", _as_float, None, "FlexKV key, accepted and ignored"),
+    Field(
+        "load_failure_policy",
+        _choice(*LOAD_FAILURE_POLICIES),
+        "recompute",
+        "a failed load recomputes (default) or fails the request (vLLM's policy is set to it)",
+    ),
+    Field("instance_num", _as_int, 1, "FlexKV: engines sharing this node's cache (1 only, yet)"),
+    Field("instance_id", _as_int, 0, "FlexKV: this engine's index among instance_num"),
 )
 
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}

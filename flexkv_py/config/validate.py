@@ -36,6 +36,25 @@ def _check_dir(key: str, path: str) -> None:
         raise ConfigError(f"{key}: directory {path!r} is not writable by this process")
 
 
+def _check_instances(cfg: FlexKVConfig) -> None:
+    """FlexKV's several-engines-per-node mode (one node cache shared by `instance_num` engines)
+    does not exist here yet: refuse it rather than give each engine a full-size private cache."""
+    if cfg.instance_num < 1:
+        raise ConfigError(f"instance_num: must be >= 1, got {cfg.instance_num}")
+    if not 0 <= cfg.instance_id < cfg.instance_num:
+        raise ConfigError(
+            f"instance_id: must be in 0..{cfg.instance_num - 1} (instance_num "
+            f"{cfg.instance_num}), got {cfg.instance_id}"
+        )
+    if cfg.instance_num > 1:
+        raise ConfigError(
+            f"instance_num: {cfg.instance_num} engines sharing one node's cache (FlexKV's "
+            "FLEXKV_INSTANCE_NUM) is not supported by flexkv-py yet; run each engine with its "
+            "own cpu_cache_gb and its own ssd_cache_dir, and unset FLEXKV_INSTANCE_NUM / "
+            "FLEXKV_INSTANCE_ID"
+        )
+
+
 def validate(cfg: FlexKVConfig) -> FlexKVConfig:
     """Raise ConfigError naming the first bad key; return `cfg` unchanged when it is valid."""
     _positive("cpu_cache_gb", cfg.cpu_cache_gb)
@@ -79,6 +98,7 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
                 f"object_store_url: unsupported scheme {scheme!r} in {cfg.object_store_url!r}; "
                 f"expected one of {', '.join(OBJECT_STORE_SCHEMES)}"
             )
+    _check_instances(cfg)
     if cfg.max_file_size_gb is not None:
         _positive("max_file_size_gb", cfg.max_file_size_gb)
         logger.warning("max_file_size_gb is accepted for FlexKV compatibility and ignored")

@@ -2,6 +2,11 @@
 
 vLLM builds one instance per role: SCHEDULER (engine core process) and WORKER (one per rank).
 This class only routes each hook to `SchedulerSide` or `WorkerSide`.
+
+It subclasses vLLM's built-in `FlexKVConnectorV1` shim, so type checks against vLLM's class
+(Dynamo's `PdConnector` checks its first child that way) pass whether it was built through the
+plugin's registry entry or `kv_connector_module_path`. The shim's constructor (which imports the
+original FlexKV) is skipped, and every hook the shim forwards is overridden here.
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (
+    FlexKVConnectorV1 as VllmFlexKVConnectorV1,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from flexkv_py.integration.vllm.coexistence import check_flexkv_owner
+from flexkv_py.integration.vllm.composition import check_child_without_hma, find_parent
 from flexkv_py.integration.vllm.engine_info import (
     read_engine_info,
     read_flexkv_config,
     worker_rank,
 )
+from flexkv_py.integration.vllm.failure_policy import apply_load_failure_policy
 from flexkv_py.integration.vllm.metadata import FlexKVConnectorMetadata
 from flexkv_py.integration.vllm.scheduler_side import SchedulerSide
 from flexkv_py.integration.vllm.stats import (
@@ -54,7 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class FlexKVConnectorV1(KVConnectorBase_V1):
+class FlexKVConnectorV1(VllmFlexKVConnectorV1):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
@@ -63,12 +74,17 @@ class FlexKVConnectorV1(KVConnectorBase_V1):
         role: KVConnectorRole,
         kv_cache_config: KVCacheConfig,
     ) -> None:
-        super().__init__(vllm_config, role, kv_cache_config)
+        # The base connector's constructor, not the shim's (which imports the original FlexKV).
+        KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
+        check_flexkv_owner()
+        self._parent = find_parent()
+        check_child_without_hma(vllm_config, self._parent)
         self._info = read_engine_info(vllm_config, kv_cache_config)
         self._config = read_flexkv_config(vllm_config)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            apply_load_failure_policy(vllm_config, self._parent, self._config.load_failure_policy)
             self._scheduler = SchedulerSide(self._info, self._config, self._bound_kv_cache_manager)
         else:
             tp_rank, pp_rank = worker_rank(vllm_config)
@@ -168,7 +184,12 @@ class FlexKVConnectorV1(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
+        tokens, load_async = self.scheduler_side.get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+        if tokens and self._parent is not None:
+            self._parent.record_loader(request.request_id)
+        return tokens, load_async
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

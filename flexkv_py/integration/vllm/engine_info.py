@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.integration.vllm.events import events_enabled
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -34,7 +35,8 @@ class EngineInfo:
     pp_size: int
     can_load: bool  # kv_role consumer or both
     can_store: bool  # kv_role producer or both
-    load_failure_policy: str
+    # DYNAMO_USE_FLEXKV=1 or vLLM's KV events on: tier events become vLLM KV events.
+    publish_kv_events: bool = False
 
     @property
     def num_workers(self) -> int:
@@ -88,7 +90,7 @@ def read_engine_info(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         pp_size=namespace.pp_size,
         can_load=bool(ktc.is_kv_consumer),
         can_store=bool(ktc.is_kv_producer),
-        load_failure_policy=str(ktc.kv_load_failure_policy),
+        publish_kv_events=events_enabled(vllm_config.kv_events_config),
     )
 
 

@@ -1,6 +1,10 @@
-"""Tier events -> vLLM KV events, so Dynamo's KV router sees blocks in host memory and on SSD.
+"""Tier events -> vLLM KV events, so KV routers see blocks in host memory and on SSD.
 
-Published only when DYNAMO_USE_FLEXKV=1 (FlexKV's switch); otherwise drained and dropped.
+Published when DYNAMO_USE_FLEXKV=1 (FlexKV's switch) or when vLLM's own KV events are on
+(`--kv-events-config` with `enable_kv_cache_events`: other routers, e.g. llm-d's, read the same
+stream); otherwise drained and dropped. The events have the shape of vLLM's own prefix-cache
+events (token ids, block size, parent hash, LoRA, per-block extra keys, group 0), with the medium
+("CPU" or "SSD") that gained or lost the block.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 MEDIA = {"CPU", "SSD"}
 
 
-def events_enabled() -> bool:
-    return os.environ.get("DYNAMO_USE_FLEXKV", "0").strip().lower() in ("1", "true", "yes")
+def events_enabled(kv_events_config: Any = None) -> bool:
+    """DYNAMO_USE_FLEXKV=1, or vLLM's `--kv-events-config` with KV cache events enabled."""
+    if os.environ.get("DYNAMO_USE_FLEXKV", "0").strip().lower() in ("1", "true", "yes"):
+        return True
+    return bool(getattr(kv_events_config, "enable_kv_cache_events", False))
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,8 @@ class BlockOrigin:
     token_ids: tuple[int, ...]
     lora_id: int | None
     lora_name: str | None
+    # vLLM's untagged per-block extra keys (LoRA name, (mm id, offset) pairs, cache_salt, ...).
+    extra_keys: tuple[Any, ...] | None = None
 
 
 class BlockOrigins:
@@ -75,12 +84,20 @@ def to_vllm_events(
                     lora_id=origin.lora_id if origin is not None else None,
                     medium=medium,
                     lora_name=origin.lora_name if origin is not None else None,
+                    extra_keys=(
+                        [origin.extra_keys]
+                        if origin is not None and origin.extra_keys is not None
+                        else None
+                    ),
+                    group_idx=0,
                 )
             )
         elif ev.kind == "removed":
             out.append(
                 BlockRemoved(
-                    block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))], medium=medium
+                    block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+                    medium=medium,
+                    group_idx=0,
                 )
             )
     return out

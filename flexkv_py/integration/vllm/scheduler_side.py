@@ -18,12 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
+
 from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import (
     BlockOrigin,
     BlockOrigins,
-    events_enabled,
     to_vllm_events,
 )
 from flexkv_py.integration.vllm.metadata import (
@@ -96,7 +97,7 @@ class SchedulerSide:
         # With an SSD tier, lookups wait until every rank reported what survived a restart.
         self._inventory_ready = not config.ssd_enabled
         self._origins = BlockOrigins()
-        self._events_on = events_enabled()
+        self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
     # ---------------------------------------------------------------- lookup / load
@@ -235,16 +236,22 @@ class SchedulerSide:
             return
         lora = req.lora_request
         tokens = req.all_token_ids
+        mm_idx = 0  # a valid start for any block: features before it are skipped
         for i, h in enumerate(hashes):
             idx = start + i
             parent = bytes(req.block_hashes[idx - 1]) if idx > 0 else None
+            keys, mm_idx = generate_block_hash_extra_keys(
+                req, idx * self._bs, (idx + 1) * self._bs, mm_idx
+            )
+            event_keys = to_event_extra_keys([keys])
             self._origins.remember(
                 bytes(h),
                 BlockOrigin(
                     parent_hash=parent,
                     token_ids=tuple(tokens[idx * self._bs : (idx + 1) * self._bs]),
-                    lora_id=lora.lora_int_id if lora is not None else None,
+                    lora_id=lora.adapter_id if lora is not None else None,
                     lora_name=lora.lora_name if lora is not None else None,
+                    extra_keys=event_keys[0] if event_keys else None,
                 ),
             )
 

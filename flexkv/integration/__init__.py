@@ -1,0 +1,1 @@
+"""flexkv-py's compatibility path for vLLM's built-in FlexKV connector (see `flexkv`)."""

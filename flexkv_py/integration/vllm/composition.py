@@ -1,0 +1,87 @@
+"""The connector as a child of vLLM's `MultiConnector` (or Dynamo's `PdConnector`, a subclass).
+
+A child gets a shallow copy of the engine's `VllmConfig` with its own `KVTransferConfig`, and no
+handle on its parent. Two things need the parent, found on the child constructor's call stack:
+
+- the load-failure policy vLLM's scheduler reads from the enclosing connector's config;
+- `PdConnector` (kvbm 1.6) answers `get_num_new_matched_tokens` from its first child without
+  recording which child loads the request, while vLLM 0.33's scheduler then asks
+  `MultiConnector.get_loaded_kv_cache_group_ids`, which looks that record up: a KeyError on the
+  first external hit. Under such a parent the child records itself.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flexkv_py.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+_MAX_FRAMES = 32  # far above any MultiConnector nesting; bounds the walk
+
+
+@dataclass
+class ParentLink:
+    """The MultiConnector this connector is a child of: its config (outermost parent, the one
+    the scheduler reads) and, for the direct parent, this child's index."""
+
+    config: Any
+    connector: weakref.ReferenceType[Any]
+    index: int
+
+    @property
+    def name(self) -> str:
+        return str(self.config.kv_transfer_config.kv_connector)
+
+    def record_loader(self, request_id: str) -> None:
+        """Tell a parent that does not record it that this child loads `request_id`."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+        parent = self.connector()
+        if parent is None:
+            return
+        if type(parent).get_num_new_matched_tokens is MultiConnector.get_num_new_matched_tokens:
+            return  # vLLM's own MultiConnector records the loading child itself
+        chosen = getattr(parent, "_requests_to_connector", None)
+        if isinstance(chosen, dict) and request_id not in chosen:
+            chosen[request_id] = self.index
+
+
+def find_parent(depth: int = 1) -> ParentLink | None:
+    """The MultiConnector(s) being constructed up the call stack, or None when the caller is not
+    built as a child. `depth` skips the caller's own frames."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    link: ParentLink | None = None
+    frame = sys._getframe(depth + 1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        config = frame.f_locals.get("vllm_config")
+        if isinstance(owner, MultiConnector) and getattr(config, "kv_transfer_config", None):
+            if link is None:  # the direct parent: children built so far precede this one
+                index = len(getattr(owner, "_connectors", ()))
+                link = ParentLink(config, weakref.ref(owner), index)
+            else:  # an outer MultiConnector: its config is the one the scheduler reads
+                link.config = config
+        frame = frame.f_back  # type: ignore[assignment]
+    return link
+
+
+def check_child_without_hma(vllm_config: VllmConfig, parent: ParentLink | None) -> None:
+    """vLLM decides HMA from the top-level connector's class; `PdConnector` (a MultiConnector
+    subclass under its own name) claims HMA support, so vLLM keeps HMA on and MultiConnector
+    then asserts. Say what to do instead of a bare AssertionError."""
+    if parent is None or vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is not False:
+        return
+    raise ConfigError(
+        f"kv_transfer_config: {parent.name} keeps vLLM's hybrid KV cache manager (HMA) on, and "
+        "flexkv-py's FlexKVConnectorV1 does not support HMA yet. Start the prefill and the "
+        "decode workers with --disable-hybrid-kv-cache-manager."
+    )
