@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 
+# vLLM picks its platform once per process, at the first use: every test module sees the CPU one
+# (NixlConnector, for one, refuses an unresolved platform), whichever imports vLLM first.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 import pytest
 from hypothesis import settings
 
@@ -47,3 +51,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     import vllm_harness
 
     return vllm_harness.tiny_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # tests/test_cuda.py: real CUDA tensors; skipped where torch.cuda.is_available() is False.
+    config.addinivalue_line(
+        "markers", "cuda: needs an NVIDIA GPU (skipped when torch.cuda.is_available() is False)"
+    )

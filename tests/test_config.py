@@ -157,6 +157,10 @@ def test_valid_ssd_config(tmp_path: Path) -> None:
         ({"max_file_size_gb": 0}, "max_file_size_gb"),
         ({"ssd_cache_dir": 5}, "ssd_cache_dir"),
         ({"no_such_key": 1}, "no_such_key"),
+        ({"load_failure_policy": "retry"}, "load_failure_policy"),
+        ({"instance_num": 0}, "instance_num"),
+        ({"instance_num": 4}, "instance_num"),
+        ({"instance_id": 1}, "instance_id"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, overrides: dict[str, object], key: str) -> None:
@@ -336,3 +340,17 @@ def test_every_valid_eviction_policy_opens_an_ssd_tier(tmp_path: Path, policy: s
         assert tier.store.put(b"k", b"x" * 4096).ok
     finally:
         tier.close()
+
+
+def test_flexkv_single_instance_and_server_mode_vars(caplog: pytest.LogCaptureFixture) -> None:
+    env = {
+        "FLEXKV_INSTANCE_NUM": "1",
+        "FLEXKV_INSTANCE_ID": "0",
+        "FLEXKV_LOAD_FAILURE_POLICY": "fail",
+        "FLEXKV_SERVER_RECV_PORT": "ipc:///tmp/x",
+    }
+    with caplog.at_level("INFO", logger="flexkv_py.config"):
+        cfg = load_config(env=env)
+    assert (cfg.instance_num, cfg.instance_id, cfg.load_failure_policy) == (1, 0, "fail")
+    notes = [r for r in caplog.records if "FLEXKV_SERVER_RECV_PORT" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == "INFO"

@@ -399,7 +399,9 @@ class CacheManager:
         with self._lock:
             removed = self.index.reset()
             drop: list[bytes] = []
-            for key, entry in removed:
+            # Newest first: a chain's blocks leave from its tail, so a router's prefix tree never
+            # sees a parent removed before its children.
+            for key, entry in reversed(removed):
                 if entry.host_slot is not None:
                     self._event("removed", key, "CPU")
                 if entry.on_ssd:

@@ -181,8 +181,8 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
             self._scheduler.shutdown()
 
     # ============================================================== scheduler side
-    def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+    def get_num_new_matched_tokens(  # type: ignore[override]  # the shim narrowed the base's
+        self, request: Request, num_computed_tokens: int  # `int | None` ("ask again later")
     ) -> tuple[int | None, bool]:
         tokens, load_async = self.scheduler_side.get_num_new_matched_tokens(
             request, num_computed_tokens

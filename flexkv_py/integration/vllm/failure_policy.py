@@ -30,6 +30,7 @@ def apply_load_failure_policy(
     """Set `policy` where the scheduler reads it: the enclosing MultiConnector's config when
     there is one, else this connector's own."""
     ktc = (parent.config if parent is not None else vllm_config).kv_transfer_config
+    assert ktc is not None, "a connector is built only with a kv_transfer_config"
     current = ktc.kv_load_failure_policy
     if current == policy:
         return
