@@ -30,6 +30,7 @@ class FlexKVConfig:
     object_store_url: str | None = None
     transfer_engine: str = "auto"
     host_huge_pages: bool = True
+    host_pool_init: str = "auto"
     max_file_size_gb: float | None = None
     load_failure_policy: str = "recompute"
     instance_num: int = 1

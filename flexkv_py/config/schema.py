@@ -27,6 +27,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRANSFER_ENGINES = ("auto", "staged", "triton", "copy_engine", "torch")
 OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
+HOST_POOL_INITS = ("auto", "sync", "background")
 
 # FlexKV server-mode variables that mean nothing for an in-process tier: one info line each.
 INERT_ENV: dict[str, str] = {
@@ -161,6 +162,13 @@ FIELDS: tuple[Field, ...] = (
     Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),
     Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
+    Field(
+        "host_pool_init",
+        _choice(*HOST_POOL_INITS),
+        "auto",
+        "touch/pin the host pool at start (sync) or chunk by chunk while serving (background); "
+        "auto: background from 4 GiB per rank",
+    ),
     Field("max_file_size_gb", _as_float, None, "FlexKV key, accepted and ignored"),
     Field(
         "load_failure_policy",

@@ -110,8 +110,11 @@ class CacheEngine:
             namespace,
             page_bytes=namespace.page_bytes or host_pool.slot_nbytes,
             num_host_slots=host_pool.num_slots,
+            usable_host_slots=host_pool.ready_slots,
             free_target=free_target,
         )
+        # In-process use captures no CUDA graphs of vLLM's: a background pool may pin at once.
+        host_pool.allow_registration()
         self._bg: dict[int, JobHandle] = {}
         self._bg_lock = threading.Lock()
         self.manager.adopt_ssd_keys([self.executor.stored_keys()])
@@ -128,6 +131,7 @@ class CacheEngine:
     # ------------------------------------------------------------------ plumbing
     def _pump(self) -> None:
         """Submit new background jobs; apply the results of finished ones (never blocks)."""
+        self.manager.grow_host_slots(self.pool.ready_slots)
         for job in self.manager.take_jobs():
             handle = self.executor.submit(job)
             with self._bg_lock:

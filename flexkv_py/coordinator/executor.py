@@ -54,7 +54,7 @@ from flexkv_py.coordinator.jobs import (
     SpillJob,
     StoreJob,
 )
-from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.coordinator.planning import host_pool_in_background, host_slots_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.tiers.ssd_tier import SsdTier
@@ -78,6 +78,9 @@ class HostSlots(Protocol):
     slot_nbytes: int
 
     def slot_address(self, slot: int) -> int: ...
+    @property
+    def ready_slots(self) -> int: ...  # leading slots usable now (a background pool grows)
+    def allow_registration(self) -> None: ...
 
 
 class TransferHandleLike(Protocol):
@@ -171,7 +174,12 @@ def build_host_side(
             f"of {geom.page_nbytes} bytes ({geom.fingerprint})"
         )
     num_slots = host_slots_for(config, namespace, geom.page_nbytes)
-    pool = HostPool(num_slots, geom.slot_nbytes, huge_pages=config.host_huge_pages)
+    pool = HostPool(
+        num_slots,
+        geom.slot_nbytes,
+        huge_pages=config.host_huge_pages,
+        background=host_pool_in_background(config, namespace, geom.page_nbytes),
+    )
     try:
         engine = TransferEngine(kv_caches, pool, backend=config.transfer_engine)
     except BaseException:

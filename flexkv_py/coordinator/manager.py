@@ -70,11 +70,14 @@ class CacheManager:
         page_bytes: int,
         *,
         num_host_slots: int | None = None,
+        usable_host_slots: int | None = None,
         free_target: float = 0.05,
         max_events: int = 100_000,
     ) -> None:
         """`page_bytes`: one block of one rank (all layers, K and V). `num_host_slots` overrides
-        the count planned from cpu_cache_gb (it must equal every worker's pool)."""
+        the count planned from cpu_cache_gb (it must equal every worker's pool).
+        `usable_host_slots`: slots usable now (default all); the rest arrive through
+        `grow_host_slots` as the workers' pools are prepared in the background."""
         self.config = config
         self.namespace = namespace
         self.page_bytes = page_bytes
@@ -83,7 +86,9 @@ class CacheManager:
             if num_host_slots is not None
             else (host_slots_for(config, namespace, page_bytes))
         )
-        self.index = TierIndex(slots, make_eviction_policy(config.eviction_policy))
+        self.index = TierIndex(
+            slots, make_eviction_policy(config.eviction_policy), usable_host_slots=usable_host_slots
+        )
         self.admission = AdmissionPolicy(config.admission_spec)
         self.ssd_enabled = config.ssd_enabled
         self._free_target = min(slots, math.ceil(free_target * slots))
@@ -232,6 +237,13 @@ class CacheManager:
             # LIFO free list: this returns the victim's slot, so it stays inside this job.
             slots += self.index.allocate_slots(n - len(slots))
         return slots
+
+    def grow_host_slots(self, usable: int) -> None:
+        """Every worker's pool has its first `usable` slots ready: the host tier may use them."""
+        with self._lock:
+            added = self.index.grow_usable_slots(usable)
+            if added:
+                self._stats["host_slots_ready"] = self.index.usable_host_slots
 
     def _keep_reserve(self) -> None:
         """Start evictions so that free + spilling slots reach the reserve target."""

@@ -7,6 +7,9 @@ from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 
 SLOT_ALIGN = 4096  # O_DIRECT alignment: slots (and SSD blocks) are whole 4 KiB pages
+# From this size per rank, host_pool_init=auto prepares the pool in the background: touching and
+# pinning it would hold up start-up by about a second or more.
+BACKGROUND_POOL_MIN_BYTES = 4 << 30
 
 
 def slot_nbytes_for(page_bytes: int) -> int:
@@ -24,3 +27,12 @@ def host_slots_for(config: FlexKVConfig, namespace: Namespace, page_bytes: int) 
             f"no block of {page_bytes} bytes; raise it"
         )
     return slots
+
+
+def host_pool_in_background(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> bool:
+    """Is each rank's host pool touched and pinned in the background (usable slots growing from
+    0)? The scheduler and every worker decide alike, from the configuration alone."""
+    if config.host_pool_init != "auto":
+        return config.host_pool_init == "background"
+    pool_bytes = host_slots_for(config, namespace, page_bytes) * slot_nbytes_for(page_bytes)
+    return pool_bytes >= BACKGROUND_POOL_MIN_BYTES

@@ -107,15 +107,22 @@ class TierIndex:
         num_host_slots: int,
         eviction: EvictionPolicy | None = None,
         ghost_capacity: int | None = None,
+        usable_host_slots: int | None = None,
     ) -> None:
+        """`usable_host_slots`: how many leading slots may be handed out now (default all); a
+        pool prepared in the background grows it with `grow_usable_slots`."""
         if num_host_slots < 0:
             raise ValueError("num_host_slots must be >= 0")
+        usable = num_host_slots if usable_host_slots is None else usable_host_slots
+        if not 0 <= usable <= num_host_slots:
+            raise ValueError(f"usable_host_slots must be in 0..{num_host_slots}, got {usable}")
         self._lock = threading.Lock()
         self._entries: dict[bytes, Entry] = {}
         self._policy = eviction or LRUPolicy()
         self.num_host_slots = num_host_slots
         # LIFO free list: recently freed slots are reused first (warm in caches/TLB).
-        self._free: list[int] = list(range(num_host_slots - 1, -1, -1))
+        self._free: list[int] = list(range(usable - 1, -1, -1))
+        self._usable = usable
         self._garbage_ssd: list[bytes] = []
         # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
         self._ghost: OrderedDict[bytes, int] = OrderedDict()
@@ -264,6 +271,24 @@ class TierIndex:
                 self._settle(key, e)
 
     # --- host slots ---
+    @property
+    def usable_host_slots(self) -> int:
+        with self._lock:
+            return self._usable
+
+    def grow_usable_slots(self, usable: int) -> int:
+        """Slots below `usable` became usable (their memory is ready): free them. Never shrinks.
+        Returns how many slots were added."""
+        with self._lock:
+            usable = min(usable, self.num_host_slots)
+            if usable <= self._usable:
+                return 0
+            added = usable - self._usable
+            # Below the existing free slots: LIFO hands out warm (already used) slots first.
+            self._free[:0] = range(usable - 1, self._usable - 1, -1)
+            self._usable = usable
+            return added
+
     def allocate_slots(self, n: int) -> list[int]:
         """Up to `n` free slots (fewer when the pool is short; evict first to get more)."""
         with self._lock:

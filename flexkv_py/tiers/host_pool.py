@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from flexkv_py.tiers.background_pinning import BACKGROUND_CHUNK_BYTES, BackgroundPinner
+
 logger = logging.getLogger(__name__)
 
 SLOT_ALIGN = 4096
@@ -67,7 +69,12 @@ class HostPool:
         touch_threads: int = 0,
         backing: str = "auto",
         register_threads: int = 4,
+        background: bool = False,
+        background_chunk_bytes: int = BACKGROUND_CHUNK_BYTES,
     ) -> None:
+        """`background`: return at once and touch/pin the pool chunk by chunk on a thread (see
+        `background_pinning`); only `ready_slots` leading slots may be used meanwhile, and
+        registration starts after `allow_registration()`."""
         if num_slots <= 0:
             raise ValueError(f"host pool needs at least one slot, got num_slots={num_slots}")
         if slot_nbytes <= 0 or slot_nbytes % SLOT_ALIGN:
@@ -87,9 +94,13 @@ class HostPool:
         self.timings = PoolTimings()
         self._registered: list[tuple[int, int]] = []
         self._closed = False
+        self._pinner: BackgroundPinner | None = None
 
         t0 = time.perf_counter()
-        use_native = backing == "native" or (backing == "auto" and _native is not None)
+        # The native pool touches while allocating: a background pool maps and touches later.
+        use_native = not background and (
+            backing == "native" or (backing == "auto" and _native is not None)
+        )
         if use_native:
             if _native is None:
                 raise ValueError("host pool backing='native' but flexkv_py._native is not built")
@@ -111,26 +122,39 @@ class HostPool:
             self.backing = "mmap"
             self.timings.allocate_s = time.perf_counter() - t0
             flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
-            t1 = time.perf_counter()
-            # First touch from torch's intra-op threads: one byte per 4 KiB page faults it in.
-            flat.view(-1, SLOT_ALIGN)[:, 0].fill_(0)
-            self.timings.touch_s = time.perf_counter() - t1
+            if not background:
+                t1 = time.perf_counter()
+                # First touch from torch's intra-op threads: one byte per 4 KiB page faults it in.
+                flat.view(-1, SLOT_ALIGN)[:, 0].fill_(0)
+                self.timings.touch_s = time.perf_counter() - t1
         self.tensor = flat[: self.nbytes].view(num_slots, slot_nbytes)  # native may round up
         self.address = int(flat.data_ptr())
         assert self.address % SLOT_ALIGN == 0, "mmap returned an unaligned region"
         self.pinned = False
-        if pin:
+        if background:
+            # `pinned` promises pinning: the transfer engine may only touch ready slots.
+            self.pinned = bool(pin)
+            self._pinner = BackgroundPinner(
+                flat[: self.nbytes],
+                slot_nbytes,
+                num_slots,
+                register=_host_register_fn() if pin else None,
+                on_registered=lambda addr, size: self._registered.append((addr, size)),
+                chunk_bytes=background_chunk_bytes,
+            )
+        elif pin:
             t2 = time.perf_counter()
             self._pin(register_threads)
             self.timings.pin_s = time.perf_counter() - t2
             self.pinned = True
         logger.info(
-            "host pool: %d slots x %d bytes = %.2f GiB (%s, pinned=%s) in %.2f s",
+            "host pool: %d slots x %d bytes = %.2f GiB (%s, pinned=%s%s) in %.2f s",
             num_slots,
             slot_nbytes,
             self.nbytes / GIB,
             self.backing,
             self.pinned,
+            ", touched and pinned in the background" if background else "",
             self.timings.total_s,
         )
 
@@ -149,6 +173,21 @@ class HostPool:
         return cls(num_slots, slot_nbytes, **kwargs)
 
     # -- pinning -------------------------------------------------------------------------------
+
+    @property
+    def ready_slots(self) -> int:
+        """Leading slots that may be used now (all of them unless built in the background)."""
+        return self.num_slots if self._pinner is None else self._pinner.ready_slots
+
+    @property
+    def background(self) -> BackgroundPinner | None:
+        """The background preparation (its timings and errors), or None."""
+        return self._pinner
+
+    def allow_registration(self) -> None:
+        """Background pools: CUDA graph capture is over, `cudaHostRegister` may start."""
+        if self._pinner is not None:
+            self._pinner.allow_registration()
 
     def _chunks(self) -> list[tuple[int, int]]:
         # Chunk boundaries fall on slot boundaries: a copy never spans two registrations.
@@ -211,6 +250,10 @@ class HostPool:
         if self._closed:
             return
         self._closed = True
+        if self._pinner is not None and not self._pinner.stop():
+            # Still inside cudaHostRegister: unmapping under it is undefined. Leak instead.
+            logger.error("host pool: background pinning did not stop; leaking the pool")
+            return
         if self._registered:
             self._unpin()
             self.pinned = False

@@ -61,6 +61,9 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     inventories: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
     # Numeric transfer counters, summed over ranks.
     counters: dict[str, float] = field(default_factory=dict)
+    # (tp_rank, pp_rank) -> leading host slots ready on that worker (pools prepared in the
+    # background report as they grow; the scheduler uses the minimum over all workers).
+    ready_slots: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, FlexKVWorkerMetadata):
@@ -76,7 +79,14 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             gpu_read_done=reads,
             inventories={**self.inventories, **other.inventories},
             counters=counters,
+            ready_slots={**self.ready_slots, **other.ready_slots},
         )
 
     def is_empty(self) -> bool:
-        return not (self.results or self.gpu_read_done or self.inventories or self.counters)
+        return not (
+            self.results
+            or self.gpu_read_done
+            or self.inventories
+            or self.counters
+            or self.ready_slots
+        )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
 
 from flexkv_py.coordinator import CacheManager, JobResult
+from flexkv_py.coordinator.planning import host_pool_in_background
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import (
     BlockOrigin,
@@ -82,7 +83,12 @@ class SchedulerSide:
         self._ns = info.namespace
         self._bs = info.block_size
         self._get_kv_cache_manager = kv_cache_manager_getter
-        self._mgr = CacheManager(config, self._ns, info.page_bytes)
+        background = host_pool_in_background(config, self._ns, info.page_bytes)
+        # A background pool has no usable slot until every worker reported its ready slots.
+        self._mgr = CacheManager(
+            config, self._ns, info.page_bytes, usable_host_slots=0 if background else None
+        )
+        self._ready_slots: dict[tuple[int, int], int] = {}
         self._reqs: dict[str, _RequestState] = {}
         # req_id -> (local tokens given to the lookup, hit blocks): remembered between
         # get_num_new_matched_tokens and update_state_after_alloc.
@@ -267,6 +273,10 @@ class SchedulerSide:
             return
         if not isinstance(meta, FlexKVWorkerMetadata):
             raise TypeError(f"unexpected worker metadata {type(meta).__name__}")
+        if meta.ready_slots:
+            self._ready_slots.update(meta.ready_slots)
+            if len(self._ready_slots) >= self._info.num_workers:
+                self._mgr.grow_host_slots(min(self._ready_slots.values()))
         if meta.inventories and not self._inventory_ready:
             self._inventories.update(meta.inventories)
             if len(self._inventories) >= self._info.tp_size:

@@ -55,6 +55,10 @@ class WorkerSide:
         self._config = config
         self._ns = info.namespace.for_rank(tp_rank, pp_rank)
         self.tp_rank = tp_rank
+        self.pp_rank = pp_rank
+        # Host slots this worker last reported ready (a background pool grows while serving).
+        self._reported_ready = 0
+        self._stepping = False
         self.flush_timeout_s = FLUSH_TIMEOUT_S
         self.shutdown_timeout_s = SHUTDOWN_TIMEOUT_S
         self._executor: Any | None = None
@@ -87,6 +91,11 @@ class WorkerSide:
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
         """Take the step's jobs; they are submitted after the forward (wait_for_save)."""
+        if not self._stepping:
+            # The first engine step: vLLM's start-up CUDA graph captures are over, so a pool
+            # prepared in the background may call cudaHostRegister now.
+            self._stepping = True
+            self.executor.pool.allow_registration()
         self._pending.extend(meta.jobs)
         # Register stores per request now, not at submit: with spec decode vLLM asks
         # get_finished before wait_for_save, and a delayed free must not overtake its store.
@@ -215,6 +224,10 @@ class WorkerSide:
         return errors
 
     def build_worker_meta(self) -> FlexKVWorkerMetadata | None:
+        ready = self.executor.pool.ready_slots if self._executor is not None else 0
+        if ready != self._reported_ready:
+            self._reported_ready = ready
+            self._out.ready_slots[(self.tp_rank, self.pp_rank)] = ready
         if self._out.is_empty():
             return None
         out, self._out = self._out, FlexKVWorkerMetadata()
