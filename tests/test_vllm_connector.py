@@ -385,7 +385,7 @@ def test_dynamo_events(model_dir: str, tmp_path: Path, monkeypatch: pytest.Monke
     on_ssd = {
         h
         for ev in e.events
-        if isinstance(ev, BlockStored) and ev.medium == "SSD"
+        if isinstance(ev, BlockStored) and ev.medium == "DISK"
         for h in ev.block_hashes
     }
     assert removed_cpu & set(a_hashes), "no CPU eviction event for A's blocks"

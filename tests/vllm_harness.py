@@ -353,10 +353,10 @@ class Engine:
             kv_events=kv_events,
             disable_hma=disable_hma,
         )
-        self._process_group = process_group
+        self._process_group: Path | None = None
         if process_group:
             assert tp_size == 1, "a one-process group holds one rank"
-            _init_process_group(self.vllm_config)
+            self._process_group = _init_process_group(self.vllm_config)
         self.kv_cache_config = make_kv_cache_config(self.vllm_config, num_blocks)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         sched_cls = AsyncScheduler if async_scheduling else Scheduler
@@ -531,20 +531,25 @@ class Engine:
         for w in self.workers:
             w.connector.shutdown()
         self.scheduler.shutdown()
-        if self._process_group:
+        if self._process_group is not None:
+            import shutil
+
             from vllm.distributed import parallel_state as ps
 
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
+            shutil.rmtree(self._process_group, ignore_errors=True)
 
 
-def _init_process_group(vllm_config: VllmConfig) -> None:
+def _init_process_group(vllm_config: VllmConfig) -> Path:
+    """vLLM's distributed state on one gloo rank; returns the rendezvous directory."""
     import tempfile
 
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
-    rendezvous = Path(tempfile.mkdtemp(prefix="flexkv-pg-")) / "rendezvous"
+    tmp = Path(tempfile.mkdtemp(prefix="flexkv-pg-"))
+    rendezvous = tmp / "rendezvous"
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(
             world_size=1,
@@ -554,6 +559,7 @@ def _init_process_group(vllm_config: VllmConfig) -> None:
             backend="gloo",
         )
         ensure_model_parallel_initialized(1, 1)
+    return tmp
 
 
 def assert_no_leaks(engine: Engine) -> None:

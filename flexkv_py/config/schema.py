@@ -176,7 +176,12 @@ FIELDS: tuple[Field, ...] = (
         "recompute",
         "a failed load recomputes (default) or fails the request (vLLM's policy is set to it)",
     ),
-    Field("instance_num", _as_int, 1, "FlexKV: engines sharing this node's cache (1 only, yet)"),
+    Field(
+        "instance_num",
+        _as_int,
+        1,
+        "FlexKV: engines sharing this node's cache (only 1 is supported so far)",
+    ),
     Field("instance_id", _as_int, 0, "FlexKV: this engine's index among instance_num"),
 )
 

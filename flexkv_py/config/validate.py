@@ -50,8 +50,9 @@ def _check_instances(cfg: FlexKVConfig) -> None:
         raise ConfigError(
             f"instance_num: {cfg.instance_num} engines sharing one node's cache (FlexKV's "
             "FLEXKV_INSTANCE_NUM) is not supported by flexkv-py yet; run each engine with its "
-            "own cpu_cache_gb and its own ssd_cache_dir, and unset FLEXKV_INSTANCE_NUM / "
-            "FLEXKV_INSTANCE_ID"
+            "own cpu_cache_gb and its own ssd_cache_dir, and drop instance_num / instance_id "
+            "(FLEXKV_INSTANCE_NUM / FLEXKV_INSTANCE_ID, or the keys in your config file or "
+            "kv_connector_extra_config)"
         )
 
 

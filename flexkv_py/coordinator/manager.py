@@ -411,8 +411,9 @@ class CacheManager:
         with self._lock:
             removed = self.index.reset()
             drop: list[bytes] = []
-            # Newest first: a chain's blocks leave from its tail, so a router's prefix tree never
-            # sees a parent removed before its children.
+            # Newest first (insertion order reversed): a chain's blocks mostly leave from its
+            # tail, as a router's prefix tree prefers (a parent stored again after its children,
+            # or a block still in use, can come out of order).
             for key, entry in reversed(removed):
                 if entry.host_slot is not None:
                     self._event("removed", key, "CPU")

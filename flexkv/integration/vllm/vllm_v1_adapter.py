@@ -8,18 +8,32 @@ with the two ways to load flexkv-py's own connector instead.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+PLUGIN_NAME = "flexkv_py"
+
+
+def _why_not_loaded(allowed: str | None) -> str:
+    """Why vLLM did not run flexkv-py's plugin, read the way vLLM reads VLLM_PLUGINS (a comma
+    list, names not stripped)."""
+    if allowed is None:
+        return "vLLM did not run it in this process (is flexkv-py installed in this environment?)"
+    names = allowed.split(",")
+    if PLUGIN_NAME in names:
+        return (
+            f"VLLM_PLUGINS={allowed!r} allows it, but this process never ran vLLM's "
+            "load_general_plugins()"
+        )
+    if PLUGIN_NAME in (n.strip() for n in names):
+        return (
+            f"VLLM_PLUGINS={allowed!r} names it with spaces around it, which vLLM does not strip"
+        )
+    return f"VLLM_PLUGINS={allowed!r} does not allow it"
 
 
 def _plugin_blocked_message() -> str:
-    import os
-
-    allowed = os.environ.get("VLLM_PLUGINS")
-    why = (
-        f"VLLM_PLUGINS={allowed!r} does not allow it"
-        if allowed is not None
-        else "vLLM did not load it (is flexkv-py installed in this environment?)"
-    )
+    why = _why_not_loaded(os.environ.get("VLLM_PLUGINS"))
     return (
         "flexkv-py: vLLM built its own FlexKVConnectorV1 shim because flexkv-py's vLLM plugin "
         f"'flexkv_py' was not loaded ({why}). flexkv-py cannot run behind that shim. Either "

@@ -1,10 +1,10 @@
-"""vLLM 0.33 integration. Load with
+"""vLLM 0.33 integration: the `FlexKVConnectorV1` connector.
 
-    --kv-transfer-config '{"kv_connector":"FlexKVConnectorV1","kv_role":"kv_both",
-                           "kv_connector_module_path":"flexkv_py.integration.vllm"}'
-
-vLLM imports this module and takes `FlexKVConnectorV1` from it (the module path wins over vLLM's
-built-in FlexKV connector of the same name).
+The published launch line `--kv-transfer-config '{"kv_connector":"FlexKVConnectorV1",
+"kv_role":"kv_both"}'` builds it through flexkv-py's vLLM plugin (`plugin.py`), which points
+vLLM's built-in name at this class. Without the plugin, add
+`"kv_connector_module_path":"flexkv_py.integration.vllm"`: vLLM then imports this module and
+takes `FlexKVConnectorV1` from it.
 """
 
 from __future__ import annotations

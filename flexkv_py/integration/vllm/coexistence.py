@@ -33,12 +33,9 @@ def foreign_owners() -> list[str]:
     return sorted({o for o in owners if _canonical(o) != OUR_DISTRIBUTION})
 
 
-def _module_is_ours() -> bool:
-    spec = importlib.util.find_spec("flexkv")
-    if spec is None or spec.origin is None:
-        return False
+def _file_is_ours(origin: str) -> bool:
     try:
-        with open(spec.origin, encoding="utf-8") as f:
+        with open(origin, encoding="utf-8") as f:
             return MARKER in f.read()
     except OSError:
         return False
@@ -57,7 +54,7 @@ def conflict() -> str | None:
             f"to use {OUR_DISTRIBUTION}, or `pip uninstall {OUR_DISTRIBUTION}` to use FlexKV."
         )
     spec = importlib.util.find_spec("flexkv")
-    if spec is None or spec.origin is None or _module_is_ours():
+    if spec is None or spec.origin is None or _file_is_ours(spec.origin):
         return None  # flexkv-py's own files, or no `flexkv` at all (nothing can clash)
     return (
         f"the Python package 'flexkv' at {spec.origin} is not {OUR_DISTRIBUTION}'s (the original "
@@ -67,12 +64,9 @@ def conflict() -> str | None:
 
 
 @cache
-def _cached_conflict() -> str | None:
-    return conflict()
-
-
 def check_flexkv_owner() -> None:
-    """Raise ConfigError when the original FlexKV is installed beside flexkv-py."""
-    problem = _cached_conflict()
+    """Raise ConfigError when the original FlexKV is installed beside flexkv-py (checked once
+    per process: installs do not change under a running engine)."""
+    problem = conflict()
     if problem is not None:
         raise ConfigError(problem)

@@ -27,11 +27,12 @@ _MAX_FRAMES = 32  # far above any MultiConnector nesting; bounds the walk
 
 @dataclass
 class ParentLink:
-    """The MultiConnector this connector is a child of: its config (outermost parent, the one
-    the scheduler reads) and, for the direct parent, this child's index."""
+    """Where this child sits: `config` is the outermost MultiConnector's (the one the scheduler
+    reads); `parent` / `index` are the direct parent and this child's place in it, kept only
+    when that parent does not record the loading child itself."""
 
     config: Any
-    connector: weakref.ReferenceType[Any]
+    parent: weakref.ReferenceType[Any] | None
     index: int
 
     @property
@@ -40,13 +41,7 @@ class ParentLink:
 
     def record_loader(self, request_id: str) -> None:
         """Tell a parent that does not record it that this child loads `request_id`."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
-
-        parent = self.connector()
-        if parent is None:
-            return
-        if type(parent).get_num_new_matched_tokens is MultiConnector.get_num_new_matched_tokens:
-            return  # vLLM's own MultiConnector records the loading child itself
+        parent = self.parent() if self.parent is not None else None
         chosen = getattr(parent, "_requests_to_connector", None)
         if isinstance(chosen, dict) and request_id not in chosen:
             chosen[request_id] = self.index
@@ -67,7 +62,11 @@ def find_parent(depth: int = 1) -> ParentLink | None:
         if isinstance(owner, MultiConnector) and getattr(config, "kv_transfer_config", None):
             if link is None:  # the direct parent: children built so far precede this one
                 index = len(getattr(owner, "_connectors", ()))
-                link = ParentLink(config, weakref.ref(owner), index)
+                records_itself = (
+                    type(owner).get_num_new_matched_tokens
+                    is MultiConnector.get_num_new_matched_tokens
+                )
+                link = ParentLink(config, None if records_itself else weakref.ref(owner), index)
             else:  # an outer MultiConnector: its config is the one the scheduler reads
                 link.config = config
         frame = frame.f_back  # type: ignore[assignment]

@@ -181,8 +181,9 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
             self._scheduler.shutdown()
 
     # ============================================================== scheduler side
-    def get_num_new_matched_tokens(  # type: ignore[override]  # the shim narrowed the base's
-        self, request: Request, num_computed_tokens: int  # `int | None` ("ask again later")
+    # vLLM's shim narrowed the base's `int | None` ("ask again later") to `int`: keep the base's.
+    def get_num_new_matched_tokens(  # type: ignore[override]
+        self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         tokens, load_async = self.scheduler_side.get_num_new_matched_tokens(
             request, num_computed_tokens

@@ -3,8 +3,10 @@
 Published when DYNAMO_USE_FLEXKV=1 (FlexKV's switch) or when vLLM's own KV events are on
 (`--kv-events-config` with `enable_kv_cache_events`: other routers, e.g. llm-d's, read the same
 stream); otherwise drained and dropped. The events have the shape of vLLM's own prefix-cache
-events (token ids, block size, parent hash, LoRA, per-block extra keys, group 0), with the medium
-("CPU" or "SSD") that gained or lost the block.
+events (token ids, block size, parent hash, LoRA, per-block extra keys, group 0; no session id),
+with the medium that gained or lost the block: "CPU" for host memory, "DISK" for the SSD tier.
+Those are the names Dynamo's router maps to its host-pinned and disk tiers; it does not know
+FlexKV's "SSD" (an unknown medium is dropped or filed as GPU).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
-MEDIA = {"CPU", "SSD"}
+# Tier medium (the coordinator's names) -> the medium published to routers.
+PUBLISHED_MEDIUM = {"CPU": "CPU", "SSD": "DISK"}
 
 
 def events_enabled(kv_events_config: Any = None) -> bool:
@@ -65,8 +68,8 @@ def to_vllm_events(
     """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium`."""
     out: list[KVCacheEvent] = []
     for ev in tier_events:
-        medium = str(ev.medium).upper()
-        if medium not in MEDIA:
+        medium = PUBLISHED_MEDIUM.get(str(ev.medium).upper())
+        if medium is None:
             continue
         block_hash = bytes(ev.block_hash)
         if ev.kind == "stored":
@@ -84,11 +87,8 @@ def to_vllm_events(
                     lora_id=origin.lora_id if origin is not None else None,
                     medium=medium,
                     lora_name=origin.lora_name if origin is not None else None,
-                    extra_keys=(
-                        [origin.extra_keys]
-                        if origin is not None and origin.extra_keys is not None
-                        else None
-                    ),
+                    # One entry per block, None for a block without extra keys (as vLLM does).
+                    extra_keys=[origin.extra_keys] if origin is not None else None,
                     group_idx=0,
                 )
             )

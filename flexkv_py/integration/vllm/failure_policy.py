@@ -35,11 +35,19 @@ def apply_load_failure_policy(
     if current == policy:
         return
     ktc.kv_load_failure_policy = policy
+    scope = (
+        f" for every connector of {parent.name} (its other children's failed loads too)"
+        if parent is not None
+        else ""
+    )
+    # A warning inside a MultiConnector: the change reaches the user's other connectors.
+    log = logger.warning if parent is not None else logger.info
     if policy == "recompute":
-        logger.info(
-            "kv_load_failure_policy: %r -> 'recompute': a block that fails to load is recomputed "
-            "(set FLEXKV_LOAD_FAILURE_POLICY=fail to fail the request instead)",
+        log(
+            "kv_load_failure_policy: %r -> 'recompute'%s: a block that fails to load is "
+            "recomputed; set FLEXKV_LOAD_FAILURE_POLICY=fail to fail the request instead",
             current,
+            scope,
         )
     else:
-        logger.info("kv_load_failure_policy: %r -> %r (load_failure_policy)", current, policy)
+        log("kv_load_failure_policy: %r -> %r%s (load_failure_policy)", current, policy, scope)

@@ -33,8 +33,10 @@ def _load_connector_class() -> type:
 def register() -> None:
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    except ImportError as e:  # vLLM without a connector factory: nothing to point at
-        logger.warning("flexkv_py plugin: vLLM's KV connector factory is missing (%s)", e)
+    except Exception:  # a broken plugin must not stop vLLM for every model
+        logger.warning(
+            "flexkv_py plugin: vLLM's KV connector factory failed to import", exc_info=True
+        )
         return
     registry = KVConnectorFactory._registry
     if registry.get(CONNECTOR_NAME) is _load_connector_class:
