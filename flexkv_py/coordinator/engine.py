@@ -39,6 +39,11 @@ OK = "ok"
 CACHED = "cached"  # store: already cached, or being stored by another job
 NO_SLOT = "no_slot"  # store: no host slot could be freed
 
+# A synchronous store or load is split into jobs of this many blocks, submitted one after the
+# other: the coordinator prepares (and later completes) one part while the previous part's copy
+# runs, so its per-block bookkeeping hides behind the transfer instead of adding to it.
+PIPELINE_BLOCKS = 256
+
 
 @dataclass(frozen=True)
 class BlockOutcome:
@@ -77,6 +82,11 @@ class EngineHandle:
     def done(self) -> bool:
         return self._handle is None or self._handle.done()
 
+    @property
+    def ends_prefix(self) -> bool:
+        """A load in which some block was not found: the blocks after it are no prefix hit."""
+        return self._handle is None or "none" in getattr(self._handle.job, "source_tiers", ())
+
     def result(self, timeout: float | None = None) -> BlockOutcome:
         if self._outcome is None:
             failed: dict[bytes, str] = {}
@@ -85,9 +95,11 @@ class EngineHandle:
                 failed = self._engine._finish(self._handle, timeout).failed
                 if isinstance(self._handle.job, LoadJob):
                     tiers = self._handle.job.source_tiers
-            self._outcome = BlockOutcome(
-                tuple(self._skipped.get(k) or failed.get(k, OK) for k in self._keys), tiers
-            )
+            if not failed and not self._skipped:
+                statuses: tuple[str, ...] = (OK,) * len(self._keys)  # the common case
+            else:
+                statuses = tuple(self._skipped.get(k) or failed.get(k, OK) for k in self._keys)
+            self._outcome = BlockOutcome(statuses, tiers)
         return self._outcome
 
 
@@ -211,16 +223,20 @@ class CacheEngine:
             return had
 
         todo = list(range(len(keys)))
+        step = PIPELINE_BLOCKS  # the first round in parts (see PIPELINE_BLOCKS), retries whole
         while todo:  # every retry follows progress (a spill or a fill finished)
             self._pump()
-            gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in todo]
-            job = self.manager.prepare_store([keys[i] for i in todo], gpu)
-            if job is not None:
-                fill = None
-                if pages is not None:
-                    by_key = {keys[i]: pages[i] for i in todo}
-                    fill = functools.partial(self._write_pages, job, by_key)
-                handles.append(self.executor.submit(job, fill))
+            for start in range(0, len(todo), step):
+                part = todo[start : start + step]
+                gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
+                job = self.manager.prepare_store([keys[i] for i in part], gpu)
+                if job is not None:
+                    fill = None
+                    if pages is not None:
+                        by_key = {keys[i]: pages[i] for i in part}
+                        fill = functools.partial(self._write_pages, job, by_key)
+                    handles.append(self.executor.submit(job, fill))
+            step = max(1, len(todo))
             # Neither in a job now nor cached by someone else: found no free host slot.
             todo = [i for i in todo if not self.manager.index.known(keys[i])]
             if todo and not (self._wait_background("spill") or finish_ours()):
@@ -252,8 +268,20 @@ class CacheEngine:
     def load(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
     ) -> BlockOutcome:
-        """Load blocks into GPU blocks; per-block status ("ok" or why not)."""
-        return self.submit_load(keys, gpu_block_ids).result(timeout)
+        """Load blocks into GPU blocks; per-block status ("ok" or why not). Long loads run as
+        parts of PIPELINE_BLOCKS; a part that misses a block ends the prefix (the rest is
+        reported missing without being read)."""
+        parts: list[EngineHandle] = []
+        for start in range(0, len(keys), PIPELINE_BLOCKS):
+            end = start + PIPELINE_BLOCKS
+            parts.append(self.submit_load(keys[start:end], gpu_block_ids[start:end]))
+            if parts[-1].ends_prefix:
+                break
+        outcomes = [p.result(timeout) for p in parts]
+        statuses = [s for o in outcomes for s in o.statuses]
+        tiers = [t for o in outcomes for t in o.source_tiers]
+        rest = len(keys) - len(statuses)
+        return BlockOutcome((*statuses, *(MISSING,) * rest), (*tiers, *("none",) * rest))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
         """Host-only load: each block's slot bytes, or None if it could not be loaded."""

@@ -139,15 +139,13 @@ class CacheManager:
                 todo = todo[: len(slots)]
             job = None
             if todo:
-                ssd_write: list[bool] = []
-                for i, slot in zip(todo, slots, strict=True):
-                    key = keys[i]
-                    self.index.begin_host_fill(key, slot)
-                    ssd_write.append(
-                        self.ssd_enabled
-                        and self.admission.admit_on_store(self.index.hits(key))
-                        and self.index.begin_ssd_write(key)
-                    )
+                self.index.begin_host_fills([keys[i] for i in todo], slots)
+                ssd_write: list[bool] = [
+                    self.ssd_enabled
+                    and self.admission.admit_on_store(self.index.hits(keys[i]))
+                    and self.index.begin_ssd_write(keys[i])
+                    for i in todo
+                ]
                 job = StoreJob(
                     job_id=next(self._ids),
                     keys=tuple(keys[i] for i in todo),
@@ -175,8 +173,17 @@ class CacheManager:
         if not keys:
             return None
         with self._lock:
-            acquired = self.index.acquire(keys)
-            self.index.touch(keys[: len(acquired)])
+            acquired = self.index.acquire(keys, count_hits=True)
+            if len(acquired) == len(keys) and all(a.tier is Tier.HOST for a in acquired):
+                # The common case, in one pass: every block is in host memory.
+                return self._new_load_job(
+                    keys,
+                    gpu_block_ids,
+                    [a.host_slot for a in acquired],  # type: ignore[misc]
+                    ("cpu",) * len(keys),
+                    [False] * len(keys),
+                    [],
+                )
             n_ssd = sum(t.tier is Tier.SSD for t in acquired)
             chained: list[Victim] = []
             staging = self._take_slots(n_ssd, chained) if n_ssd else []
@@ -205,19 +212,31 @@ class CacheManager:
                 promoted.append(promote)
             assert not staging, "every staging slot goes to an SSD block of this job"
             self._stats["load_missing_blocks"] += len(keys) - len(acquired)
-            job = LoadJob(
-                job_id=next(self._ids),
-                keys=tuple(keys),
-                gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
-                host_slots=tuple(slots),
-                source_tiers=tuple(sources),
-                spill_keys=tuple(v.key for v in chained),
-                spill_slots=tuple(v.host_slot for v in chained),
-            )
-            self._inflight[job.job_id] = job
-            self._load_plans[job.job_id] = _LoadPlan(promoted)
-            self._keep_reserve()
-            return job
+            return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
+
+    def _new_load_job(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        slots: Sequence[int],
+        sources: Sequence[str],
+        promoted: list[bool],
+        chained: list[Victim],
+    ) -> LoadJob:
+        """Register a load job whose blocks are pinned (lock held)."""
+        job = LoadJob(
+            job_id=next(self._ids),
+            keys=tuple(keys),
+            gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
+            host_slots=tuple(slots),
+            source_tiers=tuple(sources),
+            spill_keys=tuple(v.key for v in chained),
+            spill_slots=tuple(v.host_slot for v in chained),
+        )
+        self._inflight[job.job_id] = job
+        self._load_plans[job.job_id] = _LoadPlan(promoted)
+        self._keep_reserve()
+        return job
 
     # ------------------------------------------------------------------ eviction
     def _take_slots(self, n: int, chained: list[Victim]) -> list[int]:
@@ -330,30 +349,38 @@ class CacheManager:
             self._keep_reserve()
 
     def _complete_store(self, job: StoreJob, result: JobResult) -> None:
-        for key, write in zip(job.keys, job.ssd_write, strict=True):
-            ok = key not in result.failed
-            if write:
-                ssd_ok = ok and key not in result.ssd_failed
-                self.index.commit_ssd_write(key, ssd_ok)
-                if ssd_ok:
-                    self._event("stored", key, "SSD")
-                    self._stats["ssd_written_blocks"] += 1
-                else:
-                    self._stats["ssd_write_failed_blocks"] += 1
-            self.index.commit_host_fill(key, ok)
-            if ok:
-                self._event("stored", key, "CPU")
-                self._stats["stored_blocks"] += 1
-            else:
-                self._stats["store_failed_blocks"] += 1
+        failed = result.failed
+        if any(job.ssd_write):
+            for key, write in zip(job.keys, job.ssd_write, strict=True):
+                if write:
+                    ssd_ok = key not in failed and key not in result.ssd_failed
+                    self.index.commit_ssd_write(key, ssd_ok)
+                    if ssd_ok:
+                        self._event("stored", key, "SSD")
+                        self._stats["ssd_written_blocks"] += 1
+                    else:
+                        self._stats["ssd_write_failed_blocks"] += 1
+        oks = [key not in failed for key in job.keys]
+        self.index.commit_host_fills(job.keys, oks)
+        stored = [key for key, ok in zip(job.keys, oks, strict=True) if ok]
+        self._events.extend(KVEvent("stored", self.namespace.block_hash(k), "CPU") for k in stored)
+        self._stats["stored_blocks"] += len(stored)
+        self._stats["store_failed_blocks"] += len(job.keys) - len(stored)
 
     def _complete_load(self, job: LoadJob, result: JobResult, plan: _LoadPlan) -> None:
+        failed = result.failed
+        if not failed and all(src == "cpu" for src in job.source_tiers):
+            # The common case, in one pass: every block came from host memory and loaded.
+            self.index.unpin(job.keys)
+            self._stats["load_cpu_blocks"] += len(job.keys)
+            self._stats["load_cpu_bytes"] += self.page_bytes * len(job.keys)
+            return
         for i, key in enumerate(job.keys):
             src = job.source_tiers[i]
             if src == "none":
                 self._stats["load_failed_blocks"] += 1
                 continue
-            reason = result.failed.get(key)
+            reason = failed.get(key)
             if src == "ssd":
                 if plan.promoted[i]:
                     self.index.commit_host_fill(key, reason is None)

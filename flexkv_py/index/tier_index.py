@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
 
@@ -75,8 +76,8 @@ class Entry:
         return None
 
 
-@dataclass(frozen=True)
-class Located:
+class Located(NamedTuple):
+    # A tuple, not a dataclass: one is made per loaded block on the scheduler's hot path.
     tier: Tier
     host_slot: int | None  # set when tier is HOST
 
@@ -184,18 +185,23 @@ class TierIndex:
     def lookup(self, keys: Sequence[bytes]) -> int:
         return len(self.match(keys))
 
-    def acquire(self, keys: Sequence[bytes]) -> list[Located]:
-        """`match` and pin the matched keys in one step, so none can be evicted in between."""
+    def acquire(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[Located]:
+        """`match` and pin the matched keys in one step, so none can be evicted in between.
+        `count_hits`: also record a hit on each (as `touch`; recency is refreshed at unpin)."""
         out: list[Located] = []
+        host = Tier.HOST
         with self._lock:
+            entries, remove = self._entries, self._policy.remove
             for key in keys:
-                e = self._entries.get(key)
+                e = entries.get(key)
                 tier = e.best_tier() if e is not None else None
                 if e is None or tier is None:
                     break
-                out.append(Located(tier, e.host_slot if tier is Tier.HOST else None))
+                out.append(Located(tier, e.host_slot if tier is host else None))
                 e.pins += 1
-                self._policy.remove(key)
+                if count_hits:
+                    e.hits += 1
+                remove(key)
         return out
 
     def known(self, key: bytes) -> bool:
@@ -263,12 +269,20 @@ class TierIndex:
 
     def unpin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
+            entries = self._entries
             for key in keys:
-                e = self._get(key)
+                e = entries.get(key)
+                if e is None:
+                    raise IndexStateError(f"unknown key {key.hex()}")
                 if e.pins <= 0:
                     raise IndexStateError(f"unpin of unpinned key {key.hex()}")
                 e.pins -= 1
-                self._settle(key, e)
+                if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
+                    # The common case (a loaded host block): it only becomes evictable again.
+                    if key not in self._policy:
+                        self._policy.add(key, e.hits)
+                else:
+                    self._settle(key, e)
 
     # --- host slots ---
     @property
@@ -304,34 +318,53 @@ class TierIndex:
     # --- host copy lifecycle ---
     def begin_host_fill(self, key: bytes, slot: int, *, count_access: bool = True) -> None:
         """A job starts writing the key's page into `slot` (from allocate_slots); pins the key."""
+        self.begin_host_fills((key,), (slot,), count_access=count_access)
+
+    def begin_host_fills(
+        self, keys: Sequence[bytes], slots: Sequence[int], *, count_access: bool = True
+    ) -> None:
+        """`begin_host_fill` for many keys under one lock (a store's blocks)."""
         with self._lock:
-            e = self._entries.get(key)
-            if e is None:
-                e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0))
-            elif e.host_slot is not None or e.stale:
-                raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
-            e.host_slot = slot
-            e.host_ready = False
-            if count_access:
-                e.hits += 1
-            e.pins += 1
-            self._refresh(key, e)
+            entries, remove = self._entries, self._policy.remove
+            for key, slot in zip(keys, slots, strict=True):
+                e = entries.get(key)
+                if e is None:
+                    e = entries[key] = Entry(hits=self._ghost.pop(key, 0))
+                elif e.host_slot is not None or e.stale:
+                    raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
+                e.host_slot = slot
+                e.host_ready = False
+                if count_access:
+                    e.hits += 1
+                e.pins += 1
+                remove(key)  # pinned: not evictable (what _refresh does here)
 
     def commit_host_fill(self, key: bytes, ok: bool) -> None:
         """End a fill and unpin; a failed fill frees its slot."""
+        self.commit_host_fills((key,), (ok,))
+
+    def commit_host_fills(self, keys: Sequence[bytes], oks: Sequence[bool]) -> None:
+        """`commit_host_fill` for many keys under one lock (a store's blocks)."""
         with self._lock:
-            e = self._get(key)
-            # A releasing slot (evicted while pinned) is not a fill: committing it would make
-            # the index promise host bytes that are being given up.
-            if e.host_slot is None or e.host_ready or e.releasing:
-                raise IndexStateError(f"key {key.hex()} has no host fill in flight")
-            e.pins -= 1
-            if ok:
-                e.host_ready = True
-            else:
-                self._free.append(e.host_slot)
-                e.host_slot = None
-            self._settle(key, e)
+            entries, policy = self._entries, self._policy
+            for key, ok in zip(keys, oks, strict=True):
+                e = entries.get(key)
+                # A releasing slot (evicted while pinned) is not a fill: committing it would
+                # make the index promise host bytes that are being given up.
+                if e is None or e.host_slot is None or e.host_ready or e.releasing:
+                    raise IndexStateError(f"key {key.hex()} has no host fill in flight")
+                e.pins -= 1
+                if ok:
+                    e.host_ready = True
+                    if e.pins == 0 and not (e.stale or e.evicting):
+                        # The common case (a stored block): it becomes evictable, nothing else.
+                        if key not in policy:
+                            policy.add(key, e.hits)
+                        continue
+                else:
+                    self._free.append(e.host_slot)
+                    e.host_slot = None
+                self._settle(key, e)
 
     def begin_evict(self) -> Victim | None:
         """Choose the next evictable host copy per policy; it stops being readable from host."""
