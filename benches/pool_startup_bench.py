@@ -158,7 +158,10 @@ def main() -> None:
     step_fn, graph = _graph_workload(cuda)
     t0 = time.perf_counter()
     pool, engine = build_host_side(
-        load_config({"cpu_cache_gb": args.gib, "host_pool_init": "background"}, env={}), ns, caches
+        load_config({"cpu_cache_gb": args.gib, "host_pool_init": "background"}, env={}),
+        ns,
+        caches,
+        serving=True,
     )
     res["background_return_s"] = time.perf_counter() - t0
     bg = pool.background

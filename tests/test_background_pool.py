@@ -119,12 +119,14 @@ def test_auto_mode_goes_background_from_the_threshold() -> None:
     )
     small = load_config({"cpu_cache_gb": 1.0})
     big = load_config({"cpu_cache_gb": BACKGROUND_POOL_MIN_BYTES / 2**30})
-    assert not host_pool_in_background(small, ns, SLOT)
-    assert host_pool_in_background(big, ns, SLOT)
+    assert not host_pool_in_background(small, ns, SLOT, serving=True)
+    assert host_pool_in_background(big, ns, SLOT, serving=True)
+    # In-process engines (benches, replay) want every slot at once unless asked.
+    assert not host_pool_in_background(big, ns, SLOT, serving=False)
     forced = load_config({"cpu_cache_gb": 1.0, "host_pool_init": "background"})
-    assert host_pool_in_background(forced, ns, SLOT)
+    assert host_pool_in_background(forced, ns, SLOT, serving=False)
     assert not host_pool_in_background(
-        load_config({"cpu_cache_gb": 64.0, "host_pool_init": "sync"}), ns, SLOT
+        load_config({"cpu_cache_gb": 64.0, "host_pool_init": "sync"}), ns, SLOT, serving=True
     )
 
 

@@ -38,6 +38,7 @@ from flexkv_py.coordinator import (
     StoreJob,
     host_slots_for,
 )
+from flexkv_py.coordinator.engine import pipeline_parts
 from flexkv_py.index import Namespace, Tier
 from flexkv_py.tiers.host_pool import HostPool
 from flexkv_py.transfer import describe_kv_caches
@@ -388,6 +389,36 @@ def test_gpu_shaped_round_trip_through_host_and_ssd(tmp_path: Path, layout: str)
             assert torch.equal(_block(t, b, legacy), _block(before[name], b, legacy))
 
 
+def test_long_store_and_load_run_in_parts_bit_exact(tmp_path: Path) -> None:
+    # 300 blocks: the store and the host load each run as several jobs (pipeline_parts); every
+    # block still lands exactly, the load's blocks are pinned before the first part runs, and a
+    # load that reaches the SSD tier stays one job.
+    n = 300
+    caches = _vllm_caches("LBNHC", num_blocks=2 * n + 2)
+    geom = describe_kv_caches(caches)
+    ns = _ns(page_bytes=geom.page_nbytes)
+    cfg = _config(tmp_path, 2 * n, slot=geom.slot_nbytes)  # the 5 % reserve evicts nothing
+    assert len(pipeline_parts(n)) > 1
+    keys = _keys(ns, n)
+    src, dst = list(range(n)), list(range(n + 1, 2 * n + 1))
+    before = {name: t.clone() for name, t in caches.items()}
+    with CacheEngine.from_kv_caches(cfg, ns, caches) as eng:
+        assert eng.store(keys, src).ok
+        parts = eng.manager.prepare_load_parts(keys, dst, pipeline_parts(n))
+        assert len(parts) == len(pipeline_parts(n))
+        pins = [eng.manager.index.entry(k) for k in keys]
+        assert all(e is not None and e.pins == 1 for e in pins)  # all pinned up front
+        for job in parts:
+            eng.manager.complete(JobResult(job.job_id, "load"))
+        pins = [eng.manager.index.entry(k) for k in keys]
+        assert all(e is not None and e.pins == 0 for e in pins)
+        out = eng.load(keys, dst)
+        assert out.statuses == ("ok",) * n and out.source_tiers == ("cpu",) * n
+    for name, t in caches.items():
+        for s, d in zip(src, dst, strict=True):
+            assert torch.equal(t[d].view(torch.int16), before[name][s].view(torch.int16))
+
+
 def test_gpu_transfer_failure_fails_the_blocks(tmp_path: Path) -> None:
     caches = _vllm_caches("LBNHC")
     geom = describe_kv_caches(caches)
@@ -516,6 +547,27 @@ def test_events_carry_engine_block_hashes(tmp_path: Path) -> None:
         assert KVEvent("removed", hashes[0], "CPU") in events
         assert KVEvent("stored", hashes[0], "SSD") in events
         assert KVEvent("stored", hashes[2], "CPU") in events
+
+
+def test_blocks_reset_while_being_written_are_never_announced(tmp_path: Path) -> None:
+    # reset_cache while a spill and a write-through store are still running: when their jobs
+    # end, the blocks are gone (stale), so no router may hear they are stored.
+    ns = _ns()
+    mgr = CacheManager(_config(tmp_path, 2, 16), ns, PAGE_BYTES, free_target=0)
+    keys = _keys(ns, 3)
+    first = mgr.prepare_store(keys[:2], None)
+    assert first is not None
+    mgr.complete(JobResult(first.job_id, "store"))
+    spilling = mgr.prepare_store(keys[2:], None)  # no free slot: keys[0] spills first
+    assert spilling is not None and spilling.spill_keys == (keys[0],)
+    mgr.take_events()
+    mgr.reset()
+    mgr.complete(JobResult(spilling.job_id, "store"))
+    events = mgr.take_events()
+    hashes = {ns.block_hash(k) for k in keys}
+    stored = [ev for ev in events if ev.kind == "stored" and ev.block_hash in hashes]
+    assert not stored, stored
+    assert mgr.lookup(keys) == 0
 
 
 def test_reset_forgets_host_and_ssd(tmp_path: Path) -> None:

@@ -39,10 +39,24 @@ OK = "ok"
 CACHED = "cached"  # store: already cached, or being stored by another job
 NO_SLOT = "no_slot"  # store: no host slot could be freed
 
-# A synchronous store or load is split into jobs of this many blocks, submitted one after the
+# A synchronous store (or a load from host memory) is split into jobs submitted one after the
 # other: the coordinator prepares (and later completes) one part while the previous part's copy
-# runs, so its per-block bookkeeping hides behind the transfer instead of adding to it.
-PIPELINE_BLOCKS = 256
+# runs, so its per-block bookkeeping hides behind the transfer instead of adding to it. Parts
+# start small (the first copy starts at once) and double (few copy launches for long prompts).
+PIPELINE_FIRST_BLOCKS = 64
+PIPELINE_MAX_BLOCKS = 1024
+
+
+def pipeline_parts(n: int) -> list[tuple[int, int]]:
+    """(start, end) of the parts a store or load of `n` blocks is split into."""
+    parts, start, size = [], 0, PIPELINE_FIRST_BLOCKS
+    while start < n:
+        end = min(n, start + size)
+        if n - end < size // 2:  # no runt part at the end
+            end = n
+        parts.append((start, end))
+        start, size = end, min(2 * size, PIPELINE_MAX_BLOCKS)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -81,11 +95,6 @@ class EngineHandle:
 
     def done(self) -> bool:
         return self._handle is None or self._handle.done()
-
-    @property
-    def ends_prefix(self) -> bool:
-        """A load in which some block was not found: the blocks after it are no prefix hit."""
-        return self._handle is None or "none" in getattr(self._handle.job, "source_tiers", ())
 
     def result(self, timeout: float | None = None) -> BlockOutcome:
         if self._outcome is None:
@@ -223,11 +232,13 @@ class CacheEngine:
             return had
 
         todo = list(range(len(keys)))
-        step = PIPELINE_BLOCKS  # the first round in parts (see PIPELINE_BLOCKS), retries whole
+        first_round = True  # the first round in parts (see pipeline_parts), retries whole
         while todo:  # every retry follows progress (a spill or a fill finished)
             self._pump()
-            for start in range(0, len(todo), step):
-                part = todo[start : start + step]
+            bounds = pipeline_parts(len(todo)) if first_round else [(0, len(todo))]
+            first_round = False
+            for start, end in bounds:
+                part = todo[start:end]
                 gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
                 job = self.manager.prepare_store([keys[i] for i in part], gpu)
                 if job is not None:
@@ -236,7 +247,6 @@ class CacheEngine:
                         by_key = {keys[i]: pages[i] for i in part}
                         fill = functools.partial(self._write_pages, job, by_key)
                     handles.append(self.executor.submit(job, fill))
-            step = max(1, len(todo))
             # Neither in a job now nor cached by someone else: found no free host slot.
             todo = [i for i in todo if not self.manager.index.known(keys[i])]
             if todo and not (self._wait_background("spill") or finish_ours()):
@@ -268,20 +278,20 @@ class CacheEngine:
     def load(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
     ) -> BlockOutcome:
-        """Load blocks into GPU blocks; per-block status ("ok" or why not). Long loads run as
-        parts of PIPELINE_BLOCKS; a part that misses a block ends the prefix (the rest is
-        reported missing without being read)."""
-        parts: list[EngineHandle] = []
-        for start in range(0, len(keys), PIPELINE_BLOCKS):
-            end = start + PIPELINE_BLOCKS
-            parts.append(self.submit_load(keys[start:end], gpu_block_ids[start:end]))
-            if parts[-1].ends_prefix:
-                break
-        outcomes = [p.result(timeout) for p in parts]
-        statuses = [s for o in outcomes for s in o.statuses]
-        tiers = [t for o in outcomes for t in o.source_tiers]
-        rest = len(keys) - len(statuses)
-        return BlockOutcome((*statuses, *(MISSING,) * rest), (*tiers, *("none",) * rest))
+        """Load blocks into GPU blocks; per-block status ("ok" or why not). A load served from
+        host memory runs in parts (see pipeline_parts), every block pinned before the first."""
+        self._pump()
+        jobs = self.manager.prepare_load_parts(keys, gpu_block_ids, pipeline_parts(len(keys)))
+        if len(jobs) <= 1:
+            handle = self.executor.submit(jobs[0]) if jobs else None
+            self._pump()
+            return EngineHandle(self, keys, handle, MISSING).result(timeout)
+        handles = [self.executor.submit(job) for job in jobs]
+        statuses: list[str] = []
+        for handle in handles:
+            failed = self._finish(handle, timeout).failed
+            statuses.extend(failed.get(k, OK) for k in handle.job.keys)
+        return BlockOutcome(tuple(statuses), ("cpu",) * len(keys))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
         """Host-only load: each block's slot bytes, or None if it could not be loaded."""

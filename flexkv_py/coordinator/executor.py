@@ -160,7 +160,11 @@ _AUTO: Any = object()
 
 
 def build_host_side(
-    config: FlexKVConfig, namespace: Namespace, kv_caches: Mapping[str, Any]
+    config: FlexKVConfig,
+    namespace: Namespace,
+    kv_caches: Mapping[str, Any],
+    *,
+    serving: bool = False,
 ) -> tuple[Any, Any]:
     """This rank's (HostPool, TransferEngine) for vLLM's registered KV caches. The pool has
     `host_slots_for(config, namespace, page)` slots, the count the scheduler-side manager plans."""
@@ -178,7 +182,7 @@ def build_host_side(
         num_slots,
         geom.slot_nbytes,
         huge_pages=config.host_huge_pages,
-        background=host_pool_in_background(config, namespace, geom.page_nbytes),
+        background=host_pool_in_background(config, namespace, geom.page_nbytes, serving=serving),
     )
     try:
         engine = TransferEngine(kv_caches, pool, backend=config.transfer_engine)
@@ -229,10 +233,17 @@ class JobExecutor:
 
     @classmethod
     def from_kv_caches(
-        cls, config: FlexKVConfig, namespace: Namespace, kv_caches: Mapping[str, Any], **kw: Any
+        cls,
+        config: FlexKVConfig,
+        namespace: Namespace,
+        kv_caches: Mapping[str, Any],
+        *,
+        serving: bool = False,
+        **kw: Any,
     ) -> JobExecutor:
-        """Build this rank's host pool and transfer engine for vLLM's registered KV caches."""
-        pool, engine = build_host_side(config, namespace, kv_caches)
+        """Build this rank's host pool and transfer engine for vLLM's registered KV caches
+        (`serving`: for the vLLM connector, see host_pool_in_background)."""
+        pool, engine = build_host_side(config, namespace, kv_caches, serving=serving)
         return cls(config, namespace, pool, engine, owns=(engine, pool), **kw)
 
     @property

@@ -214,6 +214,40 @@ class CacheManager:
             self._stats["load_missing_blocks"] += len(keys) - len(acquired)
             return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
 
+    def prepare_load_parts(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        bounds: Sequence[tuple[int, int]],
+    ) -> list[LoadJob]:
+        """`prepare_load`, split at `bounds` into jobs the caller submits one after the other
+        (their copies queue while the next is submitted, their completions overlap the next
+        copies). Every block is pinned before the first part runs. Only a load served wholly
+        from host memory is split: SSD blocks stage through slots whose spills must come first.
+        """
+        with self._lock:
+            job = self.prepare_load(keys, gpu_block_ids)
+            if job is None:
+                return []
+            if len(bounds) < 2 or job.spill_keys or any(s != "cpu" for s in job.source_tiers):
+                return [job]
+            del self._inflight[job.job_id]
+            del self._load_plans[job.job_id]
+            ids = job.gpu_block_ids
+            parts = []
+            for start, end in bounds:
+                part = LoadJob(
+                    job_id=next(self._ids),
+                    keys=job.keys[start:end],
+                    gpu_block_ids=None if ids is None else ids[start:end],
+                    host_slots=job.host_slots[start:end],
+                    source_tiers=job.source_tiers[start:end],
+                )
+                self._inflight[part.job_id] = part
+                self._load_plans[part.job_id] = _LoadPlan([False] * (end - start))
+                parts.append(part)
+            return parts
+
     def _new_load_job(
         self,
         keys: Sequence[bytes],
@@ -300,8 +334,9 @@ class CacheManager:
             ok = key not in result.spill_failed
             self.index.commit_ssd_write(key, ok)
             if ok:
-                self._event("stored", key, "SSD")
                 self._stats["spilled_blocks"] += 1
+                if self.index.on_ssd_readable(key):  # not reset while it was written
+                    self._event("stored", key, "SSD")
             else:
                 self._stats["spill_failed_blocks"] += 1
 
@@ -356,16 +391,19 @@ class CacheManager:
                     ssd_ok = key not in failed and key not in result.ssd_failed
                     self.index.commit_ssd_write(key, ssd_ok)
                     if ssd_ok:
-                        self._event("stored", key, "SSD")
                         self._stats["ssd_written_blocks"] += 1
+                        if self.index.on_ssd_readable(key):  # not reset while it was written
+                            self._event("stored", key, "SSD")
                     else:
                         self._stats["ssd_write_failed_blocks"] += 1
         oks = [key not in failed for key in job.keys]
-        self.index.commit_host_fills(job.keys, oks)
-        stored = [key for key, ok in zip(job.keys, oks, strict=True) if ok]
-        self._events.extend(KVEvent("stored", self.namespace.block_hash(k), "CPU") for k in stored)
-        self._stats["stored_blocks"] += len(stored)
-        self._stats["store_failed_blocks"] += len(job.keys) - len(stored)
+        # Announced: the blocks readable now (not those reset while they were stored).
+        readable = self.index.commit_host_fills(job.keys, oks)
+        block_hash = self.namespace.block_hash
+        self._events.extend(KVEvent("stored", block_hash(k), "CPU") for k in readable)
+        num_ok = sum(oks)
+        self._stats["stored_blocks"] += num_ok
+        self._stats["store_failed_blocks"] += len(job.keys) - num_ok
 
     def _complete_load(self, job: LoadJob, result: JobResult, plan: _LoadPlan) -> None:
         failed = result.failed
@@ -383,8 +421,7 @@ class CacheManager:
             reason = failed.get(key)
             if src == "ssd":
                 if plan.promoted[i]:
-                    self.index.commit_host_fill(key, reason is None)
-                    if reason is None:
+                    if self.index.commit_host_fill(key, reason is None):
                         self._event("stored", key, "CPU")
                 else:
                     self.index.release_slots([job.host_slots[i]])
@@ -407,8 +444,9 @@ class CacheManager:
             self.index.finish_evict(key)
             self._event("removed", key, "CPU")
             if ok:
-                self._event("stored", key, "SSD")
                 self._stats["spilled_blocks"] += 1
+                if self.index.on_ssd_readable(key):  # not reset while it was written
+                    self._event("stored", key, "SSD")
             else:
                 self._stats["spill_failed_blocks"] += 1
         self._spilling -= len(job.keys)

@@ -29,10 +29,16 @@ def host_slots_for(config: FlexKVConfig, namespace: Namespace, page_bytes: int) 
     return slots
 
 
-def host_pool_in_background(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> bool:
+def host_pool_in_background(
+    config: FlexKVConfig, namespace: Namespace, page_bytes: int, *, serving: bool
+) -> bool:
     """Is each rank's host pool touched and pinned in the background (usable slots growing from
-    0)? The scheduler and every worker decide alike, from the configuration alone."""
+    0)? The scheduler and every worker decide alike, from the configuration alone. `auto` picks
+    it only when `serving` (the vLLM connector, where start-up time matters); in-process engines
+    (benches, replay) want every slot at once."""
     if config.host_pool_init != "auto":
         return config.host_pool_init == "background"
+    if not serving:
+        return False
     pool_bytes = host_slots_for(config, namespace, page_bytes) * slot_nbytes_for(page_bytes)
     return pool_bytes >= BACKGROUND_POOL_MIN_BYTES

@@ -339,12 +339,14 @@ class TierIndex:
                 e.pins += 1
                 remove(key)  # pinned: not evictable (what _refresh does here)
 
-    def commit_host_fill(self, key: bytes, ok: bool) -> None:
-        """End a fill and unpin; a failed fill frees its slot."""
-        self.commit_host_fills((key,), (ok,))
+    def commit_host_fill(self, key: bytes, ok: bool) -> bool:
+        """End a fill and unpin; a failed fill frees its slot. True if the copy is readable."""
+        return bool(self.commit_host_fills((key,), (ok,)))
 
-    def commit_host_fills(self, keys: Sequence[bytes], oks: Sequence[bool]) -> None:
-        """`commit_host_fill` for many keys under one lock (a store's blocks)."""
+    def commit_host_fills(self, keys: Sequence[bytes], oks: Sequence[bool]) -> list[bytes]:
+        """`commit_host_fill` for many keys under one lock (a store's blocks). Returns the keys
+        whose host copy is readable now (not those that failed or were reset meanwhile)."""
+        readable: list[bytes] = []
         with self._lock:
             entries, policy = self._entries, self._policy
             for key, ok in zip(keys, oks, strict=True):
@@ -356,6 +358,8 @@ class TierIndex:
                 e.pins -= 1
                 if ok:
                     e.host_ready = True
+                    if not e.stale:
+                        readable.append(key)
                     if e.pins == 0 and not (e.stale or e.evicting):
                         # The common case (a stored block): it becomes evictable, nothing else.
                         if key not in policy:
@@ -365,6 +369,7 @@ class TierIndex:
                     self._free.append(e.host_slot)
                     e.host_slot = None
                 self._settle(key, e)
+        return readable
 
     def begin_evict(self) -> Victim | None:
         """Choose the next evictable host copy per policy; it stops being readable from host."""
@@ -397,6 +402,12 @@ class TierIndex:
                 return False
             e.ssd_pending = True
             return True
+
+    def on_ssd_readable(self, key: bytes) -> bool:
+        """Does the index hold a readable SSD copy of `key` (not dropped, not reset)?"""
+        with self._lock:
+            e = self._entries.get(key)
+            return e is not None and e.on_ssd and not e.stale
 
     def commit_ssd_write(self, key: bytes, ok: bool) -> None:
         with self._lock:

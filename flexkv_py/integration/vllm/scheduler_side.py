@@ -83,7 +83,7 @@ class SchedulerSide:
         self._ns = info.namespace
         self._bs = info.block_size
         self._get_kv_cache_manager = kv_cache_manager_getter
-        background = host_pool_in_background(config, self._ns, info.page_bytes)
+        background = host_pool_in_background(config, self._ns, info.page_bytes, serving=True)
         # A background pool has no usable slot until every worker reported its ready slots.
         self._mgr = CacheManager(
             config, self._ns, info.page_bytes, usable_host_slots=0 if background else None

@@ -82,7 +82,9 @@ class WorkerSide:
         return self._executor
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches)
+        self._executor = JobExecutor.from_kv_caches(
+            self._config, self._ns, kv_caches, serving=True
+        )
         if self._config.ssd_enabled:
             keys = tuple(self._executor.stored_keys())
             logger.info("rank %d: %d blocks on SSD from a previous run", self.tp_rank, len(keys))
