@@ -4,7 +4,8 @@ The store is opened read-only (no lock, no writes), so this is safe while a serv
 directory. A directory holds one store per worker rank (``tp{r}-pp{p}`` subdirectories, see
 flexkv_py.tiers.ssd_tier) or is itself a store. Give every directory of a striped
 ``ssd_cache_dir`` to see its shards whole. Within a store, keys are ``rank tag + 16-byte
-namespace digest + block hash``: blocks are grouped by namespace digest.
+namespace digest + block hash``: blocks are grouped by namespace digest. It also warns when
+group/others can reach the directories or their files (KV blocks reveal prompts).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from flexkv_py import _native
 from flexkv_py.index.namespace import PREFIX_LEN, SHARD_TAG
+from flexkv_py.tiers.private_files import Exposed, exposed
 
 DATA_FILE = "flexkv-blocks.dat"
 LOCK_FILE = "flexkv.lock"
@@ -114,6 +116,20 @@ def lock_holder(directory: Path) -> str | None:
     return None
 
 
+def exposures(dirs: list[Path], shards: dict[str, list[Path]]) -> list[Exposed]:
+    """The given directories, their shard directories and every file in those that group or
+    others can reach."""
+    paths = [str(d) for d in dirs]
+    for shard_dirs in shards.values():
+        for d in shard_dirs:
+            paths.append(str(d))
+            try:
+                paths += [str(c) for c in sorted(d.iterdir()) if c.is_file()]
+            except OSError:
+                pass  # unreadable: the store open reports it
+    return [e for e in map(exposed, dict.fromkeys(paths)) if e is not None]
+
+
 def _rank_name(tag: bytes) -> str:
     tp, pp = SHARD_TAG.unpack(tag)
     return f"tp{tp}-pp{pp}"
@@ -200,12 +216,18 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     reports = [inspect_shard(name, paths, args.verify) for name, paths in sorted(shards.items())]
+    open_paths = exposures(args.dirs, shards)
+    for found in open_paths:
+        print(f"flexkv-py inspect: warning: {found.message}", file=sys.stderr)
     free = {}
     for d in args.dirs:
         usage = shutil.disk_usage(d)
         free[str(d)] = {"free_bytes": usage.free, "total_bytes": usage.total}
     if args.json:
-        print(json.dumps({"shards": [r.as_dict() for r in reports], "disk": free}))
+        privacy = [{**x.as_dict(), "message": x.message} for x in open_paths]
+        out: dict[str, Any] = {"shards": [r.as_dict() for r in reports], "disk": free}
+        out.update(private=not open_paths, privacy_warnings=privacy)
+        print(json.dumps(out))
     else:
         for r in reports:
             print("\n".join(_text(r)))

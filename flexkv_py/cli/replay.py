@@ -28,6 +28,7 @@ from flexkv_py.coordinator import CacheEngine
 from flexkv_py.coordinator.planning import slot_nbytes_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.private_files import make_private_dir
 from flexkv_py.transfer import describe_kv_caches
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def _config(opts: ReplayOptions, page_bytes: int, cpu: int, ssd: int, ssd_dir: s
 def _ssd_directory(opts: ReplayOptions) -> Iterator[str]:
     if opts.ssd_dir is not None:
         try:
-            opts.ssd_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(str(opts.ssd_dir))  # holds KV blocks: 0700 when we create it
         except OSError as e:
             raise ConfigError(
                 f"--ssd-dir: cannot create {str(opts.ssd_dir)!r}: {e.strerror}"

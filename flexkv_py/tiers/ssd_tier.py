@@ -3,7 +3,8 @@
 Each rank gets its own subdirectory in every configured directory (``<dir>/tp0-pp0``), so ranks
 never share files or locks, and stores its blocks under ``namespace.storage_key(key)`` (rank tag +
 logical key), so even a misconfigured shared directory cannot hand one shard's block to another.
-The configured sizes are per engine and split evenly across its ranks.
+The configured sizes are per engine and split evenly across its ranks. Shard directories are
+0700 and store files 0600: KV blocks reveal the prompts they were computed from.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.private_files import make_private_dir, tighten_dir, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +32,12 @@ class SsdTier:
             raise ConfigError("ssd_cache_gb: the SSD tier is disabled (0); nothing to open")
         self.namespace = namespace
         self.dirs = [os.path.join(d, namespace.shard_dir_name) for d in config.ssd_cache_dir]
-        for d in self.dirs:
+        for root, d in zip(config.ssd_cache_dir, self.dirs, strict=True):
+            warn_if_exposed(root)  # the user's directory: warned about, never chmod-ed
             try:
-                os.makedirs(d, exist_ok=True)
+                # Shard directories are ours: 0700, and tightened if made before that.
+                if not make_private_dir(d):
+                    tighten_dir(d)
             except OSError as e:
                 raise ConfigError(f"ssd_cache_dir: cannot create {d!r}: {e.strerror}") from e
         self.capacity_bytes = namespace.rank_share(config.ssd_cache_bytes)

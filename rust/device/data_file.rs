@@ -6,6 +6,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
@@ -104,6 +105,7 @@ fn open_maybe_direct(path: &Path, writable: bool, create: bool) -> Result<(File,
             .write(writable)
             .create(create)
             .truncate(false)
+            .mode(FILE_MODE)
             .custom_flags(flags)
             .open(path)
     };

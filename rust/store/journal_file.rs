@@ -3,8 +3,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
 use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN};
 
@@ -60,7 +62,14 @@ impl JournalFile {
         // Everything that can fail happens before the rename: until it, the old journal stays
         // the current one; after it, this handle already points at the new file.
         let prepared = (|| -> std::io::Result<File> {
-            let mut f = File::create(&tmp)?;
+            // A temp file left by a crash may predate private files: start from a new 0600 one
+            // (create_new: the mode applies, and a planted file or link is never written).
+            match std::fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let mut f = OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&tmp)?;
             f.write_all(&buf)?;
             f.sync_all()?;
             OpenOptions::new().append(true).open(&tmp)

@@ -3,7 +3,7 @@
 //! tail (cut off here) and unreferenced extents (free space again): never a half block.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
@@ -173,6 +173,9 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         tracing::warn!(records = dropped, "journal records outside the data files were dropped");
     }
 
+    if !cfg.read_only {
+        make_private(&cfg.dirs, &files, &locks);
+    }
     let journal = if cfg.read_only {
         None
     } else {
@@ -244,6 +247,27 @@ fn create_data_file(dir: &Path, len: u64, sb: Superblock, preallocate: bool) -> 
     f.file.set_len(len).map_err(|e| StoreError::io(dir.display(), e))?;
     f.len = len;
     Ok(f)
+}
+
+/// Stores created before files were private hold 0644 files: take group/other access away
+/// from the files this opener owns (it holds their locks), with one log line for all of them.
+/// The journal needs nothing: its rewrite below replaces it with a new 0600 file.
+fn make_private(dirs: &[PathBuf], files: &[DataFile], locks: &[Option<DirLock>]) {
+    let mut changed: Vec<String> = Vec::new();
+    for ((dir, data), lock) in dirs.iter().zip(files).zip(locks) {
+        changed.extend(crate::device::private::tighten(&data.file, &data.path));
+        changed.extend(lock.as_ref().and_then(|l| l.make_private(dir)));
+    }
+    let journal = dirs[0].join(journal_file::JOURNAL_FILE);
+    if let Ok(meta) = std::fs::metadata(&journal) {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+        if mode & 0o077 != 0 {
+            changed.push(format!("{} {mode:04o} -> 0600 (rewritten)", journal.display()));
+        }
+    }
+    if !changed.is_empty() {
+        tracing::info!("cache files made private (group/other access removed): {}", changed.join(", "));
+    }
 }
 
 fn remove_stale(dir: &Path) {

@@ -116,3 +116,30 @@ fn recovery_drops_records_beyond_a_shrunk_capacity() {
         assert_eq!(read(&small, &k).unwrap(), data(&k, 100_000));
     }
 }
+
+#[test]
+fn store_files_are_private_and_old_ones_are_tightened() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let names =
+        [crate::device::data_file::DATA_FILE, journal_file::JOURNAL_FILE, crate::device::dir_lock::LOCK_FILE];
+    let mode = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o777;
+    {
+        let store = open(dir.path());
+        put_all(&store, &[b"k".to_vec()], 5_000);
+        store.close().unwrap();
+    }
+    for name in names {
+        // 0600 at most: a stricter umask may take more away, never give more.
+        assert_eq!(mode(name) & !0o600, 0, "{name} is {:o}", mode(name));
+    }
+    // A store from before private files: 0644 everywhere; a read-write open fixes it.
+    for name in names {
+        std::fs::set_permissions(dir.path().join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let store = open(dir.path());
+    for name in names {
+        assert_eq!(mode(name), 0o600, "{name}");
+    }
+    assert_eq!(read(&store, b"k").unwrap(), data(b"k", 5_000));
+}
