@@ -57,6 +57,7 @@ from flexkv_py.coordinator.jobs import (
 from flexkv_py.coordinator.planning import host_pool_in_background, host_slots_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.memory_limit import check_host_pool_fits
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,9 @@ def build_host_side(
             f"of {geom.page_nbytes} bytes ({geom.fingerprint})"
         )
     num_slots = host_slots_for(config, namespace, geom.page_nbytes)
+    # Here, in the process that allocates the pool: over the container's memory limit it would
+    # be OOM-killed once the pool is touched, so refuse at start instead.
+    check_host_pool_fits(config.cpu_cache_gb, num_slots * geom.slot_nbytes, namespace.world_size)
     pool = HostPool(
         num_slots,
         geom.slot_nbytes,
