@@ -4,8 +4,10 @@ Real: `VllmConfig`, vLLM's general-plugin loading (flexkv-py's entry point point
 `FlexKVConnectorV1` name at our connector), the `Scheduler` / `AsyncScheduler`, `Request`s
 with the engine's block hasher, the KV cache plan (`get_kv_cache_config_from_groups`) and
 tensors (`allocate_kv_cache`, the exact `[B, H, N, C]` views a worker registers), the connector
-factory (built-in name or module path), TP output aggregation (`KVOutputAggregator`), and
-`update_from_output`.
+factory (built-in name or module path), TP and PP output aggregation (`KVOutputAggregator` over
+every worker, onto TP rank 0 of the last stage as MultiprocExecutor does), per-stage KV cache
+configs (each PP stage registers only its own layers; the scheduler gets stage 0's config, as
+`generate_scheduler_kv_cache_config` gives it), and `update_from_output`.
 
 Stand-in: the model. `FakeModel` writes, for every scheduled token, KV that is a deterministic
 function of the token prefix (like real attention KV), and before each forward checks that the
@@ -53,11 +55,16 @@ from vllm.config import (
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.utils import get_pp_indices
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.plugins import load_general_plugins
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (
+    generate_scheduler_kv_cache_config,
+    get_request_block_hasher,
+    init_none_hash,
+)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -142,6 +149,7 @@ def make_vllm_config(
     max_num_batched_tokens: int = 256,
     max_num_seqs: int = 64,
     tp_size: int = 1,
+    pp_size: int = 1,
     layout: str = "LBNHC",
     async_scheduling: bool = False,
     kv_events: dict[str, Any] | None = None,
@@ -163,7 +171,9 @@ def make_vllm_config(
             async_scheduling=async_scheduling,
             disable_hybrid_kv_cache_manager=disable_hma,
         ),
-        parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tp_size, pipeline_parallel_size=pp_size
+        ),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(**transfer),
         kv_events_config=KVEventsConfig(**kv_events) if kv_events is not None else None,
@@ -173,19 +183,40 @@ def make_vllm_config(
     return cfg
 
 
-def make_kv_cache_config(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
-    tp = vllm_config.parallel_config.tensor_parallel_size
+def stage_layers(pp_rank: int, pp_size: int) -> list[int]:
+    """The layers PP stage `pp_rank` holds, split as vLLM's model loader splits them."""
+    start, end = get_pp_indices(NUM_LAYERS, pp_rank, pp_size)
+    return list(range(start, end))
+
+
+def make_stage_kv_cache_configs(vllm_config: VllmConfig, num_blocks: int) -> list[KVCacheConfig]:
+    """One KVCacheConfig per PP stage, as vLLM's get_kv_cache_configs plans them: the groups of
+    the whole model projected onto each stage's layers, every stage with the same num_blocks
+    (each stage's tensors are sized by its own layers)."""
+    parallel = vllm_config.parallel_config
     spec = FullAttentionSpec(
         block_size=vllm_config.cache_config.block_size,
-        num_kv_heads=NUM_KV_HEADS // tp,
+        num_kv_heads=NUM_KV_HEADS // parallel.tensor_parallel_size,
         head_size=HEAD_SIZE,
         dtype=torch.float16,
     )
-    groups = [KVCacheGroupSpec(list(LAYER_NAMES), spec)]
-    page = spec.page_size_bytes * NUM_LAYERS
-    cfg = get_kv_cache_config_from_groups(vllm_config, groups, available_memory=num_blocks * page)
-    assert cfg.num_blocks == num_blocks, (cfg.num_blocks, num_blocks)
-    return cfg
+    out = []
+    for p in range(parallel.pipeline_parallel_size):
+        names = [LAYER_NAMES[i] for i in stage_layers(p, parallel.pipeline_parallel_size)]
+        groups = [KVCacheGroupSpec(names, spec)]
+        page = spec.page_size_bytes * len(names)
+        cfg = get_kv_cache_config_from_groups(
+            vllm_config, groups, available_memory=num_blocks * page
+        )
+        assert cfg.num_blocks == num_blocks, (cfg.num_blocks, num_blocks)
+        out.append(cfg)
+    return out
+
+
+def make_kv_cache_config(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
+    """The scheduler's KVCacheConfig: vLLM's engine core takes the first worker's (stage 0's
+    layers under PP; generate_scheduler_kv_cache_config checks num_blocks agree)."""
+    return generate_scheduler_kv_cache_config(make_stage_kv_cache_configs(vllm_config, num_blocks))
 
 
 # ------------------------------------------------------------------------------------ requests
@@ -234,10 +265,12 @@ def _prefix_digests(tokens: Sequence[int]) -> list[int]:
 
 @dataclass
 class FakeModel:
-    """Writes/validates deterministic per-position KV in one rank's registered cache tensors."""
+    """Writes/validates deterministic per-position KV in one rank's registered cache tensors:
+    only the layers of its PP stage (`layers`, indices into LAYER_NAMES), the only ones it has."""
 
     rank: int
     kv_caches: dict[str, torch.Tensor]
+    layers: list[int] = field(default_factory=lambda: list(range(NUM_LAYERS)))
     mismatches: list[str] = field(default_factory=list)
     written: dict[str, int] = field(default_factory=dict)  # req_id -> positions computed
     checked: dict[str, int] = field(default_factory=dict)  # req_id -> positions verified
@@ -258,9 +291,9 @@ class FakeModel:
         self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], upto: int
     ) -> None:
         digests = _prefix_digests(tokens[:upto])
-        bs = self.kv_caches[LAYER_NAMES[0]].shape[2]
+        bs = self._block_size()
         for p in range(upto):
-            for layer in range(NUM_LAYERS):
+            for layer in self.layers:
                 got = self._slot(layer, block_ids[p // bs], p % bs)
                 if not torch.equal(got, self.expected(layer, digests[p])):
                     self.mismatches.append(f"{req_id} pos {p} layer {layer} rank {self.rank}")
@@ -271,20 +304,23 @@ class FakeModel:
         self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], start: int, end: int
     ) -> None:
         digests = _prefix_digests(tokens[:end])
-        bs = self.kv_caches[LAYER_NAMES[0]].shape[2]
+        bs = self._block_size()
         for p in range(start, end):
-            for layer in range(NUM_LAYERS):
+            for layer in self.layers:
                 self._slot(layer, block_ids[p // bs], p % bs).copy_(
                     self.expected(layer, digests[p])
                 )
         self.written[req_id] = self.written.get(req_id, 0) + (end - start)
 
     def block_bits(self, block_id: int) -> list[torch.Tensor]:
-        """All layers' bytes of one block (for bit-exact comparisons between requests)."""
+        """This rank's layers' bytes of one block (for bit-exact comparisons between requests)."""
         return [
-            self.kv_caches[name][block_id].contiguous().view(torch.int16).clone()
-            for name in LAYER_NAMES
+            self.kv_caches[LAYER_NAMES[i]][block_id].contiguous().view(torch.int16).clone()
+            for i in self.layers
         ]
+
+    def _block_size(self) -> int:
+        return int(self.kv_caches[LAYER_NAMES[self.layers[0]]].shape[2])
 
 
 def sampled_token(tokens: Sequence[int]) -> int:
@@ -330,6 +366,7 @@ class Engine:
         num_blocks: int = 64,
         block_size: int = 16,
         tp_size: int = 1,
+        pp_size: int = 1,
         max_num_batched_tokens: int = 256,
         layout: str = "LBNHC",
         async_scheduling: bool = False,
@@ -340,7 +377,11 @@ class Engine:
         """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
         kept. Without it, what the scheduler publishes is recorded in `events`.
         `process_group`: vLLM's distributed state on a one-process gloo group, as a worker has it
-        (NixlConnector's worker reads its TP rank from it); TP must be 1."""
+        (NixlConnector's worker reads its TP rank from it); TP and PP must be 1.
+        `pp_size`: tp_size x pp_size workers, global rank = pp_rank * tp_size + tp_rank as vLLM
+        numbers them; stage p's workers get stage p's KVCacheConfig and register only its layers,
+        the scheduler gets stage 0's (what vLLM's engine core hands it). Steps stay synchronous
+        (one batch in flight, not vLLM's batch queue of pp_size batches)."""
         self.block_size = block_size
         self.vllm_config = make_vllm_config(
             model_dir,
@@ -348,6 +389,7 @@ class Engine:
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
             tp_size=tp_size,
+            pp_size=pp_size,
             layout=layout,
             async_scheduling=async_scheduling,
             kv_events=kv_events,
@@ -355,9 +397,10 @@ class Engine:
         )
         self._process_group: Path | None = None
         if process_group:
-            assert tp_size == 1, "a one-process group holds one rank"
+            assert tp_size == pp_size == 1, "a one-process group holds one rank"
             self._process_group = _init_process_group(self.vllm_config)
-        self.kv_cache_config = make_kv_cache_config(self.vllm_config, num_blocks)
+        self.stage_kv_cache_configs = make_stage_kv_cache_configs(self.vllm_config, num_blocks)
+        self.kv_cache_config = generate_scheduler_kv_cache_config(self.stage_kv_cache_configs)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         sched_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = sched_cls(
@@ -372,10 +415,15 @@ class Engine:
         if kv_events is None:
             # update_from_output publishes connector.take_events(); record what it publishes.
             self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
-        self.workers = [self._make_worker(rank, layout) for rank in range(tp_size)]
+        self.tp_size, self.pp_size = tp_size, pp_size
+        self.world_size = world = tp_size * pp_size
+        self.workers = [self._make_worker(rank, layout) for rank in range(world)]
         # One for the engine's lifetime, as vLLM's executor keeps it: a request is finished
-        # once every rank has reported it, possibly in different steps.
-        self._aggregator = KVOutputAggregator(expected_finished_count=tp_size)
+        # once every worker (all TP ranks of all stages) has reported it, possibly in different
+        # steps.
+        self._aggregator = KVOutputAggregator(expected_finished_count=world)
+        # MultiprocExecutor's output rank: TP rank 0 of the last stage (the one that samples).
+        self._output_rank = world - tp_size
         self.history: list[StepRecord] = []
         self.outputs: dict[str, list[int]] = {}
         self.stats: list[dict[str, Any]] = []  # kv_connector_stats payload per step
@@ -385,14 +433,16 @@ class Engine:
         cfg = copy.copy(self.vllm_config)
         cfg.parallel_config = copy.copy(self.vllm_config.parallel_config)
         cfg.parallel_config.rank = rank
+        pp_rank = rank // self.tp_size
+        stage_config = self.stage_kv_cache_configs[pp_rank]
         connector = KVConnectorFactory.create_connector(
-            config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=self.kv_cache_config
+            config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=stage_config
         )
         from vllm.v1.kv_cache_layout import KVCacheLayout
 
-        kv = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"), KVCacheLayout[layout])
+        kv = allocate_kv_cache(stage_config, torch.device("cpu"), KVCacheLayout[layout])
         connector.register_kv_caches(kv)
-        return Worker(connector, kv, FakeModel(rank, kv))
+        return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
 
     # -------------------------------------------------------------- driving
     def add(self, request: Request) -> Request:
@@ -406,7 +456,7 @@ class Engine:
         blob = pickle.dumps(so.kv_connector_metadata)
         per_rank: list[ModelRunnerOutput] = []
         req_ids = list(so.num_scheduled_tokens)
-        for w in self.workers:
+        for rank, w in enumerate(self.workers):
             c = w.connector
             meta = pickle.loads(blob)
             c.handle_preemptions(meta)
@@ -432,17 +482,24 @@ class Engine:
                 kv_connector_worker_meta=c.build_connector_worker_meta(),
             )
             c.clear_connector_metadata()
+            if rank < self.world_size - self.tp_size:
+                # A stage before the last passes on only its connector output (as
+                # GPUModelRunner.sample_tokens does on a non-last PP rank).
+                per_rank.append(ModelRunnerOutput.with_kv_conn_output_only(out))
+                continue
             per_rank.append(
                 ModelRunnerOutput(
                     req_ids=req_ids,
                     req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                    sampled_token_ids=self._sample(so) if w is self.workers[0] else [],
+                    sampled_token_ids=self._sample(so) if rank == self._output_rank else [],
                     kv_connector_output=out,
                 )
             )
         if len(per_rank) == 1:
             return per_rank[0]
-        return self._aggregator.aggregate(per_rank, 0)
+        aggregated = self._aggregator.aggregate(list(per_rank), self._output_rank)
+        assert aggregated is not None
+        return aggregated
 
     def _start_load(self, connector: Any) -> None:
         # As ActiveKVConnector does outside a forward: a context without attention metadata.

@@ -14,6 +14,7 @@ from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.integration.vllm.events import events_enabled
+from flexkv_py.integration.vllm.pipeline_stages import check_even_stages
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -30,7 +31,7 @@ class UnsupportedKVCacheError(ConfigError):
 class EngineInfo:
     namespace: Namespace  # rank-less; workers use namespace.for_rank(...)
     block_size: int
-    page_bytes: int  # one block, all layers of this rank's shard
+    page_bytes: int  # one block, all layers of this rank's shard (of its PP stage's layers)
     tp_size: int
     pp_size: int
     can_load: bool  # kv_role consumer or both
@@ -66,6 +67,7 @@ def read_engine_info(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     ktc = vllm_config.kv_transfer_config
     assert ktc is not None
     spec, layer_names = _single_full_attention_group(kv_cache_config)
+    check_even_stages(vllm_config)  # PP: the page below is this stage's, the same on every stage
     cache_config = vllm_config.cache_config
     layout = kv_cache_config.kv_cache_layout or cache_config.kv_cache_layout or "LBNHC"
     parallel = vllm_config.parallel_config

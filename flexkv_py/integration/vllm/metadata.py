@@ -1,14 +1,14 @@
 """What travels between the scheduler-side and worker-side connector halves each step.
 
-Scheduler -> workers (`FlexKVConnectorMetadata`, pickled to every TP rank): the coordinator's jobs
-in creation order (a spill job must run before the store that reuses its host slot), which request
-each belongs to, and request-level instructions (flush stores of preempted requests, report when
-delayed-free requests' stores are done).
+Scheduler -> workers (`FlexKVConnectorMetadata`, pickled to every worker: each TP rank of each PP
+stage): the coordinator's jobs in creation order (a spill job must run before the store that
+reuses its host slot), which request each belongs to, and request-level instructions (flush
+stores of preempted requests, report when delayed-free requests' stores are done).
 
-Workers -> scheduler (`FlexKVWorkerMetadata`, folded across ranks by vLLM with `aggregate`): the
-per-rank result of every finished job, how many ranks ended each store's GPU->host copy (the
-request's GPU blocks are no longer read there; the job may still be writing to SSD), each rank's
-SSD inventory once after start, and transfer counters.
+Workers -> scheduler (`FlexKVWorkerMetadata`, folded across all tp_size x pp_size workers by vLLM
+with `aggregate`): the per-worker result of every finished job, how many workers ended each
+store's GPU->host copy (the request's GPU blocks are no longer read there; the job may still be
+writing to SSD), each worker's SSD inventory once after start, and transfer counters.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     # store job_id -> number of ranks whose GPU->host copy of it ended (each rank counts once,
     # no later than its result; the scheduler waits for all ranks, as for results).
     gpu_read_done: dict[int, int] = field(default_factory=dict)
-    # tp_rank -> logical keys this rank's SSD tier holds (sent once, after register_kv_caches).
-    inventories: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+    # (tp_rank, pp_rank) -> logical keys that worker's SSD shard holds (sent once, after
+    # register_kv_caches; every PP stage holds its own layers of the same blocks).
+    inventories: dict[tuple[int, int], tuple[bytes, ...]] = field(default_factory=dict)
     # Numeric transfer counters, summed over ranks.
     counters: dict[str, float] = field(default_factory=dict)
     # (tp_rank, pp_rank) -> leading host slots ready on that worker (pools prepared in the

@@ -33,6 +33,7 @@ from flexkv_py.integration.vllm.metadata import (
     FlexKVWorkerMetadata,
     JobEntry,
 )
+from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
 if TYPE_CHECKING:
@@ -99,9 +100,8 @@ class SchedulerSide:
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
-        self._inventories: dict[int, tuple[bytes, ...]] = {}
-        # With an SSD tier, lookups wait until every rank reported what survived a restart.
-        self._inventory_ready = not config.ssd_enabled
+        # With an SSD tier, lookups wait until every worker reported what survived a restart.
+        self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
@@ -116,7 +116,7 @@ class SchedulerSide:
         first = num_computed_tokens // self._bs
         if first >= len(hashes):
             return 0, False
-        if not self._inventory_ready:
+        if not self._inventory.ready:
             return None, False  # ask again once the workers reported their SSD contents
         keys = self._ns.keys(hashes[first:])
         hit = self._mgr.lookup(keys)
@@ -277,13 +277,9 @@ class SchedulerSide:
             self._ready_slots.update(meta.ready_slots)
             if len(self._ready_slots) >= self._info.num_workers:
                 self._mgr.grow_host_slots(min(self._ready_slots.values()))
-        if meta.inventories and not self._inventory_ready:
-            self._inventories.update(meta.inventories)
-            if len(self._inventories) >= self._info.tp_size:
-                ranks = [self._inventories[r] for r in sorted(self._inventories)]
-                self._mgr.adopt_ssd_keys(ranks)
-                self._inventory_ready = True
-                logger.info("adopted %d SSD blocks from %d ranks", min(map(len, ranks)), len(ranks))
+        inventories = self._inventory.add(meta.inventories)
+        if inventories is not None:
+            self._mgr.adopt_ssd_keys(inventories)
         for job_id, nranks in meta.gpu_read_done.items():
             info = self._jobs.get(job_id)
             if info is None:

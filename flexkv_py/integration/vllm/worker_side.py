@@ -56,6 +56,8 @@ class WorkerSide:
         self._ns = info.namespace.for_rank(tp_rank, pp_rank)
         self.tp_rank = tp_rank
         self.pp_rank = pp_rank
+        # Logs name the worker by both ranks: under PP, TP rank 0 exists once per stage.
+        self._label = self._ns.shard_dir_name
         # Host slots this worker last reported ready (a background pool grows while serving).
         self._reported_ready = 0
         self._stepping = False
@@ -87,8 +89,8 @@ class WorkerSide:
         )
         if self._config.ssd_enabled:
             keys = tuple(self._executor.stored_keys())
-            logger.info("rank %d: %d blocks on SSD from a previous run", self.tp_rank, len(keys))
-            self._out.inventories[self.tp_rank] = keys
+            logger.info("%s: %d blocks on SSD from a previous run", self._label, len(keys))
+            self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
 
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
@@ -129,9 +131,9 @@ class WorkerSide:
         be committed. Their results (all blocks failed) reach the scheduler when they end."""
         abandoned = set(self.executor.abandon(job_ids))
         logger.error(
-            "rank %d: stores of preempted requests %s not done after %g s; %d of %d jobs "
+            "%s: stores of preempted requests %s not done after %g s; %d of %d jobs "
             "abandoned: their blocks fail and are not cached (jobs %s)",
-            self.tp_rank,
+            self._label,
             sorted(req_ids),
             self.flush_timeout_s,
             len(abandoned),
@@ -222,7 +224,7 @@ class WorkerSide:
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         if errors:
-            logger.warning("rank %d: %d blocks failed to load", self.tp_rank, len(errors))
+            logger.warning("%s: %d blocks failed to load", self._label, len(errors))
         return errors
 
     def build_worker_meta(self) -> FlexKVWorkerMetadata | None:
@@ -246,5 +248,5 @@ class WorkerSide:
             if self._pending:
                 self.submit_pending()
             if not self._executor.shutdown(self.shutdown_timeout_s):
-                logger.error("rank %d: FlexKV jobs still running at shutdown", self.tp_rank)
+                logger.error("%s: FlexKV jobs still running at shutdown", self._label)
             self._executor = None

@@ -1,0 +1,37 @@
+"""What survived a restart on every worker's SSD shard, gathered before lookups may hit.
+
+Each worker (one per (tp_rank, pp_rank): under PP every stage holds other layers of the same
+blocks) reports the logical keys its SSD shard holds once, after register_kv_caches. A block can
+be loaded only if every worker has its shard, so the scheduler waits for all tp_size x pp_size
+reports and adopts the keys every one of them holds; a report keyed by TP rank alone would let
+one stage's report replace another's, and a block one stage lost would be loaded and fail there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+WorkerRank = tuple[int, int]  # (tp_rank, pp_rank)
+
+
+class RestartInventory:
+    def __init__(self, num_workers: int, *, enabled: bool) -> None:
+        """`enabled`: an SSD tier exists (without one there is nothing to wait for)."""
+        self._num_workers = num_workers
+        self._reports: dict[WorkerRank, tuple[bytes, ...]] = {}
+        self.ready = not enabled
+
+    def add(
+        self, reports: Mapping[WorkerRank, tuple[bytes, ...]]
+    ) -> list[tuple[bytes, ...]] | None:
+        """Take workers' reports; once every worker reported, return them (in rank order, for
+        CacheManager.adopt_ssd_keys, which keeps the keys all of them hold) and become ready."""
+        if self.ready or not reports:
+            return None
+        self._reports.update(reports)
+        if len(self._reports) < self._num_workers:
+            return None
+        self.ready = True
+        ranks = [self._reports[r] for r in sorted(self._reports)]
+        self._reports = {}
+        return ranks
