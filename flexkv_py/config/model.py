@@ -33,6 +33,8 @@ class FlexKVConfig:
     host_pool_init: str = "auto"
     max_file_size_gb: float | None = None
     load_failure_policy: str = "recompute"
+    model_identity: str | None = None
+    model_epoch: int = 0
     instance_num: int = 1
     instance_id: int = 0
 

@@ -177,6 +177,14 @@ FIELDS: tuple[Field, ...] = (
         "a failed load recomputes (default) or fails the request (vLLM's policy is set to it)",
     ),
     Field(
+        "model_identity",
+        _as_optional_str,
+        None,
+        "share blocks across renamed copies of one checkpoint: replaces the model's own identity "
+        "(config, weights, served name) in every key",
+    ),
+    Field("model_epoch", _as_int, 0, "bump after changing weights in place: old blocks never hit"),
+    Field(
         "instance_num",
         _as_int,
         1,

@@ -1,8 +1,11 @@
 """Key namespace: what makes two KV blocks with the same token hash interchangeable.
 
-A logical key is ``prefix + block_hash``: the 16-byte prefix digests everything that changes the
-bytes of a page (model and revision, KV dtype, KV layout, tokens per block, page size, the TP/PP
-split and the engine's hash algorithm), so another model, dtype or sharding can never hit. The
+A logical key is ``prefix + variant + block_hash``: the 16-byte prefix digests everything that
+changes the bytes of a page (model and revision, the model's identity — its config, weights and
+epoch, see integration/vllm/identity.py —, the KV cache format, KV layout, tokens per block, page
+size, the TP/PP split and the engine's hash algorithm), so another model, dtype or sharding can
+never hit. The 8-byte variant separates what differs per request inside one engine: zero bytes
+for the base model, a digest of the LoRA adapter's identity otherwise. The
 scheduler-side manager has no rank, so the prefix leaves the ranks out; each rank isolates its
 shard physically with a rank tag in front of the stored key (`storage_key`) and its own SSD
 subdirectory (`shard_dir_name`).
@@ -20,8 +23,11 @@ from functools import cached_property
 from flexkv_py.errors import ConfigError
 
 PREFIX_LEN = 16
-# Bump when the page format changes so old SSD contents stop matching.
-FORMAT_VERSION = 1
+VARIANT_LEN = 8
+BASE_VARIANT = bytes(VARIANT_LEN)
+# Bump when the page or key format changes so old SSD contents stop matching (they are never
+# adopted at restart and age out of the store). 2: model identity, KV cache format, variants.
+FORMAT_VERSION = 2
 # Rank tag in front of every stored key: (tp_rank, pp_rank), big-endian u16 each.
 SHARD_TAG = struct.Struct(">HH")
 
@@ -39,6 +45,8 @@ class Namespace:
     pp_size: int = 1
     hash_algo: str = "sha256"
     page_bytes: int = 0
+    # Digest of the model's config, weights and epoch, or an operator's override (identity.py).
+    model_identity: str = ""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -65,25 +73,28 @@ class Namespace:
             "pp_size": self.pp_size,
             "hash_algo": self.hash_algo.lower(),
             "page_bytes": self.page_bytes,
+            "model_identity": self.model_identity,
         }
         canonical = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.blake2b(canonical, digest_size=PREFIX_LEN).digest()
 
-    def key(self, block_hash: bytes) -> bytes:
-        return self.prefix + bytes(block_hash)
+    def key(self, block_hash: bytes, variant: bytes = BASE_VARIANT) -> bytes:
+        return self.keys((block_hash,), variant)[0]
 
-    def keys(self, block_hashes: Iterable[bytes]) -> list[bytes]:
-        prefix = self.prefix
-        return [prefix + bytes(h) for h in block_hashes]
+    def keys(self, block_hashes: Iterable[bytes], variant: bytes = BASE_VARIANT) -> list[bytes]:
+        if len(variant) != VARIANT_LEN:
+            raise ValueError(f"key variant must be {VARIANT_LEN} bytes, got {len(variant)}")
+        head = self.prefix + variant
+        return [head + bytes(h) for h in block_hashes]
 
     def owns(self, key: bytes) -> bool:
-        return len(key) > PREFIX_LEN and key[:PREFIX_LEN] == self.prefix
+        return len(key) > PREFIX_LEN + VARIANT_LEN and key[:PREFIX_LEN] == self.prefix
 
     def block_hash(self, key: bytes) -> bytes:
         """The engine's block hash inside a logical key of this namespace."""
         if not self.owns(key):
             raise ValueError("key does not belong to this namespace")
-        return key[PREFIX_LEN:]
+        return key[PREFIX_LEN + VARIANT_LEN :]
 
     # --- per-rank isolation (worker side) ---
     @cached_property

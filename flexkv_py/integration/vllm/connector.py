@@ -79,8 +79,8 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
         check_flexkv_owner()
         self._parent = find_parent()
         check_child_without_hma(vllm_config, self._parent)
-        self._info = read_engine_info(vllm_config, kv_cache_config)
         self._config = read_flexkv_config(vllm_config)
+        self._info = read_engine_info(vllm_config, kv_cache_config, self._config)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:

@@ -14,6 +14,7 @@ from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.integration.vllm.events import events_enabled
+from flexkv_py.integration.vllm.identity import kv_cache_format, model_identity
 from flexkv_py.integration.vllm.pipeline_stages import check_even_stages
 
 if TYPE_CHECKING:
@@ -63,7 +64,12 @@ def _single_full_attention_group(kv_cache_config: KVCacheConfig) -> tuple[Any, l
     return spec, list(groups[0].layer_names)
 
 
-def read_engine_info(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> EngineInfo:
+def read_engine_info(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: FlexKVConfig | None = None
+) -> EngineInfo:
+    """`config`: flexkv-py's configuration (model_identity / model_epoch); None reads it."""
+    if config is None:
+        config = read_flexkv_config(vllm_config)
     ktc = vllm_config.kv_transfer_config
     assert ktc is not None
     spec, layer_names = _single_full_attention_group(kv_cache_config)
@@ -73,16 +79,21 @@ def read_engine_info(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
     page_bytes = int(spec.page_size_bytes) * len(layer_names)
+    # An operator's model_identity replaces everything about this copy, its path included.
+    override = config.model_identity
     namespace = Namespace(
-        model=str(model_config.model),
-        revision=model_config.revision,
-        kv_dtype=str(spec.dtype),
+        model=override or str(model_config.model),
+        revision=None if override else model_config.revision,
+        kv_dtype=kv_cache_format(cache_config, spec.dtype),
         kv_layout=str(layout),
         block_size=int(spec.block_size),
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
         hash_algo=str(cache_config.prefix_caching_hash_algo),
         page_bytes=page_bytes,
+        model_identity=model_identity(
+            model_config, override=config.model_identity, epoch=config.model_epoch
+        ),
     )
     return EngineInfo(
         namespace=namespace,

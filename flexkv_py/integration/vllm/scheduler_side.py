@@ -28,6 +28,7 @@ from flexkv_py.integration.vllm.events import (
     BlockOrigins,
     to_vllm_events,
 )
+from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
     FlexKVWorkerMetadata,
@@ -103,6 +104,8 @@ class SchedulerSide:
         # With an SSD tier, lookups wait until every worker reported what survived a restart.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
+        # LoRA requests key their blocks by the adapter's identity, not only its name.
+        self._variants = AdapterVariants()
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
@@ -118,7 +121,7 @@ class SchedulerSide:
             return 0, False
         if not self._inventory.ready:
             return None, False  # ask again once the workers reported their SSD contents
-        keys = self._ns.keys(hashes[first:])
+        keys = self._ns.keys(hashes[first:], self._variants.variant(request.lora_request))
         hit = self._mgr.lookup(keys)
         self._stats.add("lookup_blocks", len(keys))
         if hit == 0:
@@ -143,7 +146,8 @@ class SchedulerSide:
         first = local_tokens // self._bs
         count = -(-num_external_tokens // self._bs)
         block_ids = tuple(blocks.get_block_ids()[0][first : first + count])
-        keys = tuple(self._ns.keys(request.block_hashes[first : first + count]))
+        variant = self._variants.variant(request.lora_request)
+        keys = tuple(self._ns.keys(request.block_hashes[first : first + count], variant))
         if len(block_ids) != count or len(keys) != count:
             raise RuntimeError(
                 f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
@@ -228,7 +232,7 @@ class SchedulerSide:
         if len(gpu_ids) != len(hashes):
             logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
             return
-        keys = self._ns.keys(hashes)
+        keys = self._ns.keys(hashes, self._variants.variant(req.lora_request))
         job = self._mgr.prepare_store(keys, gpu_ids)
         if job is None:
             return
