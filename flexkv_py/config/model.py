@@ -25,6 +25,7 @@ class FlexKVConfig:
     content_hash: str = "xxh3-128"
     durability: str = "process"
     ssd_preallocate: bool = True
+    ssd_io_timeout_s: float = 5.0
     log_level: str = "INFO"
     enable_metrics: bool = False
     object_store_url: str | None = None

@@ -157,6 +157,12 @@ FIELDS: tuple[Field, ...] = (
         "acked SSD writes survive process|power loss",
     ),
     Field("ssd_preallocate", _as_bool, True, "fallocate SSD files at start"),
+    Field(
+        "ssd_io_timeout_s",
+        _as_float,
+        5.0,
+        "longest wait for one SSD batch, > 0; later: its blocks fail (io_timeout), recompute",
+    ),
     Field("log_level", _choice(*LOG_LEVELS, upper=True), "INFO", "flexkv_py logger level"),
     Field("enable_metrics", _as_bool, False, "export connector metrics/stats"),
     Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),

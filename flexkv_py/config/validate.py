@@ -89,6 +89,10 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
         raise ConfigError(
             f"iouring_entries: must be in 1..{MAX_IOURING_ENTRIES}, got {cfg.iouring_entries}"
         )
+    if not (cfg.ssd_io_timeout_s > 0 and math.isfinite(cfg.ssd_io_timeout_s)):
+        raise ConfigError(
+            f"ssd_io_timeout_s: must be a finite number > 0, got {cfg.ssd_io_timeout_s}"
+        )
     if not 1 <= cfg.zstd_level <= 22:
         raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
     parse_admission(cfg.admission)

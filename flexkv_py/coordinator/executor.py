@@ -43,6 +43,7 @@ from flexkv_py.coordinator.jobs import (
     CORRUPT,
     INTERNAL,
     IO_ERROR,
+    IO_TIMEOUT,
     MISSING,
     NO_SPACE,
     NOT_FOUND,
@@ -54,10 +55,12 @@ from flexkv_py.coordinator.jobs import (
     SpillJob,
     StoreJob,
 )
+from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
 from flexkv_py.coordinator.planning import host_pool_in_background, host_slots_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.tiers.memory_limit import check_host_pool_fits
+from flexkv_py.tiers.ssd_open import open_ssd_tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 logger = logging.getLogger(__name__)
@@ -214,9 +217,14 @@ class JobExecutor:
         self.namespace = namespace
         self.pool = host_pool
         self.transfer = transfer
-        self.ssd: SsdTier | None = (
-            (SsdTier(config, namespace) if config.ssd_enabled else None) if ssd is _AUTO else ssd
-        )
+        # An SSD tier that cannot be opened leaves this rank on the host tier alone (see
+        # tiers/ssd_open.py): `ssd_unavailable` says why, every SSD job fails fast.
+        self.ssd_unavailable: str | None = None
+        if ssd is _AUTO:
+            ssd, self.ssd_unavailable = open_ssd_tier(config, namespace)
+        self.ssd: SsdTier | None = ssd
+        # Bounded SSD waits and the host slots a timed-out batch may still touch (late_io.py).
+        self.late_io = LateIo(config.ssd_io_timeout_s)
         self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix="flexkv-job")
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a submit call ends
@@ -258,6 +266,11 @@ class JobExecutor:
     def submit(self, job: Job, fill: Callable[[], None] | None = None) -> JobHandle:
         """Start a job. `fill` (host-only stores, in-process callers): writes the pages into the
         job's slots; it runs on the job thread after the job's spills have read those slots."""
+        shown: Job = job
+        fenced: tuple[bytes, ...] = ()
+        if isinstance(job, StoreJob):  # never write into a slot a timed-out I/O may touch
+            job, fenced = fence_store(job, self.late_io.fenced(job.host_slots), fill is not None)
+            fill = None if fenced and fill is not None else fill
         reads_gpu = isinstance(job, StoreJob) and job.gpu_block_ids is not None and bool(job.keys)
         with self._lock:
             if self._closed:
@@ -266,7 +279,7 @@ class JobExecutor:
             if reads_gpu:
                 self._reading[job.job_id] = _GpuRead()
         try:
-            return self._submit(job, fill, reads_gpu)
+            return self._submit(job, fill, reads_gpu, shown, fenced)
         except BaseException:
             with self._lock:
                 self._reading.pop(job.job_id, None)
@@ -277,7 +290,15 @@ class JobExecutor:
                 self._submitting -= 1
                 self._idle.notify_all()
 
-    def _submit(self, job: Job, fill: Callable[[], None] | None, reads_gpu: bool) -> JobHandle:
+    def _submit(
+        self,
+        job: Job,
+        fill: Callable[[], None] | None,
+        reads_gpu: bool,
+        shown: Job,
+        fenced: tuple[bytes, ...],
+    ) -> JobHandle:
+        """Run `job`, the part of `shown` that can run; `fenced` keys of `shown` fail."""
         started = time.perf_counter()
         if isinstance(job, DropJob):
             future: Future[JobResult] = Future()
@@ -299,8 +320,11 @@ class JobExecutor:
                     d2h_error = e
                     self._end_gpu_read(job.job_id)  # no copy: nothing reads the GPU blocks
             run = self._runner(job, d2h, d2h_error, started, fill)
-            future = self._threads.submit(self._guard, job, started, run)
-        handle = JobHandle(job, future)
+            if fenced:
+                run = lambda run=run: with_failed(run(), fenced)  # noqa: E731
+            # `shown`: a crash fails every block of the job, fenced ones included.
+            future = self._threads.submit(self._guard, shown, started, run)
+        handle = JobHandle(shown, future)
         with self._lock:
             self._handles[job.job_id] = handle
             if reads_gpu:
@@ -513,7 +537,9 @@ class JobExecutor:
             return dict.fromkeys(keys, NOT_FOUND)
         items = [(k, self._slot_buf(s)) for k, s in zip(keys, slots, strict=True)]
         batch = self.ssd.submit_put(items) if put else self.ssd.submit_get(items)
-        results = batch.wait()
+        results = self.late_io.wait(batch, slots, "write" if put else "read")
+        if results is None:  # a stuck device: the blocks fail, their slots stay fenced
+            return dict.fromkeys(keys, IO_TIMEOUT)
         failed: dict[bytes, str] = {}
         for key, r in zip(keys, results, strict=True):
             if not r.ok:
@@ -551,6 +577,12 @@ class JobExecutor:
         failed: dict[bytes, str] = {}
         spill_failed = self._ssd_batch(True, job.spill_keys, job.spill_slots)
         nbytes = (len(job.spill_keys) - len(spill_failed)) * self.pool.slot_nbytes
+        if spill_failed and self.late_io.fenced(job.host_slots):
+            # The spill timed out and may still read these slots: copying into them now could
+            # persist our KV under the victims' keys. The copy was not issued yet (spill first).
+            failed = dict.fromkeys(job.keys, IO_TIMEOUT)
+            fill = None
+            d2h = d2h_error = None
         if fill is not None:
             fill()
         if d2h_error is not None or d2h is not None:
@@ -606,6 +638,10 @@ class JobExecutor:
             k: MISSING for k, src in zip(job.keys, job.source_tiers, strict=True) if src == "none"
         }
         from_ssd = [i for i, src in enumerate(job.source_tiers) if src == "ssd"]
+        held = self.late_io.fenced(job.host_slots[i] for i in from_ssd)
+        if held:  # a late I/O may still touch these slots: do not read into them
+            failed.update((job.keys[i], IO_TIMEOUT) for i in from_ssd if job.host_slots[i] in held)
+            from_ssd = [i for i in from_ssd if job.host_slots[i] not in held]
         failed.update(
             self._ssd_batch(
                 False, [job.keys[i] for i in from_ssd], [job.host_slots[i] for i in from_ssd]
@@ -669,6 +705,8 @@ class JobExecutor:
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self._stats)
+        out.update(self.late_io.stats())
+        out["ssd_unavailable"] = int(self.ssd_unavailable is not None)
         out["pending_jobs"] = self.pending()
         if self.ssd is not None:
             out["ssd"] = self.ssd.stats()
@@ -695,6 +733,10 @@ class JobExecutor:
                 h.wait(remaining)
             except TimeoutError:
                 running.append(h.job_id)
+        # A timed-out SSD batch may still read or write host slots (and needs the store).
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self.late_io.settle(remaining):
+            running.append(-2)  # -2: SSD I/O that timed out is still in flight
         if running:
             self._threads.shutdown(wait=False)
             logger.error(

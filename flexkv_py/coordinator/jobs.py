@@ -17,6 +17,7 @@ JobKind = Literal["store", "load", "spill", "drop"]
 NOT_FOUND = "not_found"  # SSD: key unknown (evicted, deleted, never written on this rank)
 CORRUPT = "corrupt"  # SSD: checksum/header mismatch, data discarded
 IO_ERROR = "io_error"  # SSD device error (EIO, ENOSPC, short I/O)
+IO_TIMEOUT = "io_timeout"  # SSD I/O not done within ssd_io_timeout_s (or its slot still is)
 NO_SPACE = "no_space"  # SSD put refused: store full of pinned data / block too large
 TRANSFER_ERROR = "transfer_error"  # GPU<->host copy failed
 NO_SLOT = "no_slot"  # manager: no host slot free to stage the block

@@ -29,6 +29,7 @@ from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.jobs import (
     CORRUPT,
     IO_ERROR,
+    IO_TIMEOUT,
     NOT_FOUND,
     DropJob,
     Job,
@@ -45,7 +46,10 @@ from flexkv_py.index.tier_index import IndexStateError, Tier, TierIndex, Victim
 logger = logging.getLogger(__name__)
 
 # SSD read failures that mean "this copy is gone or bad": the index forgets the SSD copy.
-_SSD_COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR})
+# A timed-out read (a stuck device, see late_io.py) too: kept, every lookup would promise it
+# again and every retry fail at once on fenced slots, a loop of load errors; forgotten, the
+# block is recomputed and stored again.
+_SSD_COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
 
 
 @dataclass(frozen=True)

@@ -22,5 +22,6 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyHostPool>()?;
     m.add_function(wrap_pyfunction!(store::content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(store::io_uring_available, m)?)?;
+    m.add_function(wrap_pyfunction!(store::set_fault_delays, m)?)?;
     Ok(())
 }

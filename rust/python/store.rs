@@ -353,3 +353,9 @@ pub fn content_hash<'py>(
 pub fn io_uring_available() -> bool {
     crate::io::io_uring_available()
 }
+
+/// Testing: turn the delays of slow-mode fault injection (`DELAY<ms>`) on or off process-wide.
+#[pyfunction]
+pub fn set_fault_delays(enabled: bool) {
+    crate::io::fault::set_delays_enabled(enabled);
+}

@@ -35,6 +35,8 @@ COUNTERS = (
     "store_failed_blocks",
     "flush_timeouts",  # preemption flushes that gave up waiting for a GPU->host copy
     "store_abandoned_jobs",  # stores failed because their GPU blocks were reused mid-copy
+    "ssd_io_timeout_blocks",  # blocks whose SSD I/O ran past ssd_io_timeout_s (recomputed)
+    "ssd_unavailable",  # workers whose SSD tier could not be opened (host tier only)
 )
 
 

@@ -76,6 +76,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._out = FlexKVWorkerMetadata()
         self._stats = FlexKVConnectorStats()
+        self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
 
     @property
     def executor(self) -> Any:
@@ -87,6 +88,10 @@ class WorkerSide:
         self._executor = JobExecutor.from_kv_caches(
             self._config, self._ns, kv_caches, serving=True
         )
+        if self._executor.ssd_unavailable is not None:
+            # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty
+            # inventory below adopts nothing and every SSD job fails fast.
+            self._stats.add("ssd_unavailable", 1)
         if self._config.ssd_enabled:
             keys = tuple(self._executor.stored_keys())
             logger.info("%s: %d blocks on SSD from a previous run", self._label, len(keys))
@@ -170,6 +175,10 @@ class WorkerSide:
         if self._executor is not None:
             self._collect(self._executor.poll())
             self._collect_reads(self._executor.poll_gpu_reads())
+            # SSD I/O past ssd_io_timeout_s (loads, write-through, spills): a stuck device.
+            timed_out = self._executor.late_io.timeout_blocks
+            self._stats.add("ssd_io_timeout_blocks", timed_out - self._timeouts_seen)
+            self._timeouts_seen = timed_out
         sending = {r for r in self._await_free if not self._req_stores.get(r)}
         self._await_free -= sending
         for r in sending:

@@ -1,0 +1,157 @@
+"""Bounded SSD waits: a stuck device becomes per-block `io_timeout` failures, never a hung job.
+
+Every wait of the executor on an SSD batch is bounded by ``ssd_io_timeout_s``. When it runs out,
+the batch's blocks fail with IO_TIMEOUT at once (a load reports them as load errors and vLLM
+recomputes them; a store does not commit their SSD copies; a spill loses its victims), and the
+job ends. The I/O itself cannot be cancelled (the kernel, or an io_uring, may still read or
+write the host slots hours later), so its slots are *fenced* here until the batch really
+completes:
+
+- nothing may write into a fenced slot: a store whose host slot is fenced fails that block
+  (no GPU->host copy, no fill into it), a load does not stage an SSD read into a fenced slot
+  (the block fails as IO_TIMEOUT). A late read could otherwise land in a slot that now holds
+  another block (wrong KV served), and a late write could otherwise persist bytes that a later
+  job put there under the old key (wrong KV after a restart);
+- reading a fenced slot is harmless: a slot fenced by a late read holds no valid block (its
+  block failed), one fenced by a late write still holds the block the write reads;
+- the host pool and the SSD store are not closed while any slot is fenced (see
+  JobExecutor.shutdown).
+
+The manager never learns about fences: it frees the slots of failed blocks as usual and may hand
+them out again; the executor keeps failing writes into them until the late I/O ends. A timed-out
+read makes the manager forget its SSD copy, as an io_error does: a copy kept would be promised
+again by every lookup while the device is stuck (a loop of load errors); forgotten, the block is
+recomputed and stored again (the bytes on SSD are untouched: a restart may adopt them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from flexkv_py.coordinator.jobs import IO_TIMEOUT, JobResult, StoreJob
+
+logger = logging.getLogger(__name__)
+
+
+class BatchLike(Protocol):
+    """What we need from the native store's BatchHandle."""
+
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> list[Any]: ...
+
+
+class LateIo:
+    """Bounded waits on SSD batches and the host slots that timed-out batches may still touch."""
+
+    def __init__(self, timeout_s: float) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"ssd_io_timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._held: dict[int, BatchLike] = {}  # host slot -> the late batch that may touch it
+        self._stats: Counter[str] = Counter()
+
+    def wait(self, batch: BatchLike, slots: Sequence[int], what: str) -> list[Any] | None:
+        """The batch's results, or None if it is not done within the bound: then its `slots`
+        are fenced until it completes (callers fail its blocks with IO_TIMEOUT)."""
+        try:
+            return batch.wait(self.timeout_s)
+        except TimeoutError:
+            pass
+        with self._lock:
+            for slot in slots:
+                self._held[slot] = batch
+            self._stats["ssd_io_timeouts"] += 1
+            self._stats["ssd_io_timeout_blocks"] += len(slots)
+        logger.error(
+            "SSD %s of %d blocks not done after %g s (ssd_io_timeout_s): the blocks fail "
+            "(io_timeout) and their host slots stay fenced until the device completes it",
+            what,
+            len(slots),
+            self.timeout_s,
+        )
+        return None
+
+    def _prune(self) -> None:
+        """Drop fences of batches that completed (lock held)."""
+        done = [s for s, b in self._held.items() if b.done()]
+        for s in done:
+            del self._held[s]
+
+    def fenced(self, slots: Iterable[int]) -> set[int]:
+        """Those of `slots` that a timed-out batch may still read or write."""
+        with self._lock:
+            if not self._held:
+                return set()
+            self._prune()
+            out = {s for s in slots if s in self._held}
+            self._stats["fenced_slot_hits"] += len(out)
+            return out
+
+    def pending(self) -> int:
+        """Host slots still fenced."""
+        with self._lock:
+            self._prune()
+            return len(self._held)
+
+    def settle(self, timeout: float | None) -> bool:
+        """Wait (bounded) until no late batch is left; True if none is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            batches = list({id(b): b for b in self._held.values()}.values())
+        for b in batches:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                b.wait(remaining)
+            except TimeoutError:
+                return False
+        return self.pending() == 0
+
+    @property
+    def timeout_blocks(self) -> int:
+        """Blocks whose SSD I/O timed out so far (a running count)."""
+        return self._stats["ssd_io_timeout_blocks"]
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self._stats)
+        out["ssd_fenced_slots"] = self.pending()
+        return out
+
+
+def fence_store(job: StoreJob, fenced: set[int], fills: bool) -> tuple[StoreJob, tuple[bytes, ...]]:
+    """The part of a store that writes no fenced slot, and the keys left out (they fail with
+    IO_TIMEOUT). A host-only store's `fill` writes every slot of the job, so with a fill and any
+    fenced slot nothing of the job runs."""
+    if not fenced:
+        return job, ()
+    keep = [i for i, s in enumerate(job.host_slots) if s not in fenced and not fills]
+    kept = set(keep)
+    left_out = tuple(k for i, k in enumerate(job.keys) if i not in kept)
+    ids = job.gpu_block_ids
+    part = replace(
+        job,
+        keys=tuple(job.keys[i] for i in keep),
+        gpu_block_ids=None if ids is None else tuple(ids[i] for i in keep),
+        host_slots=tuple(job.host_slots[i] for i in keep),
+        ssd_write=tuple(job.ssd_write[i] for i in keep),
+    )
+    logger.warning(
+        "store job %d: %d blocks fail (io_timeout): their host slots are still under a "
+        "timed-out SSD I/O",
+        job.job_id,
+        len(left_out),
+    )
+    return part, left_out
+
+
+def with_failed(result: JobResult, keys: Sequence[bytes]) -> JobResult:
+    """`result` with `keys` failed as IO_TIMEOUT too."""
+    if not keys:
+        return result
+    return replace(result, failed={**result.failed, **dict.fromkeys(keys, IO_TIMEOUT)})

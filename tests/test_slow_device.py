@@ -1,0 +1,230 @@
+"""Bounded waits and degraded modes: a slow SSD (the fault injector's DELAY mode) turns into
+io_timeout failures within ssd_io_timeout_s, never a hung load or store, and never wrong bytes
+(host slots a late I/O may touch stay fenced); an SSD directory that cannot be opened at start
+leaves the worker serving from the host tier with a loud error and the `ssd_unavailable` stat."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import vllm_harness as vh
+from test_coordinator import _config, _engine, _keys, _ns, _pages
+from vllm.v1.request import RequestStatus
+
+from flexkv_py import BlockStore, _native
+from flexkv_py.config import load_config
+from flexkv_py.coordinator import JobExecutor, StoreJob
+from flexkv_py.index import Namespace
+from flexkv_py.transfer import describe_kv_caches
+
+TIMEOUT_S = 0.3
+MARGIN_S = 2.0  # scheduling noise on a busy test machine; the device is 100x slower
+SLOW_MS = 30_000
+BS = 16
+
+
+@pytest.fixture(autouse=True)
+def _delays_back_on() -> Iterator[None]:
+    """The delay switch is process-wide: every test starts and ends with delays enabled."""
+    _native.set_fault_delays(True)
+    yield
+    _native.set_fault_delays(True)
+
+
+def _until(cond: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_slow_ssd_load_times_out_then_loads_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config(tmp_path, 8, 64, admission="write_through", ssd_io_timeout_s=TIMEOUT_S)
+    ns = _ns()
+    keys = _keys(ns, 4)
+    pages = _pages(keys)
+    with _engine(cfg, ns, 8) as eng:
+        assert eng.store_pages(keys, pages).ok
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"read:DELAY{SLOW_MS}:1")
+    with _engine(cfg, ns, 8) as eng:
+        assert eng.lookup(keys) == 4  # adopted from SSD, not in host memory
+        started = time.monotonic()
+        out = eng.submit_load(keys, None).result()
+        assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
+        assert out.statuses == ("io_timeout",) * 4
+        stats = eng.stats()["executor"]
+        assert stats["ssd_io_timeouts"] == 1 and stats["ssd_io_timeout_blocks"] == 4
+        assert stats["ssd_fenced_slots"] == 4  # the late reads may still land there
+        # Not promised again while the device is stuck (no loop of load errors): recompute.
+        assert eng.lookup(keys) == 0
+        # Host-only stores meanwhile work; those landing on fenced slots fail, never copy.
+        statuses = eng.store_pages(keys, pages).statuses
+        assert set(statuses) <= {"ok", "io_timeout"}
+        assert [p for p, s in zip(eng.load_pages(keys), statuses, strict=True) if s == "ok"] == [
+            p for p, s in zip(pages, statuses, strict=True) if s == "ok"
+        ]
+        _native.set_fault_delays(False)  # the device is fast again
+        _until(lambda: eng.stats()["executor"]["ssd_fenced_slots"] == 0)
+        assert eng.store_pages(keys, pages).ok  # the recomputed blocks
+        assert eng.load_pages(keys) == pages  # bit-exact, never the late reads' leftovers
+    # The SSD copies were never harmed: a restart on a fast device loads them bit-exact.
+    monkeypatch.delenv("FLEXKV_FAULT_INJECTION")
+    with _engine(cfg, ns, 8) as eng:
+        assert eng.lookup(keys) == 4
+        assert eng.load_pages(keys) == pages
+
+
+def _caches(num_blocks: int = 8) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    return {
+        f"layers.{i}": torch.randn((2, num_blocks, 16, 2, 64), generator=gen).to(torch.float16)
+        for i in range(2)
+    }
+
+
+def test_store_through_slow_ssd_never_blocks_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caches = _caches()
+    geom = describe_kv_caches(caches)
+    ns = Namespace("m", "r", "float16", geom.layout, 16, page_bytes=geom.page_nbytes)
+    (tmp_path / "ssd").mkdir()
+    cfg = load_config(
+        {
+            "cpu_cache_gb": 8 * geom.slot_nbytes / (1 << 30),
+            "ssd_cache_gb": 64 * (geom.slot_nbytes + 4096) / (1 << 30),
+            "ssd_cache_dir": str(tmp_path / "ssd"),
+            "ssd_io_timeout_s": TIMEOUT_S,
+        },
+        env={},
+    )
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"write:DELAY{SLOW_MS}:1")
+    ex = JobExecutor.from_kv_caches(cfg, ns, caches, max_workers=2)
+    keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(3)])
+    started = time.monotonic()
+    ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (True,)))
+    ex.wait_gpu_reads([1], timeout=MARGIN_S)  # the copy is done while the write is stuck
+    assert ex.poll_gpu_reads() == [1]
+    (res,) = ex.wait([1], timeout=TIMEOUT_S + MARGIN_S)
+    assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
+    assert res.ok and res.ssd_failed == {keys[0]}  # host copy fine, SSD copy not committed
+    assert ex.stats()["ssd_fenced_slots"] == 1
+    # Slot 0 may still be read by the late write: a store into it fails without copying.
+    before = [t[:, 1].clone() for t in caches.values()]
+    (res,) = [ex.submit(StoreJob(2, (keys[1],), (1,), (0,), (False,))).wait(MARGIN_S)]
+    assert res.failed == {keys[1]: "io_timeout"}
+    (res,) = [ex.submit(StoreJob(3, (keys[2],), (2,), (1,), (False,))).wait(MARGIN_S)]
+    assert res.ok  # other slots are fine
+    _native.set_fault_delays(False)  # the device is fast again: the late write completes
+    _until(lambda: ex.stats()["ssd_fenced_slots"] == 0)
+    (res,) = [ex.submit(StoreJob(4, (keys[1],), (1,), (0,), (True,))).wait(MARGIN_S)]
+    assert res.ok and not res.ssd_failed
+    assert all(torch.equal(t[:, 1], b) for t, b in zip(caches.values(), before, strict=True))
+    # Slow again: shutdown does not unmap the pool (or close the store) under a late write.
+    _native.set_fault_delays(True)
+    (res,) = [ex.submit(StoreJob(5, (keys[2],), (2,), (2,), (True,))).wait(TIMEOUT_S + MARGIN_S)]
+    assert res.ssd_failed == {keys[2]}
+    assert not ex.shutdown(timeout=0.1)
+    _native.set_fault_delays(False)
+    assert ex.shutdown(timeout=30)
+
+
+# ---------------------------------------------------------------- degraded start (vLLM)
+def _prompt_done(req: Any) -> Any:
+    """After an async load vLLM counts the tokens before the KV arrives: wait for RUNNING."""
+    return lambda: (
+        req.status == RequestStatus.RUNNING and req.num_computed_tokens >= len(req.prompt_token_ids)
+    )
+
+
+def _block_bits(e: vh.Engine, req_id: str, nblocks: int) -> list[torch.Tensor]:
+    ids = e.scheduler.kv_cache_manager.get_block_ids(req_id)[0][:nblocks]
+    return [t for b in ids for t in e.workers[0].model.block_bits(b)]
+
+
+def _engine_serves_from_host(model_dir: str, extra: dict[str, Any]) -> vh.Engine:
+    """The engine starts without its SSD tier and serves a repeated prompt from host memory,
+    bit-exact; the connector's stats report the unavailable tier once."""
+    e = vh.Engine(model_dir, vh.connector_transfer_config(extra))
+    (ws,) = [w.connector.worker_side for w in e.workers]
+    assert ws.executor.ssd is None and ws.executor.ssd_unavailable
+    prompt = vh.prompt_tokens(21, 4 * BS)
+    a = e.add(vh.make_request("A", prompt, max_tokens=3))
+    e.run_until(_prompt_done(a))
+    bits = _block_bits(e, "A", 4)
+    e.run()
+    e.reset_gpu_prefix_cache()
+    b = e.add(vh.make_request("B", prompt, max_tokens=3))
+    e.run_until(_prompt_done(b))
+    assert any("B" in rec.finished_recving for rec in e.history), "no host-tier hit"
+    assert all(torch.equal(x, y) for x, y in zip(bits, _block_bits(e, "B", 4), strict=True))
+    e.run()
+    assert e.outputs["B"] == e.outputs["A"]
+    assert not e.mismatches()
+    assert sum(s.get("ssd_unavailable", 0) for s in e.stats) == 1
+    assert ws.executor.stats()["ssd_unavailable"] == 1
+    return e
+
+
+@pytest.mark.usefixtures("connector_form")
+def test_locked_ssd_dir_serves_from_host(
+    model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    extra = vh.with_ssd(tmp_path / "ssd")
+    shard = tmp_path / "ssd" / "tp0-pp0"
+    shard.mkdir(mode=0o700)
+    with BlockStore(str(shard), 16 << 20):  # another live owner of the directory
+        with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd_open"):
+            e = _engine_serves_from_host(model_dir, extra)
+    loud = [r.message for r in caplog.records if "UNAVAILABLE" in r.message]
+    assert len(loud) == 1 and "StoreLockedError" in loud[0] and str(tmp_path) in loud[0]
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+@pytest.mark.usefixtures("connector_form")
+def test_foreign_ssd_dir_serves_from_host(
+    model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    extra = vh.with_ssd(tmp_path / "ssd")
+    shard = tmp_path / "ssd" / "tp0-pp0"
+    shard.mkdir(mode=0o700)
+    for name in ("flexkv-journal.log", "flexkv-blocks.dat"):
+        (shard / name).write_bytes(b"not a flexkv file " * 1000)
+    with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd_open"):
+        e = _engine_serves_from_host(model_dir, extra)
+    assert any("UNAVAILABLE" in r.message for r in caplog.records)
+    assert (shard / "flexkv-journal.log").read_bytes().startswith(b"not a flexkv")  # untouched
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+@pytest.mark.usefixtures("connector_form")
+def test_slow_ssd_load_in_vllm_is_recomputed_not_hung(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = vh.with_ssd(tmp_path / "ssd", ssd_io_timeout_s=TIMEOUT_S)
+    prompt = vh.prompt_tokens(23, 4 * BS)
+    e1 = vh.Engine(model_dir, vh.connector_transfer_config(extra))
+    e1.add(vh.make_request("A", prompt))
+    e1.run()
+    e1.shutdown()
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"read:DELAY{SLOW_MS}:1")
+    e2 = vh.Engine(model_dir, vh.connector_transfer_config(extra))  # restart: A's blocks on SSD
+    started = time.monotonic()
+    e2.add(vh.make_request("B", prompt))
+    e2.run(timeout_s=TIMEOUT_S + 30)
+    assert time.monotonic() - started < TIMEOUT_S + 30  # far below the device's 30 s
+    assert any(rec.invalid_block_ids for rec in e2.history), "the timeout was not a load error"
+    assert sum(s.get("ssd_io_timeout_blocks", 0) for s in e2.stats) >= 1
+    assert not e2.mismatches(), "KV of a timed-out read reached the model"
+    assert e2.outputs["B"] == e1.outputs["A"]  # recomputed
+    _native.set_fault_delays(False)  # let the late reads finish before the pool is unmapped
+    e2.shutdown()
