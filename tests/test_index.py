@@ -533,6 +533,12 @@ class TierIndexMachine(RuleBasedStateMachine):
                 break
         if not pin:
             assert self.idx.match(keys) == expected
+            # The scheduler's fast path agrees with match on every state, from any start.
+            assert self.idx.lookup(keys) == len(expected)
+            for start in range(len(keys) + 1):
+                hit = len(self.idx.match(keys[start:]))
+                assert self.idx.readable_prefix(keys, start) == start + hit
+                assert self.idx.readable_prefix(keys, start, start + 1) == start + min(hit, 1)
             return
         got = self.idx.acquire(keys)
         assert [g.tier for g in got] == expected

@@ -630,6 +630,10 @@ def assert_no_leaks(engine: Engine) -> None:
     pool = mgr.block_pool
     assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1  # minus null block
     assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
+    # The scheduler side's per-request key memo is forgotten with its requests.
+    side = getattr(getattr(engine, "connector", None), "_scheduler", None)
+    memo = getattr(side, "_keys", None)
+    assert memo is None or len(memo) == 0, f"request keys left: {len(memo or ())}"
 
 
 def corrupt_ssd(ssd_dir: Path) -> int:

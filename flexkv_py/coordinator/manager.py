@@ -113,11 +113,20 @@ class CacheManager:
     # ------------------------------------------------------------------ queries
     def lookup(self, keys: Sequence[bytes]) -> int:
         """Leading keys readable from some tier (host, SSD)."""
-        hit = self.index.lookup(keys)
+        hit = self.index.readable_prefix(keys)
+        self.count_lookup(hit)
+        return hit
+
+    def readable_prefix(self, keys: Sequence[bytes], start: int, stop: int) -> int:
+        """Index of the first unreadable key in keys[start:stop] (stop if none). Counts no
+        lookup: a caller probing one request in steps (request_keys.py) calls `count_lookup`
+        once with the total."""
+        return self.index.readable_prefix(keys, start, stop)
+
+    def count_lookup(self, hit: int) -> None:
         with self._lock:
             self._stats["lookups"] += 1
             self._stats["lookup_hit_blocks"] += hit
-        return hit
 
     # ------------------------------------------------------------------ stores
     def prepare_store(

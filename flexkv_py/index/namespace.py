@@ -85,7 +85,9 @@ class Namespace:
         if len(variant) != VARIANT_LEN:
             raise ValueError(f"key variant must be {VARIANT_LEN} bytes, got {len(variant)}")
         head = self.prefix + variant
-        return [head + bytes(h) for h in block_hashes]
+        # No bytes(h) per hash: vLLM's hashes are bytes already (and bytes + any buffer is
+        # bytes); the call per block was most of the cost of building keys.
+        return [head + h for h in block_hashes]
 
     def owns(self, key: bytes) -> bool:
         return len(key) > PREFIX_LEN + VARIANT_LEN and key[:PREFIX_LEN] == self.prefix

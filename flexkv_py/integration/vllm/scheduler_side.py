@@ -34,6 +34,7 @@ from flexkv_py.integration.vllm.metadata import (
     FlexKVWorkerMetadata,
     JobEntry,
 )
+from flexkv_py.integration.vllm.request_keys import RequestKeys
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
@@ -106,6 +107,8 @@ class SchedulerSide:
         self._origins = BlockOrigins()
         # LoRA requests key their blocks by the adapter's identity, not only its name.
         self._variants = AdapterVariants()
+        # Keys per request, kept across its scheduling attempts (vLLM asks every step).
+        self._keys = RequestKeys(self._ns)
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
@@ -121,14 +124,18 @@ class SchedulerSide:
             return 0, False
         if not self._inventory.ready:
             return None, False  # ask again once the workers reported their SSD contents
-        keys = self._ns.keys(hashes[first:], self._variants.variant(request.lora_request))
-        hit = self._mgr.lookup(keys)
-        self._stats.add("lookup_blocks", len(keys))
+        variant = self._variants.variant(request.lora_request)
+        hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_prefix)
+        self._mgr.count_lookup(hit)
+        self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
             return 0, False
-        if any(k in self._loading_keys for k in keys[:hit]):
-            # Another request is loading this prefix: wait, then take it from the GPU cache.
-            return None, False
+        loading = self._loading_keys
+        if loading:
+            keys = self._keys.keys(request, variant, first + hit)
+            if any(k in loading for k in keys[first : first + hit]):
+                # Another request is loading this prefix: wait, then take it from the GPU cache.
+                return None, False
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
         if ext_tokens <= 0:
             return 0, False
@@ -147,7 +154,7 @@ class SchedulerSide:
         count = -(-num_external_tokens // self._bs)
         block_ids = tuple(blocks.get_block_ids()[0][first : first + count])
         variant = self._variants.variant(request.lora_request)
-        keys = tuple(self._ns.keys(request.block_hashes[first : first + count], variant))
+        keys = tuple(self._keys.keys(request, variant, first + count)[first : first + count])
         if len(block_ids) != count or len(keys) != count:
             raise RuntimeError(
                 f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
@@ -345,6 +352,7 @@ class SchedulerSide:
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
         state = self._reqs.get(request.request_id)
         self._lookups.pop(request.request_id, None)
+        self._keys.forget(request.request_id)
         self._hit_sources.pop(request.request_id, None)
         if state is None:
             return False, None
