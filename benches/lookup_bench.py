@@ -10,10 +10,11 @@ new: a partial hit) and C (all new: a miss at block 0).
           alignment = block size), with max_length = every block (the engine passes
           num_tokens - 1; here all N blocks are checked, the same work as ours).
   first   ours, a request's first scheduling attempt: what the scheduler side runs in
-          `get_num_new_matched_tokens` (variant, `RequestKeys.longest_hit` with a new memo,
-          `CacheManager.count_lookup`)
+          `get_num_new_matched_tokens` (variant, `RequestKeys.longest_hit` on a new
+          RequestKeys: the index read by block hash, no key built; `CacheManager.count_lookup`)
           against a `CacheManager` holding A's N keys in host slots (prepare_store + complete).
-  repeat  the same with the request's memo already built (vLLM asks again every step it waits).
+  repeat  the same on a RequestKeys already used for this request (vLLM asks again every step
+          it waits; before the lookup by hash, `repeat` reused memoized keys).
   rebuild all keys built and looked up on every call (`Namespace.keys` + `CacheManager.lookup`):
           the scheduler's path before request_keys.py.
 
@@ -121,7 +122,7 @@ class Setup:
     def ours(self, rk: RequestKeys, req: Request) -> int:
         # SchedulerSide.get_num_new_matched_tokens with num_computed_tokens = 0.
         variant = self.variants.variant(req.lora_request)
-        hit = rk.longest_hit(req, 0, variant, self.mgr.readable_prefix)
+        hit = rk.longest_hit(req, 0, variant, self.mgr.readable_hashes)
         self.mgr.count_lookup(hit)
         return hit
 

@@ -320,7 +320,10 @@ class _M:
     stale: bool = False
 
 
-KEYS = [_k(i) for i in range(4)]
+# Logical-key shaped (24-byte head + 32-byte hash, two heads) so the index's per-head map of
+# block hashes is exercised too; one short key stays outside it.
+_HEADS = (b"A" * 24, b"B" * 24)
+KEYS = [_HEADS[0] + _k(0) * 8, _HEADS[0] + _k(1) * 8, _HEADS[1] + _k(2) * 8, _k(3)]
 SLOTS = 3
 key_st = st.sampled_from(KEYS)
 
@@ -539,6 +542,11 @@ class TierIndexMachine(RuleBasedStateMachine):
                 hit = len(self.idx.match(keys[start:]))
                 assert self.idx.readable_prefix(keys, start) == start + hit
                 assert self.idx.readable_prefix(keys, start, start + 1) == start + min(hit, 1)
+                heads = {k[:24] for k in keys}
+                if len(heads) == 1 and all(len(k) > 24 for k in keys):
+                    hashes = [k[24:] for k in keys]
+                    got = self.idx.readable_hashes(heads.pop(), hashes, start)
+                    assert got == start + hit
             return
         got = self.idx.acquire(keys)
         assert [g.tier for g in got] == expected
@@ -553,6 +561,15 @@ class TierIndexMachine(RuleBasedStateMachine):
         held = [e.slot for e in self.m.values() if e.slot is not None]
         assert len(held) == len(set(held))
         assert self.idx.free_slots == self.free == SLOTS - len(held)
+
+    @invariant()
+    def hashes_by_head_mirror_entries(self) -> None:
+        by_head = self.idx._by_head
+        long_keys = {k for k in self.idx.keys() if len(k) > 24}
+        assert sum(len(sub) for sub in by_head.values()) == len(long_keys)
+        assert all(sub for sub in by_head.values())
+        for k in long_keys:
+            assert by_head[k[:24]][k[24:]] is self.idx._entries[k]
 
     @invariant()
     def entries_agree(self) -> None:

@@ -1,5 +1,5 @@
-"""RequestKeys: memoized per-request keys and the galloping lookup, against the slow path
-(`Namespace.keys` over all hashes + `TierIndex.lookup`) that the scheduler used before."""
+"""RequestKeys: memoized per-request keys and the lookup by block hash (no keys built), against
+the slow path (`Namespace.keys` over all hashes + `TierIndex.lookup`) the scheduler used before."""
 
 from __future__ import annotations
 
@@ -51,27 +51,21 @@ def _index(keys: list[bytes], states: list[str]) -> TierIndex:
     return idx
 
 
-def _probe(idx: TierIndex, calls: list[tuple[int, int]]) -> Any:
-    def readable_prefix(keys: Any, start: int, stop: int) -> int:
-        calls.append((start, stop))
-        return idx.readable_prefix(keys, start, stop)
-
-    return readable_prefix
-
-
-def test_miss_at_block_k_returns_k_and_builds_few_keys() -> None:
+def test_miss_at_block_k_returns_k_and_builds_no_keys() -> None:
     hashes = _hashes(500)
     keys = NS.keys(hashes)
     for k in (0, 1, 15, 16, 17, 100, 499, 500):
         idx = _index(keys, ["host"] * k)
         rk = RequestKeys(NS)
         req = Req("r", hashes)
-        assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_prefix) == k
-        built = len(rk.keys(req, BASE_VARIANT, 0))
-        # Galloping: at most about twice the hit (plus the first probe), never all 500 on a miss.
-        assert built <= min(500, 2 * k + rk_mod.FIRST_PROBE)
-        # A repeated attempt gives the same answer from the memo.
-        assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_prefix) == k
+        assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == k
+        assert len(rk) == 0  # the lookup reads hashes; keys are built only for a load
+        assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == k
+        for first in (0, k // 2, k, 499):
+            want = max(0, k - first) if first < 500 else 0
+            assert rk.longest_hit(req, first, BASE_VARIANT, idx.readable_hashes) == want
+        # Another variant (adapter) is another namespace head: nothing of it is cached.
+        assert rk.longest_hit(req, 0, LORA, idx.readable_hashes) == 0
 
 
 def test_memo_extends_as_block_hashes_grow() -> None:
@@ -80,13 +74,12 @@ def test_memo_extends_as_block_hashes_grow() -> None:
     idx = _index(keys, ["host"] * 300)
     rk = RequestKeys(NS)
     req = Req("r", hashes[:40])
-    assert rk.longest_hit(req, 0, LORA, idx.readable_prefix) == 40
-    memo = rk.keys(req, LORA)
-    assert memo == keys[:40]
+    assert rk.longest_hit(req, 0, LORA, idx.readable_hashes) == 40
+    memo = rk.keys(req, LORA, 20)
+    assert memo[:20] == keys[:20] and len(memo) == 20  # built only as far as asked
+    assert rk.keys(req, LORA) == keys[:40]
     req.block_hashes.extend(hashes[40:300])  # decode / more prompt blocks hashed
-    calls: list[tuple[int, int]] = []
-    assert rk.longest_hit(req, 10, LORA, _probe(idx, calls)) == 290
-    assert calls[0] == (10, 40)  # memoized keys checked first, then only new ones built
+    assert rk.longest_hit(req, 10, LORA, idx.readable_hashes) == 290
     assert rk.keys(req, LORA) == keys
     assert rk.keys(req, LORA)[100:120] == NS.keys(hashes[100:120], LORA)
 
@@ -103,20 +96,20 @@ def test_stale_and_evicting_entries_stop_the_prefix_as_before() -> None:
     idx.commit_host_fill(keys[20], True)
     victim = idx.begin_evict()
     assert victim is not None and victim.key == keys[20]
-    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_prefix) == 40
+    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == 40
     idx.finish_evict(keys[20])
     # A filling host copy alone is not readable: drop block 30's SSD copy, start a fill.
     idx.set_ssd([keys[30]], False)
     (slot,) = idx.allocate_slots(1)
     idx.begin_host_fill(keys[30], slot)
-    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_prefix) == 30
+    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == 30
     assert idx.lookup(keys) == 30
     # reset() while block 5 is pinned: it stays in the index, stale, never readable.
     idx.pin([keys[5]])
     idx.reset()
     assert idx.entry(keys[5]) is not None and idx.entry(keys[5]).stale  # type: ignore[union-attr]
-    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_prefix) == 0
-    assert rk.longest_hit(req, 6, BASE_VARIANT, idx.readable_prefix) == 0
+    assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == 0
+    assert rk.longest_hit(req, 6, BASE_VARIANT, idx.readable_hashes) == 0
     assert len(idx.match(keys)) == 0
 
 
@@ -187,7 +180,7 @@ def test_same_answer_as_the_slow_path(
         slow_keys = NS.keys(req.block_hashes[first:], variant)
         want = idx.lookup(slow_keys)
         assert want == len(idx.match(slow_keys))
-        assert rk.longest_hit(req, first, variant, idx.readable_prefix) == want
+        assert rk.longest_hit(req, first, variant, idx.readable_hashes) == want
         n = len(req.block_hashes)
         assert rk.keys(req, variant, first + want)[first : first + want] == slow_keys[:want]
         assert rk.keys(req, variant) == NS.keys(req.block_hashes, variant)[:n]

@@ -117,11 +117,11 @@ class CacheManager:
         self.count_lookup(hit)
         return hit
 
-    def readable_prefix(self, keys: Sequence[bytes], start: int, stop: int) -> int:
-        """Index of the first unreadable key in keys[start:stop] (stop if none). Counts no
-        lookup: a caller probing one request in steps (request_keys.py) calls `count_lookup`
-        once with the total."""
-        return self.index.readable_prefix(keys, start, stop)
+    def readable_hashes(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
+        """Index of the first unreadable key head + hashes[i] in [start, stop) (stop if none),
+        without building the keys (the scheduler's lookup). Counts no lookup: the caller calls
+        `count_lookup` once per attempt."""
+        return self.index.readable_hashes(head, hashes, start, stop)
 
     def count_lookup(self, hit: int) -> None:
         with self._lock:

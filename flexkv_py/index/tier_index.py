@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
 from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
+
+# A logical key is head (namespace prefix + variant) + the engine's block hash: the index also
+# files every entry under (head, hash), so a lookup can take vLLM's hashes without building keys.
+HEAD_LEN = PREFIX_LEN + VARIANT_LEN
 
 
 class Tier(str, Enum):
@@ -119,6 +124,9 @@ class TierIndex:
             raise ValueError(f"usable_host_slots must be in 0..{num_host_slots}, got {usable}")
         self._lock = threading.Lock()
         self._entries: dict[bytes, Entry] = {}
+        # head -> block hash -> the same Entry objects as _entries (only keys longer than a
+        # head): what `readable_hashes` reads. Costs one dict slot and one hash copy per key.
+        self._by_head: dict[bytes, dict[bytes, Entry]] = {}
         self._policy = eviction or LRUPolicy()
         self.num_host_slots = num_host_slots
         # LIFO free list: recently freed slots are reused first (warm in caches/TLB).
@@ -132,6 +140,24 @@ class TierIndex:
         self._ghost_capacity = ghost_capacity
 
     # --- internal helpers (lock held) ---
+    def _add(self, key: bytes, e: Entry) -> None:
+        self._entries[key] = e
+        if len(key) > HEAD_LEN:
+            head = key[:HEAD_LEN]
+            sub = self._by_head.get(head)
+            if sub is None:
+                sub = self._by_head[head] = {}
+            sub[key[HEAD_LEN:]] = e
+
+    def _remove(self, key: bytes) -> None:
+        del self._entries[key]
+        if len(key) > HEAD_LEN:
+            head = key[:HEAD_LEN]
+            sub = self._by_head[head]
+            del sub[key[HEAD_LEN:]]
+            if not sub:
+                del self._by_head[head]
+
     def _refresh(self, key: bytes, e: Entry) -> None:
         if e.evictable:
             if key not in self._policy:
@@ -156,7 +182,7 @@ class TierIndex:
         self._refresh(key, e)
         if e.empty and e.pins == 0:
             self._policy.remove(key)
-            del self._entries[key]
+            self._remove(key)
             if self._ghost_capacity > 0 and not e.stale:
                 self._ghost[key] = e.hits
                 self._ghost.move_to_end(key)
@@ -205,6 +231,29 @@ class TierIndex:
         with self._lock:
             # map() calls dict.get from C: ~25 % faster than a bound get(key) per key.
             for e in map(self._entries.get, span):
+                if e is None or e.stale or not (e.host_ready or e.on_ssd or e.on_object):
+                    break
+                i += 1
+        return i
+
+    def readable_hashes(
+        self, head: bytes, hashes: Sequence[bytes], start: int = 0, stop: int | None = None
+    ) -> int:
+        """`readable_prefix` of the keys head + hashes[i], without building them: the
+        scheduler's lookup of a request's block hashes (head: namespace prefix + variant)."""
+        if len(head) != HEAD_LEN:
+            raise ValueError(f"key head must be {HEAD_LEN} bytes, got {len(head)}")
+        n = len(hashes)
+        stop = n if stop is None else min(stop, n)
+        if start >= stop:
+            return start
+        span = hashes if start == 0 and stop == n else hashes[start:stop]
+        i = start
+        with self._lock:
+            sub = self._by_head.get(head)
+            if sub is None:
+                return start
+            for e in map(sub.get, span):
                 if e is None or e.stale or not (e.host_ready or e.on_ssd or e.on_object):
                     break
                 i += 1
@@ -354,7 +403,8 @@ class TierIndex:
             for key, slot in zip(keys, slots, strict=True):
                 e = entries.get(key)
                 if e is None:
-                    e = entries[key] = Entry(hits=self._ghost.pop(key, 0))
+                    e = Entry(hits=self._ghost.pop(key, 0))
+                    self._add(key, e)
                 elif e.host_slot is not None or e.stale:
                     raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
                 e.host_slot = slot
@@ -452,7 +502,8 @@ class TierIndex:
                 e = self._entries.get(key)
                 if present:
                     if e is None:
-                        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0))
+                        e = Entry(hits=self._ghost.pop(key, 0))
+                        self._add(key, e)
                     if not e.on_ssd and not e.stale:
                         e.on_ssd = True
                         changed.append(key)
@@ -478,7 +529,7 @@ class TierIndex:
                 ):
                     if e.host_slot is not None:
                         self._free.append(e.host_slot)
-                    del self._entries[key]
+                    self._remove(key)
                     removed.append((key, e))
             self._ghost.clear()
         return removed

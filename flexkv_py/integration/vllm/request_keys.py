@@ -1,11 +1,11 @@
-"""Namespaced keys per request, memoized, and the lookup that builds only the keys it needs.
+"""The scheduler's lookup of a request's block hashes, and its keys, memoized per request.
 
 vLLM asks the connector for a waiting request's external hit on every scheduling attempt (every
 step it waits), always with the same block hashes, only ever appended to. Building all keys
 (`prefix + variant + hash`, one bytes object each) every time cost about as much as the index
-lookup itself, so they are built once per request and extended as its hashes grow. A lookup
-also builds keys only as far as it can hit: it probes FIRST_PROBE blocks, then doubles, so a new
-prompt (miss at its first block) costs a few concatenations, not one per block.
+lookup itself, so the lookup builds none: the index files its entries under (head, block hash)
+too (`TierIndex.readable_hashes`). The keys a load needs (the hit's) are built once per request
+and extended as its hashes grow.
 
 The memo trusts vLLM's hashes to be chained (a block's hash covers every token before it): if
 the last memoized block's hash still matches, so do all before it. Hashes that were cut
@@ -32,10 +32,9 @@ class Request(Protocol):
     def block_hashes(self) -> Sequence[bytes]: ...
 
 
-# readable_prefix(keys, start, stop): index of the first unreadable key in keys[start:stop].
-PrefixFn = Callable[[Sequence[bytes], int, int], int]
-
-FIRST_PROBE = 16
+# readable_hashes(head, hashes, start, stop): index of the first unreadable key
+# head + hashes[i] in [start, stop) (TierIndex.readable_hashes).
+HashPrefixFn = Callable[[bytes, Sequence[bytes], int, int], int]
 # Safety net for requests whose end the connector never hears of: the oldest memo is dropped.
 MAX_REQUESTS = 4096
 _HASH_AT = PREFIX_LEN + VARIANT_LEN
@@ -53,6 +52,7 @@ class RequestKeys:
     def __init__(self, ns: Namespace) -> None:
         self._prefix = ns.prefix
         self._memo: dict[str, _Memo] = {}
+        self._heads: dict[bytes, bytes] = {}  # variant -> prefix + variant
 
     def __len__(self) -> int:
         return len(self._memo)
@@ -70,30 +70,19 @@ class RequestKeys:
         return memo.keys
 
     def longest_hit(
-        self, request: Request, first: int, variant: bytes, readable_prefix: PrefixFn
+        self, request: Request, first: int, variant: bytes, readable_hashes: HashPrefixFn
     ) -> int:
         """Readable blocks of the request from block `first` on (the longest prefix)."""
-        memo = self._get(request, variant)
         hashes = request.block_hashes
         total = len(hashes)
-        keys = memo.keys
         if first >= total:
             return 0
-        end = first
-        built = len(keys)
-        if built > first:
-            # Memoized keys first: a repeated attempt usually needs nothing else.
-            end = readable_prefix(keys, first, built)
-            if end < built or built >= total:
-                return end - first
-        step = FIRST_PROBE
-        while True:
-            stop = min(total, max(end, len(keys)) + step)
-            self._extend(memo, hashes, stop)
-            end = readable_prefix(keys, end, stop)
-            if end < stop or stop >= total:
-                return end - first
-            step *= 2
+        head = self._heads.get(variant)
+        if head is None:
+            if len(variant) != VARIANT_LEN:
+                raise ValueError(f"key variant must be {VARIANT_LEN} bytes, got {len(variant)}")
+            head = self._heads[variant] = self._prefix + variant
+        return readable_hashes(head, hashes, first, total) - first
 
     # ------------------------------------------------------------------ internals
     def _get(self, request: Request, variant: bytes) -> _Memo:

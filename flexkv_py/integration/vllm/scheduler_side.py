@@ -125,7 +125,7 @@ class SchedulerSide:
         if not self._inventory.ready:
             return None, False  # ask again once the workers reported their SSD contents
         variant = self._variants.variant(request.lora_request)
-        hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_prefix)
+        hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
