@@ -38,12 +38,11 @@ import flexkv_py
 # commit's package next to the same _native build, to compare coordinator versions).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tier_bench import raw_disk_read
+from tier_bench import bench_blocks, raw_disk_read
 from transfer_bench import make_caches
 
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
-from flexkv_py.index.namespace import Namespace
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:
@@ -70,18 +69,7 @@ def one_run(base: Path, args: argparse.Namespace, cuda: bool) -> dict[str, float
         },
         env={},
     )
-    ns = Namespace(
-        model="bench/probe",
-        revision=None,
-        kv_dtype="bfloat16",
-        kv_layout="LBNHC",
-        block_size=tokens,
-        page_bytes=page,
-    )
-    g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(2 * n + 8, generator=g).tolist()
-    src_ids, dst_ids = perm[:n], perm[n : 2 * n]
-    keys = ns.keys([b"%032x" % i for i in range(n)])
+    ns, src_ids, dst_ids, _, keys = bench_blocks("bench/probe", tokens, page, n, 2 * n + 8)
     engine = CacheEngine.from_kv_caches(cfg, ns, caches)
     assert engine.store(keys, src_ids).ok
     engine.close()

@@ -77,6 +77,25 @@ def raw_disk_read(directory: Path, nbytes: int) -> float:
         path.unlink()
 
 
+def bench_blocks(
+    model: str, tokens: int, page: int, n: int, total_blocks: int
+) -> tuple[Namespace, list[int], list[int], list[int], list[bytes]]:
+    """The benches' namespace; `n` source, `n` destination and the remaining (spare) block ids,
+    scattered over the cache (a seeded permutation, as vLLM's allocator leaves them); the keys."""
+    ns = Namespace(
+        model=model,
+        revision=None,
+        kv_dtype="bfloat16",
+        kv_layout="LBNHC",
+        block_size=tokens,
+        page_bytes=page,
+    )
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(total_blocks, generator=g).tolist()
+    keys = ns.keys([b"%032x" % i for i in range(n)])
+    return ns, perm[:n], perm[n : 2 * n], perm[2 * n :], keys
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -117,18 +136,9 @@ def main() -> None:
     cfg = config("write_back", base / "wb")
     # write_through: every store also lands on SSD (used to fill the SSD for the restart phase).
     cfg_wt = config("write_through", base / "wt")
-    ns = Namespace(
-        model="bench/qwen3-8b-like",
-        revision=None,
-        kv_dtype="bfloat16",
-        kv_layout="LBNHC",
-        block_size=tokens,
-        page_bytes=page,
+    ns, src_ids, dst_ids, spare, keys = bench_blocks(
+        "bench/qwen3-8b-like", tokens, page, n, total_blocks
     )
-    g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(total_blocks, generator=g).tolist()
-    src_ids, dst_ids = perm[:n], perm[n : 2 * n]
-    keys = ns.keys([b"%032x" % i for i in range(n)])
 
     def block_bytes(ids: list[int]) -> list[torch.Tensor]:
         return [
@@ -154,7 +164,6 @@ def main() -> None:
         results["pinned"] = bool(getattr(engine.pool, "pinned", False))
         results["ssd_io_engine"] = engine.executor.ssd.io_engine if engine.executor.ssd else "none"
         # Warm-up on spare blocks: Triton compiles its gather/scatter kernels on first use.
-        spare = perm[2 * n :]
         warm = ns.keys([b"warm-%d" % i for i in range(len(spare))])
         assert engine.store(warm, spare).ok and engine.load(warm, spare).ok
         sync(cuda)
