@@ -177,7 +177,7 @@ def main() -> None:
         outcome = engine.load(keys, dst_ids)
         sync(cuda)
         t_host = time.perf_counter() - t0
-        assert outcome.ok and set(outcome.source_tiers) == {"cpu"}, outcome.source_tiers[:5]
+        assert outcome.ok and set(outcome.source_tiers) == {"host"}, outcome.source_tiers[:5]
         results["host_mismatches"] = verify()
         engine.close()
 

@@ -101,7 +101,7 @@ def test_host_tier_round_trip(tmp_path: Path) -> None:
         assert got == [pages[i] for i in order]
         assert eng.manager.index.match(keys) == [Tier.HOST] * 10
         stats = eng.stats()["manager"]
-        assert stats["load_cpu_blocks"] == 10 and stats["stored_blocks"] == 10
+        assert stats["load_host_blocks"] == 10 and stats["stored_blocks"] == 10
 
 
 def test_host_only_eviction_drops_lru(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_load_of_unknown_blocks_reports_missing(tmp_path: Path) -> None:
         eng.store_pages(keys[:1], _pages(keys[:1]))
         out = eng.submit_load(keys, None).result()
         assert out.statuses == ("ok", "missing", "missing")
-        assert out.source_tiers == ("cpu", "none", "none")
+        assert out.source_tiers == ("host", "none", "none")
 
 
 # ---------------------------------------------------------------- concurrency
@@ -379,7 +379,7 @@ def test_gpu_shaped_round_trip_through_host_and_ssd(tmp_path: Path, layout: str)
             for b in dst:
                 (t[:, b] if legacy else t[b]).fill_(-3.0)
         out = eng.load(keys[6:], dst[6:])  # mostly still in host
-        assert out.statuses == ("ok",) * 6 and "cpu" in out.source_tiers
+        assert out.statuses == ("ok",) * 6 and "host" in out.source_tiers
         out = eng.load(keys[:6], dst[:6])  # spilled: staged through host slots
         assert out.statuses == ("ok",) * 6 and out.source_tiers == ("ssd",) * 6
     for name, t in caches.items():
@@ -413,7 +413,7 @@ def test_long_store_and_load_run_in_parts_bit_exact(tmp_path: Path) -> None:
         pins = [eng.manager.index.entry(k) for k in keys]
         assert all(e is not None and e.pins == 0 for e in pins)
         out = eng.load(keys, dst)
-        assert out.statuses == ("ok",) * n and out.source_tiers == ("cpu",) * n
+        assert out.statuses == ("ok",) * n and out.source_tiers == ("host",) * n
     for name, t in caches.items():
         for s, d in zip(src, dst, strict=True):
             assert torch.equal(t[d].view(torch.int16), before[name][s].view(torch.int16))
@@ -498,7 +498,7 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     assert mgr.index.match(keys) == [Tier.SSD] * 4 + [Tier.HOST] * 4
 
     load = mgr.prepare_load(keys[:2] + keys[6:], None)
-    assert isinstance(load, LoadJob) and load.source_tiers == ("ssd", "ssd", "cpu", "cpu")
+    assert isinstance(load, LoadJob) and load.sources == (Tier.SSD, Tier.SSD, Tier.HOST, Tier.HOST)
     wire = pickle.dumps(load)
     results = [pickle.loads(r.run(wire)) for r in ranks]
     for r in ranks:  # each rank got its own shard of every block
@@ -510,11 +510,11 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     # One rank loses a block: the merged result fails it and the manager forgets it.
     assert ranks[1].ex.ssd is not None and ranks[1].ex.ssd.delete([keys[2]]) == 1
     load = mgr.prepare_load(keys[2:4], [7, 8])
-    assert load is not None and load.source_tiers == ("ssd", "ssd")
+    assert load is not None and load.sources == (Tier.SSD, Tier.SSD)
     results = []
     for r in ranks:
         job_r = pickle.loads(pickle.dumps(load))
-        job_r = LoadJob(job_r.job_id, job_r.keys, None, job_r.host_slots, job_r.source_tiers)
+        job_r = LoadJob(job_r.job_id, job_r.keys, None, job_r.host_slots, job_r.sources)
         results.append(r.ex.submit(job_r).wait(timeout=30))
     merged = JobResult.merge(results)
     assert merged.failed == {keys[2]: "not_found"} and not results[0].failed

@@ -19,8 +19,9 @@ from store_util import block
 
 from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.coordinator import JobExecutor, JobResult, LoadJob, StoreJob
-from flexkv_py.coordinator.jobs import TRANSFER_ERROR
+from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD
 from flexkv_py.index import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.host_pool import HostPool
 from flexkv_py.transfer import describe_kv_caches
 
@@ -91,7 +92,7 @@ def _slot_bytes(ex: JobExecutor, slot: int) -> bytes:
 
 def _read_back(ex: JobExecutor, job_id: int, key: bytes, slot: int) -> bytes | None:
     """The key's bytes from the SSD tier (through a real load job), or None if it is absent."""
-    result = ex.submit(LoadJob(job_id, (key,), None, (slot,), ("ssd",))).wait(timeout=30)
+    result = ex.submit(LoadJob(job_id, (key,), None, (slot,), (Tier.SSD,))).wait(timeout=30)
     assert ex.wait([job_id]) == [result]
     return None if result.failed else _slot_bytes(ex, slot)
 
@@ -105,8 +106,8 @@ def test_wait_timeout_consumes_no_result(tmp_path: Path) -> None:
     gate = threading.Event()
     k = _keys(ns, 2, "w")
     try:
-        done = ex.submit(StoreJob(1, (k[0],), None, (0,), (False,)), fill=lambda: None)
-        held = ex.submit(StoreJob(2, (k[1],), None, (1,), (False,)), fill=gate.wait)
+        done = ex.submit(StoreJob(1, (k[0],), None, (0,), (WRITE_NONE,)), fill=lambda: None)
+        held = ex.submit(StoreJob(2, (k[1],), None, (1,), (WRITE_NONE,)), fill=gate.wait)
         first = done.wait(timeout=30)
         with pytest.raises(TimeoutError):
             ex.wait([1, 2], timeout=HELD_S)
@@ -128,7 +129,7 @@ def test_abandoned_store_fails_every_block_and_writes_none_to_ssd(
     keys = _keys(ex.namespace, 2, "a")
     gate = _hold_d2h(ex)
     try:
-        job = StoreJob(1, tuple(keys), (1, 2), (0, 1), (True, True))
+        job = StoreJob(1, tuple(keys), (1, 2), (0, 1), (WRITE_SSD, WRITE_SSD))
         handle = ex.submit(job)
         assert ex.abandon([job.job_id, 99]) == [job.job_id]  # 99: unknown, ignored
         for t in caches.values():  # vLLM reuses the blocks before the copy ran
@@ -147,12 +148,12 @@ def test_abandon_after_the_copy_finished_keeps_the_store(
 ) -> None:
     ex, caches = gpu_executor
     (key,) = _keys(ex.namespace, 1, "b")
-    job = StoreJob(1, (key,), (3,), (0,), (True,))
+    job = StoreJob(1, (key,), (3,), (0,), (WRITE_SSD,))
     result = ex.submit(job).wait(timeout=30)  # the copy is done: nothing left to distrust
     assert ex.abandon([job.job_id]) == []
     assert ex.wait([job.job_id]) == [result] and result.ok
     # The SSD copy is block 3: load it into GPU block 5 through another host slot.
-    load = LoadJob(2, (key,), (5,), (1,), ("ssd",))
+    load = LoadJob(2, (key,), (5,), (1,), (Tier.SSD,))
     assert ex.submit(load).wait(timeout=30).ok and ex.wait([2])
     for got, want in zip(_gpu_block(caches, 5), _gpu_block(caches, 3), strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
@@ -168,7 +169,7 @@ def test_store_abandoned_before_its_chained_copy_issues_no_copy(
     page = block(victim, ex.pool.slot_nbytes)
     ex.pool.tensor[0].numpy()[:] = memoryview(page)  # type: ignore[attr-defined]
     gate = threading.Event()
-    job = StoreJob(1, (key,), (4,), (0,), (False,), spill_keys=(victim,), spill_slots=(0,))
+    job = StoreJob(1, (key,), (4,), (0,), (WRITE_NONE,), spill_keys=(victim,), spill_slots=(0,))
     # `fill` runs on the job thread after the spill and before the copy is issued.
     handle = ex.submit(job, fill=gate.wait)
     try:
@@ -198,7 +199,7 @@ def test_shutdown_timeout_leaks_pool_and_store_instead_of_closing_them(
         gate.wait()
         pool.tensor[2].numpy()[:] = memoryview(page)
 
-    handle = ex.submit(StoreJob(1, (key,), None, (2,), (True,)), fill=fill)
+    handle = ex.submit(StoreJob(1, (key,), None, (2,), (WRITE_SSD,)), fill=fill)
     try:
         with caplog.at_level(logging.ERROR, logger="flexkv_py.coordinator.executor"):
             closed = ex.shutdown(timeout=HELD_S)
@@ -206,11 +207,11 @@ def test_shutdown_timeout_leaks_pool_and_store_instead_of_closing_them(
         assert closed is False
         assert any("still running" in r.getMessage() for r in caplog.records)
         with pytest.raises(RuntimeError, match="shut down"):
-            ex.submit(StoreJob(2, (key,), None, (3,), (False,)), fill=lambda: None)
+            ex.submit(StoreJob(2, (key,), None, (3,), (WRITE_NONE,)), fill=lambda: None)
     finally:
         gate.set()
     result: JobResult = handle.wait(timeout=30)
-    assert result.ok and not result.ssd_failed  # the SSD store was still open for its write
+    assert result.ok and not result.write_failed  # the SSD store was still open for its write
     assert ex.ssd is not None  # still open: read the block back from it directly
     (got,) = ex.ssd.submit_get([(key, (pool.slot_address(4), pool.slot_nbytes))]).wait(30)
     assert got.ok and _slot_bytes(ex, 4) == page

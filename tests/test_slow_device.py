@@ -19,7 +19,9 @@ from vllm.v1.request import RequestStatus
 from flexkv_py import BlockStore, _native
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import JobExecutor, StoreJob
+from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD
 from flexkv_py.index import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.transfer import describe_kv_caches
 
 TIMEOUT_S = 0.3
@@ -109,28 +111,32 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
     ex = JobExecutor.from_kv_caches(cfg, ns, caches, max_workers=2)
     keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(3)])
     started = time.monotonic()
-    ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (True,)))
+    ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (WRITE_SSD,)))
     ex.wait_gpu_reads([1], timeout=MARGIN_S)  # the copy is done while the write is stuck
     assert ex.poll_gpu_reads() == [1]
     (res,) = ex.wait([1], timeout=TIMEOUT_S + MARGIN_S)
     assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
-    assert res.ok and res.ssd_failed == {keys[0]}  # host copy fine, SSD copy not committed
+    assert res.ok and res.write_failed_on(Tier.SSD) == {
+        keys[0]
+    }  # host copy fine, SSD copy not committed
     assert ex.stats()["ssd_fenced_slots"] == 1
     # Slot 0 may still be read by the late write: a store into it fails without copying.
     before = [t[:, 1].clone() for t in caches.values()]
-    (res,) = [ex.submit(StoreJob(2, (keys[1],), (1,), (0,), (False,))).wait(MARGIN_S)]
+    (res,) = [ex.submit(StoreJob(2, (keys[1],), (1,), (0,), (WRITE_NONE,))).wait(MARGIN_S)]
     assert res.failed == {keys[1]: "io_timeout"}
-    (res,) = [ex.submit(StoreJob(3, (keys[2],), (2,), (1,), (False,))).wait(MARGIN_S)]
+    (res,) = [ex.submit(StoreJob(3, (keys[2],), (2,), (1,), (WRITE_NONE,))).wait(MARGIN_S)]
     assert res.ok  # other slots are fine
     _native.set_fault_delays(False)  # the device is fast again: the late write completes
     _until(lambda: ex.stats()["ssd_fenced_slots"] == 0)
-    (res,) = [ex.submit(StoreJob(4, (keys[1],), (1,), (0,), (True,))).wait(MARGIN_S)]
-    assert res.ok and not res.ssd_failed
+    (res,) = [ex.submit(StoreJob(4, (keys[1],), (1,), (0,), (WRITE_SSD,))).wait(MARGIN_S)]
+    assert res.ok and not res.write_failed
     assert all(torch.equal(t[:, 1], b) for t, b in zip(caches.values(), before, strict=True))
     # Slow again: shutdown does not unmap the pool (or close the store) under a late write.
     _native.set_fault_delays(True)
-    (res,) = [ex.submit(StoreJob(5, (keys[2],), (2,), (2,), (True,))).wait(TIMEOUT_S + MARGIN_S)]
-    assert res.ssd_failed == {keys[2]}
+    (res,) = [
+        ex.submit(StoreJob(5, (keys[2],), (2,), (2,), (WRITE_SSD,))).wait(TIMEOUT_S + MARGIN_S)
+    ]
+    assert res.write_failed_on(Tier.SSD) == {keys[2]}
     assert not ex.shutdown(timeout=0.1)
     _native.set_fault_delays(False)
     assert ex.shutdown(timeout=30)

@@ -24,7 +24,9 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import JobExecutor, LoadJob, StoreJob
+from flexkv_py.coordinator.jobs import WRITE_SSD
 from flexkv_py.index import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm import worker_side
 from flexkv_py.integration.vllm.metadata import FlexKVWorkerMetadata
 from flexkv_py.transfer import describe_kv_caches
@@ -168,7 +170,7 @@ def test_executor_reports_the_copy_before_the_ssd_write(
     d2h = _hold_d2h(ex)
     try:
         for i in range(6):  # 6 stores, 2 job threads
-            ex.submit(StoreJob(i + 1, (keys[i],), (i,), (i,), (True,)))
+            ex.submit(StoreJob(i + 1, (keys[i],), (i,), (i,), (WRITE_SSD,)))
         with pytest.raises(TimeoutError):
             ex.wait_gpu_reads([1], timeout=0.05)  # the copy is held: this must give up
         assert ex.poll_gpu_reads() == []
@@ -185,11 +187,11 @@ def test_executor_reports_the_copy_before_the_ssd_write(
         ssd.open()
     results = ex.wait(range(1, 7), timeout=GATE_S)
     assert sorted(r.job_id for r in results) == [1, 2, 3, 4, 5, 6]
-    assert all(r.ok and not r.ssd_failed for r in results)
+    assert all(r.ok and not r.write_failed for r in results)
     assert ssd.passed == 6 and ex.poll_gpu_reads() == []
     # What reached SSD is the KV copied before the reuse: load it into blocks 8.. and compare.
     for i, k in enumerate(keys):
-        load = LoadJob(10 + i, (k,), (8 + i,), (6 + i,), ("ssd",))
+        load = LoadJob(10 + i, (k,), (8 + i,), (6 + i,), (Tier.SSD,))
         assert ex.submit(load).wait(timeout=GATE_S).ok
         got = [t[:, 8 + i] for t in caches.values()]
         assert all(

@@ -28,6 +28,7 @@ from flexkv_py.coordinator import CacheEngine
 from flexkv_py.coordinator.planning import slot_nbytes_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.private_files import make_private_dir
 from flexkv_py.transfer import describe_kv_caches
 
@@ -137,7 +138,7 @@ class ReplayResult:
             },
             "bytes_by_tier": {
                 "cpu": {
-                    "read": int(self.manager.get("load_cpu_bytes", 0)),
+                    "read": int(self.manager.get("load_host_bytes", 0)),
                     "write": self.store_bytes,
                 },
                 "ssd": {
@@ -301,7 +302,7 @@ def _run(
             while loaded < n and out.statuses[loaded] == "ok":
                 loaded += 1  # like vLLM: recompute from the first block that failed
             for tier in out.source_tiers[:loaded]:
-                hits[tier] += 1
+                hits["cpu" if tier == Tier.HOST.value else tier] += 1  # the report says CPU
             res.load_failures += n - loaded
             res.mismatches += gpu.mismatches(blocks[:loaded], contents[g : g + loaded])
             load_bytes = loaded * page_bytes

@@ -31,12 +31,14 @@ from flexkv_py.coordinator.executor import (
 from flexkv_py.coordinator.jobs import MISSING, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.manager import CacheManager
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 logger = logging.getLogger(__name__)
 
 OK = "ok"
 CACHED = "cached"  # store: already cached, or being stored by another job
+_NONE = "none"  # load source of a block that was not loadable
 NO_SLOT = "no_slot"  # store: no host slot could be freed
 
 # A synchronous store (or a load from host memory) is split into jobs submitted one after the
@@ -64,7 +66,7 @@ class BlockOutcome:
     """Per-block result of a store or load: `statuses[i]` is "ok" or why not."""
 
     statuses: tuple[str, ...]
-    source_tiers: tuple[str, ...] = ()  # load: "cpu" | "ssd" | "none" per block
+    source_tiers: tuple[str, ...] = ()  # load, per block: a Tier value ("host", "ssd") or "none"
 
     @property
     def num_ok(self) -> int:
@@ -103,7 +105,7 @@ class EngineHandle:
             if self._handle is not None:
                 failed = self._engine._finish(self._handle, timeout).failed
                 if isinstance(self._handle.job, LoadJob):
-                    tiers = self._handle.job.source_tiers
+                    tiers = tuple(_NONE if s is None else s.value for s in self._handle.job.sources)
             if not failed and not self._skipped:
                 statuses: tuple[str, ...] = (OK,) * len(self._keys)  # the common case
             else:
@@ -291,7 +293,7 @@ class CacheEngine:
         for handle in handles:
             failed = self._finish(handle, timeout).failed
             statuses.extend(failed.get(k, OK) for k in handle.job.keys)
-        return BlockOutcome(tuple(statuses), ("cpu",) * len(keys))
+        return BlockOutcome(tuple(statuses), (Tier.HOST.value,) * len(keys))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
         """Host-only load: each block's slot bytes, or None if it could not be loaded."""

@@ -59,6 +59,7 @@ from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
 from flexkv_py.coordinator.planning import host_pool_in_background, host_slots_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.memory_limit import check_host_pool_fits
 from flexkv_py.tiers.ssd_open import open_ssd_tier
 from flexkv_py.tiers.ssd_tier import SsdTier
@@ -563,8 +564,9 @@ class JobExecutor:
         self._stats["ssd_write_blocks" if put else "ssd_read_blocks"] += len(keys) - len(failed)
         return failed
 
-    def _evicted(self) -> tuple[bytes, ...]:
-        return tuple(self.ssd.drain_evicted()) if self.ssd is not None else ()
+    def _evicted(self) -> dict[Tier, tuple[bytes, ...]]:
+        evicted = tuple(self.ssd.drain_evicted()) if self.ssd is not None else ()
+        return {Tier.SSD: evicted} if evicted else {}
 
     def _run_store(
         self,
@@ -616,8 +618,8 @@ class JobExecutor:
                 self._end_gpu_read(job.job_id)  # the GPU blocks are free to reuse from here
         todo = [
             (k, s)
-            for k, s, w in zip(job.keys, job.host_slots, job.ssd_write, strict=True)
-            if w and k not in failed
+            for k, s, w in zip(job.keys, job.host_slots, job.write_tiers, strict=True)
+            if Tier.SSD in w and k not in failed
         ]
         ssd_failed = self._ssd_batch(True, [k for k, _ in todo], [s for _, s in todo])
         nbytes += (len(todo) - len(ssd_failed)) * self.pool.slot_nbytes
@@ -625,8 +627,8 @@ class JobExecutor:
             job.job_id,
             "store",
             failed=failed,
-            ssd_failed=frozenset(ssd_failed),
-            ssd_evicted=self._evicted(),
+            write_failed={Tier.SSD: frozenset(ssd_failed)} if ssd_failed else {},
+            evicted=self._evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
@@ -635,9 +637,9 @@ class JobExecutor:
     def _run_load(self, job: LoadJob, started: float) -> JobResult:
         spill_failed = self._ssd_batch(True, job.spill_keys, job.spill_slots)
         failed: dict[bytes, str] = {
-            k: MISSING for k, src in zip(job.keys, job.source_tiers, strict=True) if src == "none"
+            k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
         }
-        from_ssd = [i for i, src in enumerate(job.source_tiers) if src == "ssd"]
+        from_ssd = job.reads_from(Tier.SSD)
         held = self.late_io.fenced(job.host_slots[i] for i in from_ssd)
         if held:  # a late I/O may still touch these slots: do not read into them
             failed.update((job.keys[i], IO_TIMEOUT) for i in from_ssd if job.host_slots[i] in held)
@@ -674,7 +676,7 @@ class JobExecutor:
             "load",
             failed=failed,
             failed_gpu_block_ids=frozenset(failed_gpu),
-            ssd_evicted=self._evicted(),
+            evicted=self._evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
@@ -686,7 +688,7 @@ class JobExecutor:
             job.job_id,
             "spill",
             failed=failed,
-            ssd_evicted=self._evicted(),
+            evicted=self._evicted(),
             nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
             seconds=time.perf_counter() - started,
         )
@@ -695,7 +697,7 @@ class JobExecutor:
         removed = self.ssd.delete(job.keys) if self.ssd is not None else 0
         self._stats["ssd_deleted_blocks"] += removed
         return JobResult(
-            job.job_id, "drop", ssd_evicted=self._evicted(), seconds=time.perf_counter() - started
+            job.job_id, "drop", evicted=self._evicted(), seconds=time.perf_counter() - started
         )
 
     # ------------------------------------------------------------------ inventory / lifecycle

@@ -1,6 +1,9 @@
 """Jobs (manager -> executor) and their results (executor -> manager): plain picklable data.
 
-The manager decides everything (which slot, which blocks go to SSD); a job only says what to move.
+The manager decides everything (which slot, which blocks go to which lower tier); a job only says
+what to move. Tiers are named with `Tier` (flexkv_py.index.tier_names) everywhere: a job names the
+tier it writes to or reads from, so a second lower tier (the object store) passes through the
+same jobs.
 With TP > 1 the same job goes to every rank's executor and the per-rank results are merged with
 `JobResult.merge` before the manager sees them.
 """
@@ -11,25 +14,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flexkv_py.index.tier_names import Tier
+
 JobKind = Literal["store", "load", "spill", "drop"]
 
 # Per-block failure reasons in JobResult.failed.
-NOT_FOUND = "not_found"  # SSD: key unknown (evicted, deleted, never written on this rank)
-CORRUPT = "corrupt"  # SSD: checksum/header mismatch, data discarded
-IO_ERROR = "io_error"  # SSD device error (EIO, ENOSPC, short I/O)
-IO_TIMEOUT = "io_timeout"  # SSD I/O not done within ssd_io_timeout_s (or its slot still is)
-NO_SPACE = "no_space"  # SSD put refused: store full of pinned data / block too large
+NOT_FOUND = "not_found"  # lower tier: key unknown (evicted, deleted, never written on this rank)
+CORRUPT = "corrupt"  # lower tier: checksum/header mismatch, data discarded
+IO_ERROR = "io_error"  # lower tier device error (EIO, ENOSPC, short I/O)
+IO_TIMEOUT = "io_timeout"  # lower-tier I/O not done within its timeout (or its slot still is)
+NO_SPACE = "no_space"  # lower-tier put refused: store full of pinned data / block too large
 TRANSFER_ERROR = "transfer_error"  # GPU<->host copy failed
 NO_SLOT = "no_slot"  # manager: no host slot free to stage the block
 MISSING = "missing"  # manager: block no longer in any tier when the load was prepared
 INTERNAL = "internal_error"  # executor bug or unexpected exception; block not trusted
 
+# StoreJob.write_tiers entries: the two a store job uses today.
+WRITE_SSD: tuple[Tier, ...] = (Tier.SSD,)
+WRITE_NONE: tuple[Tier, ...] = ()
+
 
 @dataclass(frozen=True)
 class StoreJob:
-    """GPU blocks -> host slots; then, where `ssd_write[i]`, host slot -> SSD (write-through).
-    With `spill_keys`, those blocks are first written from their slots to SSD (their slots are
-    the ones this job fills), and the GPU->host copy waits for that.
+    """GPU blocks -> host slots; then host slot -> each tier in `write_tiers[i]` (write-through).
+    With `spill_keys`, those blocks are first written from their slots to `spill_tier` (their
+    slots are the ones this job fills), and the GPU->host copy waits for that.
 
     `gpu_block_ids` None: the caller already filled the slots (host-only path)."""
 
@@ -37,47 +46,64 @@ class StoreJob:
     keys: tuple[bytes, ...]
     gpu_block_ids: tuple[int, ...] | None
     host_slots: tuple[int, ...]
-    ssd_write: tuple[bool, ...]
+    write_tiers: tuple[tuple[Tier, ...], ...]  # per block: lower tiers to copy it to, maybe ()
     kind: JobKind = "store"
-    # Evicted blocks whose slots this job reuses: written host -> SSD before anything else.
+    # Evicted blocks whose slots this job reuses: written host -> spill_tier before anything else.
     spill_keys: tuple[bytes, ...] = ()
     spill_slots: tuple[int, ...] = ()
+    spill_tier: Tier = Tier.SSD
+
+    def writes_to(self, tier: Tier) -> list[int]:
+        """Positions of the blocks this job copies to `tier` after the host copy."""
+        return [i for i, tiers in enumerate(self.write_tiers) if tier in tiers]
 
 
 @dataclass(frozen=True)
 class LoadJob:
-    """SSD -> host slot for blocks whose source is "ssd"; then host slots -> GPU blocks.
+    """Lower tier -> host slot for blocks that are not in host memory; then host slots -> GPU.
 
-    `source_tiers[i]`: "cpu" (already in host), "ssd" (read into `host_slots[i]` first) or "none"
-    (not loadable: reported failed, `host_slots[i]` is -1). `gpu_block_ids` None: host only."""
+    `sources[i]`: Tier.HOST (already in `host_slots[i]`), a lower tier (read into
+    `host_slots[i]` first) or None (not loadable: reported failed, `host_slots[i]` is -1).
+    `gpu_block_ids` None: host only."""
 
     job_id: int
     keys: tuple[bytes, ...]
     gpu_block_ids: tuple[int, ...] | None
     host_slots: tuple[int, ...]
-    source_tiers: tuple[str, ...]
+    sources: tuple[Tier | None, ...]
     kind: JobKind = "load"
     spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
     spill_slots: tuple[int, ...] = ()
+    spill_tier: Tier = Tier.SSD
+
+    @property
+    def all_from_host(self) -> bool:
+        return all(s is Tier.HOST for s in self.sources)
+
+    def reads_from(self, tier: Tier) -> list[int]:
+        """Positions of the blocks this job stages from `tier` into their host slots."""
+        return [i for i, s in enumerate(self.sources) if s is tier]
 
 
 @dataclass(frozen=True)
 class SpillJob:
-    """Host slots -> SSD for blocks leaving the host tier (write-back)."""
+    """Host slots -> `tier` for blocks leaving the host tier (write-back)."""
 
     job_id: int
     keys: tuple[bytes, ...]
     host_slots: tuple[int, ...]
+    tier: Tier = Tier.SSD
     kind: JobKind = "spill"
     gpu_block_ids: None = None
 
 
 @dataclass(frozen=True)
 class DropJob:
-    """Delete blocks from the SSD tier (reset, copies written after a reset, orphans)."""
+    """Delete blocks from lower tiers (reset, copies written after a reset, orphans)."""
 
     job_id: int
     keys: tuple[bytes, ...]
+    tiers: tuple[Tier, ...] = (Tier.SSD,)
     kind: JobKind = "drop"
     gpu_block_ids: None = None
     host_slots: tuple[int, ...] = ()
@@ -93,17 +119,18 @@ class JobResult:
     failed: key -> reason for blocks that did not arrive where the job put them (load: not in
         GPU; store: not in host; spill: not on SSD). Never a partial block.
     failed_gpu_block_ids: GPU blocks whose content is not valid after a load.
-    ssd_failed: store write-through copies that were not made (the host copy is fine).
-    ssd_evicted: logical keys the SSD store evicted for capacity while the job ran.
-    spill_failed: a job's `spill_keys` that did not reach SSD (for SpillJob: `failed`).
+    write_failed: per tier, store write-through copies that were not made (the host copy is
+        fine).
+    evicted: per tier, logical keys that tier evicted for capacity while the job ran.
+    spill_failed: a job's `spill_keys` that did not reach its tier (for SpillJob: `failed`).
     """
 
     job_id: int
     kind: JobKind
     failed: dict[bytes, str] = field(default_factory=dict)
     failed_gpu_block_ids: frozenset[int] = frozenset()
-    ssd_failed: frozenset[bytes] = frozenset()
-    ssd_evicted: tuple[bytes, ...] = ()
+    write_failed: dict[Tier, frozenset[bytes]] = field(default_factory=dict)
+    evicted: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
     spill_failed: frozenset[bytes] = frozenset()
     nbytes: int = 0
     seconds: float = 0.0
@@ -111,6 +138,12 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    def write_failed_on(self, tier: Tier) -> frozenset[bytes]:
+        return self.write_failed.get(tier, frozenset())
+
+    def evicted_from(self, tier: Tier) -> tuple[bytes, ...]:
+        return self.evicted.get(tier, ())
 
     @staticmethod
     def merge(results: Sequence[JobResult]) -> JobResult:
@@ -121,18 +154,22 @@ class JobResult:
         if any(r.job_id != first.job_id for r in results):
             raise ValueError("JobResult.merge: results of different jobs")
         failed: dict[bytes, str] = {}
-        evicted: dict[bytes, None] = {}
+        evicted: dict[Tier, dict[bytes, None]] = {}
+        write_failed: dict[Tier, set[bytes]] = {}
         for r in results:
             for k, reason in r.failed.items():
                 failed.setdefault(k, reason)
-            evicted.update(dict.fromkeys(r.ssd_evicted))
+            for tier, keys in r.evicted.items():
+                evicted.setdefault(tier, {}).update(dict.fromkeys(keys))
+            for tier, failed_keys in r.write_failed.items():
+                write_failed.setdefault(tier, set()).update(failed_keys)
         return JobResult(
             job_id=first.job_id,
             kind=first.kind,
             failed=failed,
             failed_gpu_block_ids=frozenset().union(*(r.failed_gpu_block_ids for r in results)),
-            ssd_failed=frozenset().union(*(r.ssd_failed for r in results)),
-            ssd_evicted=tuple(evicted),
+            write_failed={t: frozenset(k) for t, k in write_failed.items()},
+            evicted={t: tuple(k) for t, k in evicted.items()},
             spill_failed=frozenset().union(*(r.spill_failed for r in results)),
             nbytes=sum(r.nbytes for r in results),
             seconds=max(r.seconds for r in results),

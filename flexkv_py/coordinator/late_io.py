@@ -139,7 +139,7 @@ def fence_store(job: StoreJob, fenced: set[int], fills: bool) -> tuple[StoreJob,
         keys=tuple(job.keys[i] for i in keep),
         gpu_block_ids=None if ids is None else tuple(ids[i] for i in keep),
         host_slots=tuple(job.host_slots[i] for i in keep),
-        ssd_write=tuple(job.ssd_write[i] for i in keep),
+        write_tiers=tuple(job.write_tiers[i] for i in keep),
     )
     logger.warning(
         "store job %d: %d blocks fail (io_timeout): their host slots are still under a "

@@ -41,7 +41,8 @@ from flexkv_py.coordinator.jobs import (
 from flexkv_py.coordinator.planning import host_slots_for
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
-from flexkv_py.index.tier_index import IndexStateError, Tier, TierIndex, Victim
+from flexkv_py.index.tier_index import IndexStateError, TierIndex, Victim
+from flexkv_py.index.tier_names import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +154,13 @@ class CacheManager:
             job = None
             if todo:
                 self.index.begin_host_fills([keys[i] for i in todo], slots)
-                ssd_write: list[bool] = [
-                    self.ssd_enabled
+                to_ssd, neither = (Tier.SSD,), ()
+                write_tiers = [
+                    to_ssd
+                    if self.ssd_enabled
                     and self.admission.admit_on_store(self.index.hits(keys[i]))
                     and self.index.begin_ssd_write(keys[i])
+                    else neither
                     for i in todo
                 ]
                 job = StoreJob(
@@ -166,7 +170,7 @@ class CacheManager:
                         None if gpu_block_ids is None else tuple(gpu_block_ids[i] for i in todo)
                     ),
                     host_slots=tuple(slots),
-                    ssd_write=tuple(ssd_write),
+                    write_tiers=tuple(write_tiers),
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
                 )
@@ -193,25 +197,26 @@ class CacheManager:
                     keys,
                     gpu_block_ids,
                     [a.host_slot for a in acquired],  # type: ignore[misc]
-                    ("cpu",) * len(keys),
+                    (Tier.HOST,) * len(keys),
                     [False] * len(keys),
                     [],
                 )
             n_ssd = sum(t.tier is Tier.SSD for t in acquired)
             chained: list[Victim] = []
             staging = self._take_slots(n_ssd, chained) if n_ssd else []
-            sources: list[str] = []
+            sources: list[Tier | None] = []
             slots: list[int] = []
             promoted: list[bool] = []
             for i, key in enumerate(keys):
-                src, slot, promote = "none", -1, False
+                src: Tier | None = None
+                slot, promote = -1, False
                 if i < len(acquired):
                     got = acquired[i]
                     if got.tier is Tier.HOST:
                         assert got.host_slot is not None
-                        src, slot = "cpu", got.host_slot
+                        src, slot = Tier.HOST, got.host_slot
                     elif got.tier is Tier.SSD and staging:
-                        src, slot = "ssd", staging.pop()
+                        src, slot = Tier.SSD, staging.pop()
                         try:
                             self.index.begin_host_fill(key, slot, count_access=False)
                             promote = True
@@ -242,7 +247,7 @@ class CacheManager:
             job = self.prepare_load(keys, gpu_block_ids)
             if job is None:
                 return []
-            if len(bounds) < 2 or job.spill_keys or any(s != "cpu" for s in job.source_tiers):
+            if len(bounds) < 2 or job.spill_keys or not job.all_from_host:
                 return [job]
             del self._inflight[job.job_id]
             del self._load_plans[job.job_id]
@@ -254,7 +259,7 @@ class CacheManager:
                     keys=job.keys[start:end],
                     gpu_block_ids=None if ids is None else ids[start:end],
                     host_slots=job.host_slots[start:end],
-                    source_tiers=job.source_tiers[start:end],
+                    sources=job.sources[start:end],
                 )
                 self._inflight[part.job_id] = part
                 self._load_plans[part.job_id] = _LoadPlan([False] * (end - start))
@@ -266,7 +271,7 @@ class CacheManager:
         keys: Sequence[bytes],
         gpu_block_ids: Sequence[int] | None,
         slots: Sequence[int],
-        sources: Sequence[str],
+        sources: Sequence[Tier | None],
         promoted: list[bool],
         chained: list[Victim],
     ) -> LoadJob:
@@ -276,7 +281,7 @@ class CacheManager:
             keys=tuple(keys),
             gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
             host_slots=tuple(slots),
-            source_tiers=tuple(sources),
+            sources=tuple(sources),
             spill_keys=tuple(v.key for v in chained),
             spill_slots=tuple(v.host_slot for v in chained),
         )
@@ -388,7 +393,7 @@ class CacheManager:
                 self._complete_load(job, result, self._load_plans.pop(job.job_id))
             elif isinstance(job, SpillJob):
                 self._complete_spill(job, result)
-            for key in self.index.set_ssd(result.ssd_evicted, False):
+            for key in self.index.set_ssd(result.evicted_from(Tier.SSD), False):
                 self._event("removed", key, "SSD")
                 self._stats["ssd_evicted_blocks"] += 1
             garbage = self.index.take_garbage()
@@ -398,17 +403,18 @@ class CacheManager:
 
     def _complete_store(self, job: StoreJob, result: JobResult) -> None:
         failed = result.failed
-        if any(job.ssd_write):
-            for key, write in zip(job.keys, job.ssd_write, strict=True):
-                if write:
-                    ssd_ok = key not in failed and key not in result.ssd_failed
-                    self.index.commit_ssd_write(key, ssd_ok)
-                    if ssd_ok:
-                        self._stats["ssd_written_blocks"] += 1
-                        if self.index.on_ssd_readable(key):  # not reset while it was written
-                            self._event("stored", key, "SSD")
-                    else:
-                        self._stats["ssd_write_failed_blocks"] += 1
+        ssd_positions = job.writes_to(Tier.SSD)
+        if ssd_positions:
+            ssd_failed = result.write_failed_on(Tier.SSD)
+            for key in (job.keys[i] for i in ssd_positions):
+                ssd_ok = key not in failed and key not in ssd_failed
+                self.index.commit_ssd_write(key, ssd_ok)
+                if ssd_ok:
+                    self._stats["ssd_written_blocks"] += 1
+                    if self.index.on_ssd_readable(key):  # not reset while it was written
+                        self._event("stored", key, "SSD")
+                else:
+                    self._stats["ssd_write_failed_blocks"] += 1
         oks = [key not in failed for key in job.keys]
         # Announced: the blocks readable now (not those reset while they were stored).
         readable = self.index.commit_host_fills(job.keys, oks)
@@ -420,19 +426,19 @@ class CacheManager:
 
     def _complete_load(self, job: LoadJob, result: JobResult, plan: _LoadPlan) -> None:
         failed = result.failed
-        if not failed and all(src == "cpu" for src in job.source_tiers):
+        if not failed and job.all_from_host:
             # The common case, in one pass: every block came from host memory and loaded.
             self.index.unpin(job.keys)
-            self._stats["load_cpu_blocks"] += len(job.keys)
-            self._stats["load_cpu_bytes"] += self.page_bytes * len(job.keys)
+            self._stats["load_host_blocks"] += len(job.keys)
+            self._stats["load_host_bytes"] += self.page_bytes * len(job.keys)
             return
         for i, key in enumerate(job.keys):
-            src = job.source_tiers[i]
-            if src == "none":
+            src = job.sources[i]
+            if src is None:
                 self._stats["load_failed_blocks"] += 1
                 continue
             reason = failed.get(key)
-            if src == "ssd":
+            if src is Tier.SSD:
                 if plan.promoted[i]:
                     if self.index.commit_host_fill(key, reason is None):
                         self._event("stored", key, "CPU")
@@ -445,8 +451,8 @@ class CacheManager:
                     self._stats[f"ssd_read_{reason}_blocks"] += 1
             self.index.unpin([key])
             if reason is None:
-                self._stats[f"load_{src}_blocks"] += 1
-                self._stats[f"load_{src}_bytes"] += self.page_bytes
+                self._stats[f"load_{src.value}_blocks"] += 1
+                self._stats[f"load_{src.value}_bytes"] += self.page_bytes
             else:
                 self._stats["load_failed_blocks"] += 1
 

@@ -23,21 +23,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import NamedTuple
 
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
 from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
+from flexkv_py.index.tier_names import Tier
 
 # A logical key is head (namespace prefix + variant) + the engine's block hash: the index also
 # files every entry under (head, hash), so a lookup can take vLLM's hashes without building keys.
 HEAD_LEN = PREFIX_LEN + VARIANT_LEN
-
-
-class Tier(str, Enum):
-    HOST = "host"
-    SSD = "ssd"
-    OBJECT = "object"
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.coexistence import check_flexkv_owner
 from flexkv_py.integration.vllm.composition import check_child_without_hma, find_parent
 from flexkv_py.integration.vllm.engine_info import (
@@ -206,7 +207,7 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
             return {}
         if not split or sum(split.values()) != num_external_tokens:
             return {self._cache_hit_source: num_external_tokens}
-        names = {"cpu": CacheHitSource.HOST, "ssd": CacheHitSource.DISK}
+        names = {Tier.HOST: CacheHitSource.HOST, Tier.SSD: CacheHitSource.DISK}
         return {names[tier]: tokens for tier, tokens in split.items()}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:

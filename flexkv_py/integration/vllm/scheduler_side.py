@@ -22,6 +22,7 @@ from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event
 
 from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.coordinator.planning import host_pool_in_background
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import (
     BlockOrigin,
@@ -97,7 +98,7 @@ class SchedulerSide:
         # get_num_new_matched_tokens and update_state_after_alloc.
         self._lookups: dict[str, tuple[int, int]] = {}
         # req_id -> tokens of its external hit per tier, for vLLM's hit-source metrics.
-        self._hit_sources: dict[str, dict[str, int]] = {}
+        self._hit_sources: dict[str, dict[Tier, int]] = {}
         self._jobs: dict[int, _JobInfo] = {}
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
@@ -176,28 +177,28 @@ class SchedulerSide:
         # Loaded blocks are already in our tiers: the store planner starts after them.
         state.planned_blocks = max(state.planned_blocks, first + count)
 
-    def _tokens_by_tier(self, job: Any, count: int, num_tokens: int) -> dict[str, int]:
-        """The load's tokens split by the tier each block comes from ("cpu" or "ssd"; blocks
-        that vanished count as "cpu": they are recomputed, and vLLM wants the counts to add up)."""
-        tiers = list(getattr(job, "source_tiers", None) or ()) or ["cpu"] * count
-        out: dict[str, int] = {}
+    def _tokens_by_tier(self, job: Any, count: int, num_tokens: int) -> dict[Tier, int]:
+        """The load's tokens split by the tier each block comes from (a Tier; blocks that
+        vanished count as HOST: they are recomputed, and vLLM wants the counts to add up)."""
+        tiers = list(getattr(job, "sources", None) or ()) or [Tier.HOST] * count
+        out: dict[Tier, int] = {}
         for i, tier in enumerate(tiers[:count]):
             tokens = max(0, min(self._bs, num_tokens - i * self._bs))
-            key = "ssd" if tier == "ssd" else "cpu"
+            key = tier or Tier.HOST
             out[key] = out.get(key, 0) + tokens
         return {k: v for k, v in out.items() if v}
 
-    def take_hit_sources(self, request: Request) -> dict[str, int] | None:
+    def take_hit_sources(self, request: Request) -> dict[Tier, int] | None:
         """Tokens of this request's last external hit per tier (then forgotten)."""
         return self._hit_sources.pop(request.request_id, None)
 
     def _add_tier_hits(self, job: Any) -> None:
-        tiers = getattr(job, "source_tiers", None)
+        tiers = getattr(job, "sources", None)
         if not tiers:
             return
         for tier in tiers:
-            if tier in ("cpu", "ssd"):
-                self._stats.add(f"hit_blocks_{tier}", 1)
+            if tier is not None:
+                self._stats.add(f"hit_blocks_{tier.value}", 1)
 
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:

@@ -17,11 +17,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 # Counter names (data keys). Worker side: *_jobs, *_blocks, *_bytes, *_seconds, *_failed_blocks.
-# Scheduler side: lookup_blocks, hit_blocks, hit_blocks_cpu, hit_blocks_ssd.
+# Scheduler side: lookup_blocks, hit_blocks, hit_blocks_host, hit_blocks_ssd.
 COUNTERS = (
     "lookup_blocks",
     "hit_blocks",
-    "hit_blocks_cpu",
+    "hit_blocks_host",
     "hit_blocks_ssd",
     "load_jobs",
     "load_blocks",

@@ -85,9 +85,7 @@ class WorkerSide:
         return self._executor
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._executor = JobExecutor.from_kv_caches(
-            self._config, self._ns, kv_caches, serving=True
-        )
+        self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches, serving=True)
         if self._executor.ssd_unavailable is not None:
             # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty
             # inventory below adopts nothing and every SSD job fails fast.

@@ -1,0 +1,18 @@
+"""The tier vocabulary, defined once: every job, result, index entry and stat names a tier
+with these values. The index layer is the lowest one that needs it, so it lives here."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Tier(str, Enum):
+    """Where a block's bytes live below the GPU. Ordered fastest first."""
+
+    HOST = "host"  # a pinned host-memory slot
+    SSD = "ssd"  # the local block store (io_uring / O_DIRECT)
+    OBJECT = "object"  # a store shared by the fleet (not available yet)
+
+
+# Tiers below the host tier: a block reaches them from its host slot and comes back through one.
+LOWER_TIERS: tuple[Tier, ...] = (Tier.SSD, Tier.OBJECT)
