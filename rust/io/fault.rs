@@ -40,6 +40,11 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
+    /// What a plan can target and the errnos it can inject (exported to Python as
+    /// `FAULT_TARGETS` / `FAULT_ERRNOS`; slow mode is `DELAY<ms>` in the errno's place).
+    pub const TARGETS: &'static [&'static str] = &["read", "write", "any", "journal"];
+    pub const ERRNOS: &'static [&'static str] = &["EIO", "ENOSPC"];
+
     /// `"<read|write|any|journal>:<EIO|ENOSPC|DELAY<ms>>:<every>"`, e.g. `"write:EIO:2"` or
     /// `"read:DELAY5000:1"` (journal faults are errno only).
     pub fn parse(spec: &str) -> Result<Self> {

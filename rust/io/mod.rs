@@ -80,6 +80,9 @@ pub enum EngineChoice {
 }
 
 impl EngineChoice {
+    /// The names `parse` accepts (aliases aside), exported to Python as `IO_ENGINES`.
+    pub const NAMES: &'static [&'static str] = &["auto", "io_uring", "psync"];
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "auto" | "" => Ok(EngineChoice::Auto),

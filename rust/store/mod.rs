@@ -90,12 +90,13 @@ impl Shared {
     pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
         if state.closed {
             // A closed handle must never rewrite the journal: another process may own it now.
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         if count == 0 && !state.journal_broken {
             return Ok(());
         }
-        let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("store is read-only".into()))?;
+        let journal =
+            state.journal.as_mut().ok_or_else(|| StoreError::Device("store is read-only".into()))?;
         if !state.journal_broken {
             let appended = match self.injected_journal_fault() {
                 Some(errno) => journal.append_torn(encoded, errno),
@@ -117,7 +118,9 @@ impl Shared {
         // Broken: rewrite from memory, at most once per HEAL_INTERVAL (a full disk would
         // otherwise make every batch rewrite the whole journal under the lock).
         if state.last_heal.is_some_and(|t| t.elapsed() < HEAL_INTERVAL) {
-            return Err(StoreError::Io("journal is unwritable (a rewrite is retried every second)".into()));
+            return Err(StoreError::Device(
+                "journal is unwritable (a rewrite is retried every second)".into(),
+            ));
         }
         state.last_heal = Some(std::time::Instant::now());
         self.compact(state)?;
@@ -274,7 +277,7 @@ impl BlockStore {
             // closed under it before waiting for in-flight batches) cannot miss this batch.
             let state = shared.state.lock();
             if state.closed {
-                return Err(StoreError::Config("store is closed".into()));
+                return Err(StoreError::Closed);
             }
             shared.begin();
         }
@@ -286,11 +289,11 @@ impl BlockStore {
         let guard = self.executor.lock();
         let Some(executor) = guard.as_ref() else {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         };
         if executor.spawn(task).is_err() {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         Ok(())
     }
@@ -357,7 +360,7 @@ impl BlockStore {
         }
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let mut buf = Vec::new();
         let mut removed = 0u64;
@@ -391,7 +394,7 @@ impl BlockStore {
     /// Read every block; returns keys whose data failed verification or could not be read.
     pub fn verify(&self) -> Result<Vec<Vec<u8>>> {
         if self.shared.state.lock().closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let keys = self.keys();
         let mut bad = Vec::new();
@@ -417,7 +420,7 @@ impl BlockStore {
     pub fn checkpoint(&self) -> Result<()> {
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         self.shared.compact(&mut state)
     }
@@ -445,7 +448,7 @@ impl BlockStore {
                 let mut buf = Vec::new();
                 Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
                 let journal =
-                    state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
+                    state.journal.as_mut().ok_or_else(|| StoreError::Device("journal missing".into()))?;
                 journal.append(&buf, 1)?;
                 journal.sync()
             });
