@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::journal::Journal;
 use super::journal_file::{self, JournalFile};
 use super::stats::Counters;
 use super::{Shared, State, StoreConfig};
@@ -213,14 +214,18 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         state: Mutex::new(State {
             index,
             allocators,
-            journal,
+            journal: Journal::new(
+                journal_dir,
+                journal,
+                header,
+                cfg.durability,
+                fault_plan.filter(|p| p.journal),
+            ),
             sketch: FrequencySketch::new(cfg.admit_min_hits),
             next_seq,
             next_dir: 0,
             evicted: VecDeque::new(),
             closed: false,
-            journal_broken: false,
-            last_heal: None,
         }),
         cfg,
         devices,
@@ -230,8 +235,6 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         recovery_seconds,
         last_clean_shutdown: last_clean,
         torn_journal_bytes: torn,
-        journal_fault: fault_plan.filter(|p| p.journal),
-        journal_writes: std::sync::atomic::AtomicU64::new(0),
     })
 }
 

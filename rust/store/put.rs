@@ -321,7 +321,8 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             results[i] = Some(BlockResult::failed(Status::IoError, format!("journal: {e}")));
         }
     }
-    shared.maybe_compact(&mut state);
+    drop(state);
+    shared.maybe_compact();
     for (i, plan) in plans.iter().enumerate() {
         if let Plan::Superseded { by } = plan {
             results[i] = results[*by].clone();
