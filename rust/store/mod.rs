@@ -23,7 +23,7 @@ use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::{MAX_KEY_LEN, PAGE};
 
-pub use batch::{Batch, BlockResult, RawBuf, Status};
+pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
 pub(crate) use shared::{Shared, State};
 use stats::{Counters, StatValue, StatsSnapshot};
@@ -102,7 +102,7 @@ impl BlockStore {
     pub fn submit_put(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         if self.shared.cfg.read_only {
             return Err(StoreError::Config("store was opened read-only".into()));
@@ -117,7 +117,7 @@ impl BlockStore {
     pub fn submit_get(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
@@ -300,6 +300,37 @@ impl BlockStore {
             ("last_clean_shutdown_unix", StatValue::Int(self.shared.last_clean_shutdown.unwrap_or(0))),
             ("directories", StatValue::Int(self.shared.devices.len() as u64)),
         ]
+    }
+}
+
+impl crate::tier::BlockTier for BlockStore {
+    fn tier_name(&self) -> &'static str {
+        "ssd"
+    }
+    fn submit_put(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_put(self, items, keepalive)
+    }
+    fn submit_get(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_get(self, items, keepalive)
+    }
+    fn delete_many(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        BlockStore::delete_many(self, keys)
+    }
+    fn contains(&self, key: &[u8]) -> bool {
+        BlockStore::contains(self, key)
+    }
+    fn match_prefix(&self, keys: &mut dyn Iterator<Item = &[u8]>) -> usize {
+        // One lock for the whole prefix, not one per key.
+        BlockStore::match_prefix(self, keys)
+    }
+    fn drain_evicted(&self) -> Vec<Vec<u8>> {
+        BlockStore::drain_evicted(self)
+    }
+    fn stats(&self) -> StatsSnapshot {
+        BlockStore::stats(self)
+    }
+    fn close(&self) -> Result<()> {
+        BlockStore::close(self)
     }
 }
 

@@ -210,3 +210,36 @@ fn batches_complete_while_compaction_runs_and_a_crash_mid_compaction_loses_nothi
         .any(|e| e.file_name().to_string_lossy().ends_with(".compact"));
     assert!(!stray, "the compaction's temp file was installed, not left behind");
 }
+
+/// The calls the layers above make, through the trait only (what an object tier must pass too).
+#[test]
+fn the_ssd_store_serves_through_the_block_tier_trait() {
+    use crate::tier::BlockTier;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 64 << 10);
+    cfg.preallocate = false;
+    let tier: Arc<dyn BlockTier> = Arc::new(BlockStore::open(cfg).unwrap());
+    assert_eq!(tier.tier_name(), "ssd");
+    let keys: Vec<Vec<u8>> = (0..6).map(|i| format!("t{i}").into_bytes()).collect();
+    let bufs: Vec<Vec<u8>> = keys.iter().map(|k| data(k, 8192)).collect();
+    for range in [0..5, 5..6] {
+        let items = range.map(|i| (keys[i].clone(), RawBuf { ptr: bufs[i].as_ptr() as *mut u8, len: 8192 }));
+        let put = tier.submit_put(items.collect(), None).unwrap().wait(None).unwrap();
+        assert!(put.iter().all(|r| r.status == Status::Ok), "{put:?}");
+    }
+    // 64 KiB hold 5 blocks of 3 pages beside the superblock: the first one was evicted.
+    let evicted = tier.drain_evicted();
+    assert_eq!(evicted, vec![keys[0].clone()]);
+    assert!(!tier.contains(&keys[0]) && tier.contains(&keys[5]));
+    assert_eq!(tier.match_prefix(&mut keys[1..].iter().map(Vec::as_slice)), 5);
+    let mut out = vec![0u8; 8192];
+    let get =
+        tier.submit_get(vec![(keys[5].clone(), RawBuf { ptr: out.as_mut_ptr(), len: out.len() })], None);
+    assert_eq!(get.unwrap().wait(None).unwrap()[0].status, Status::Ok);
+    assert_eq!(out, bufs[5]);
+    assert_eq!(tier.delete_many(&[keys[5].clone(), keys[0].clone()]).unwrap(), 1);
+    let stats = tier.stats();
+    assert!(stats.contains(&("blocks", stats::StatValue::Int(4))));
+    tier.close().unwrap();
+    assert!(matches!(tier.submit_put(Vec::new(), None), Err(StoreError::Closed)));
+}
