@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
-use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN};
+use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN, FILE_VERSION};
 
 pub const JOURNAL_FILE: &str = "flexkv-journal.log";
 
@@ -36,6 +36,9 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };
+    if let Some(found) = FileHeader::version_of(&buf).filter(|v| *v != FILE_VERSION) {
+        return Err(StoreError::FormatVersion { path, found, expected: FILE_VERSION });
+    }
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
         StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;

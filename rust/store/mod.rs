@@ -12,6 +12,7 @@ mod get;
 mod journal;
 mod open;
 mod put;
+mod set_aside;
 mod shared;
 
 use std::sync::Arc;

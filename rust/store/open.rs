@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::journal::Journal;
 use super::journal_file::{self, JournalFile};
+use super::set_aside::set_aside;
 use super::stats::Counters;
 use super::{Shared, State, StoreConfig};
 use crate::device::allocator::ExtentAllocator;
@@ -41,7 +42,13 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     };
 
     let journal_dir = cfg.dirs[0].as_path();
-    let replayed = journal_file::read(journal_dir)?;
+    let replayed = match journal_file::read(journal_dir) {
+        Err(StoreError::FormatVersion { found, expected, .. }) if !cfg.read_only => {
+            set_aside(&cfg.dirs, found, expected)?;
+            None
+        }
+        other => other?,
+    };
     if cfg.read_only && replayed.is_none() {
         return Err(StoreError::Config(format!(
             "{} holds no flexkv store (no {})",
