@@ -105,7 +105,9 @@ class BlockStore:
         byte budget, split evenly across directories. `read_only=True` opens an existing store
         (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
         `fault_injection` (testing only; also the FLEXKV_FAULT_INJECTION environment variable):
-        "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O."""
+        "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O,
+        "<read|write|any>:DELAY<ms>:<N>" delays it, "journal:<EIO|ENOSPC>:<N>" fails every Nth
+        journal write and "journal:DELAY<ms>:<N>" slows every Nth background compaction."""
     @property
     def io_engine(self) -> str:
         """The engine actually in use ("io_uring" or "psync")."""
