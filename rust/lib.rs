@@ -12,9 +12,11 @@ pub mod host_pool;
 pub mod index;
 pub mod io;
 pub mod store;
+pub mod tier;
 
 #[cfg(feature = "python")]
 mod python;
 
 pub use error::{Result, StoreError};
 pub use store::{BlockResult, BlockStore, RawBuf, Status, StoreConfig};
+pub use tier::BlockTier;

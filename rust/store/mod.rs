@@ -9,221 +9,26 @@ pub mod stats;
 
 mod executor;
 mod get;
+mod journal;
 mod open;
 mod put;
+mod replay;
+mod set_aside;
+mod shared;
 
-use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
-use crate::device::allocator::ExtentAllocator;
-use crate::device::data_file::DataFile;
-use crate::device::dir_lock::DirLock;
 use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::{MAX_KEY_LEN, PAGE};
-use crate::index::admission::FrequencySketch;
-use crate::index::{FreedExtent, Index};
-use crate::io::queue::DeviceQueue;
-use crate::io::{coalesce, IoFailure, IoOp, MergedOp};
 
-pub use batch::{Batch, BlockResult, RawBuf, Status};
+pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
+pub(crate) use shared::{Shared, State};
 use stats::{Counters, StatValue, StatsSnapshot};
-
-/// Least time between two attempts to rewrite a broken journal.
-const HEAL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Keys evicted but not yet drained by the owner; older ones are dropped past this.
-const MAX_PENDING_EVICTED: usize = 1 << 20;
-
-pub(crate) struct DirDevice {
-    pub path: PathBuf,
-    pub data: DataFile,
-    pub queue: DeviceQueue,
-    pub lock: Mutex<Option<DirLock>>,
-}
-
-pub(crate) struct State {
-    pub index: Index,
-    pub allocators: Vec<ExtentAllocator>,
-    pub journal: Option<journal_file::JournalFile>,
-    pub sketch: FrequencySketch,
-    pub next_seq: u64,
-    pub next_dir: usize,
-    pub evicted: VecDeque<Vec<u8>>,
-    pub closed: bool,
-    /// The last journal append failed and no rewrite has succeeded since.
-    pub journal_broken: bool,
-    /// When the last rewrite of a broken journal was attempted.
-    pub last_heal: Option<std::time::Instant>,
-}
-
-pub(crate) struct Shared {
-    pub cfg: StoreConfig,
-    pub dirs: Vec<DirDevice>,
-    pub state: Mutex<State>,
-    pub counters: Counters,
-    inflight: Mutex<usize>,
-    idle: Condvar,
-    pub recovery_seconds: f64,
-    pub last_clean_shutdown: Option<u64>,
-    pub torn_journal_bytes: u64,
-    /// Testing: journal writes to fail (see `io::fault`), and how many were made.
-    pub journal_fault: Option<crate::io::fault::FaultPlan>,
-    pub journal_writes: std::sync::atomic::AtomicU64,
-}
-
-impl Shared {
-    pub fn free_extent(state: &mut State, f: Option<FreedExtent>) {
-        if let Some(f) = f {
-            state.allocators[f.dir as usize].free(f.first_page, f.pages);
-        }
-    }
-
-    /// Make `encoded` durable (as `durability` defines). When an append fails, the journal is
-    /// rewritten from the in-memory index instead (which already holds these changes); until
-    /// one such rewrite succeeds the journal is "broken" and nothing is acknowledged.
-    pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
-        if state.closed {
-            // A closed handle must never rewrite the journal: another process may own it now.
-            return Err(StoreError::Config("store is closed".into()));
-        }
-        if count == 0 && !state.journal_broken {
-            return Ok(());
-        }
-        let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("store is read-only".into()))?;
-        if !state.journal_broken {
-            let appended = match self.injected_journal_fault() {
-                Some(errno) => journal.append_torn(encoded, errno),
-                None => journal.append(encoded, count),
-            };
-            let synced = appended.and_then(|_| match self.cfg.durability {
-                Durability::Power => journal.sync(),
-                Durability::Process => Ok(()),
-            });
-            match synced {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    tracing::error!("journal append failed ({e}); nothing is acknowledged until a rewrite of the journal succeeds");
-                    state.journal_broken = true;
-                    state.last_heal = None;
-                }
-            }
-        }
-        // Broken: rewrite from memory, at most once per HEAL_INTERVAL (a full disk would
-        // otherwise make every batch rewrite the whole journal under the lock).
-        if state.last_heal.is_some_and(|t| t.elapsed() < HEAL_INTERVAL) {
-            return Err(StoreError::Io("journal is unwritable (a rewrite is retried every second)".into()));
-        }
-        state.last_heal = Some(std::time::Instant::now());
-        self.compact(state)?;
-        state.journal_broken = false;
-        tracing::warn!("journal rewritten from memory; writes are acknowledged again");
-        Ok(())
-    }
-
-    /// Testing: the errno to fail this journal write with, per the fault plan.
-    fn injected_journal_fault(&self) -> Option<i32> {
-        let plan = self.journal_fault?;
-        let n = self.journal_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        (n % plan.every == 0).then_some(plan.errno)
-    }
-
-    /// Evict the coldest key; false when there is nothing left to evict.
-    pub fn evict_one(&self, state: &mut State, journal_buf: &mut Vec<u8>, count: &mut u64) -> bool {
-        let Some(victim) = state.index.victim() else { return false };
-        let released = state.index.remove(&victim);
-        Self::free_extent(state, released);
-        Record::Delete { key: victim.clone() }.encode_into(journal_buf);
-        *count += 1;
-        if state.evicted.len() >= MAX_PENDING_EVICTED {
-            state.evicted.pop_front();
-        }
-        state.evicted.push_back(victim);
-        Counters::add(&self.counters.evictions, 1);
-        true
-    }
-
-    /// Rewrite the journal as one Put per live key, coldest first (replay restores the order).
-    pub fn compact(&self, state: &mut State) -> Result<()> {
-        let Some(journal) = state.journal.as_ref() else { return Ok(()) };
-        if let Some(errno) = self.injected_journal_fault() {
-            let err = std::io::Error::from_raw_os_error(errno);
-            return Err(StoreError::io("rewriting the journal (injected fault)", err));
-        }
-        let header = journal.header();
-        let records: Vec<Record> = state
-            .index
-            .keys_in_order()
-            .filter_map(|(key, hash)| {
-                let c = state.index.content(hash)?;
-                Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
-            })
-            .collect();
-        let fresh = journal_file::JournalFile::rewrite(&self.dirs[0].path, header, &records)?;
-        state.journal = Some(fresh);
-        Ok(())
-    }
-
-    pub fn maybe_compact(&self, state: &mut State) {
-        if state.closed || state.journal_broken {
-            return;
-        }
-        let live = state.index.len() as u64;
-        let grown = state.journal.as_ref().is_some_and(|j| j.records > 2 * live + 65_536);
-        if grown {
-            if let Err(e) = self.compact(state) {
-                tracing::error!(error = %e, "journal compaction failed; keeping the old journal");
-            }
-        }
-    }
-
-    /// Run ops grouped by directory: merge adjacent ones, submit every directory's queue, wait,
-    /// and give each op (by the caller's id) its own outcome.
-    pub fn run_ops(
-        &self,
-        per_dir: Vec<Vec<(usize, IoOp)>>,
-    ) -> HashMap<usize, std::result::Result<(), IoFailure>> {
-        let mut pending = Vec::new();
-        for (d, ops) in per_dir.into_iter().enumerate() {
-            if !ops.is_empty() {
-                let merged = coalesce(ops);
-                let (meta, ops): (Vec<_>, Vec<IoOp>) =
-                    merged.into_iter().map(|m| ((m.ids, m.lens), m.op)).unzip();
-                pending.push((meta, self.dirs[d].queue.submit(ops)));
-            }
-        }
-        let mut outcomes = HashMap::new();
-        for (meta, rx) in pending {
-            let mut done = rx.recv().unwrap_or_default().into_iter();
-            for (ids, lens) in meta {
-                let op = done.next().unwrap_or_else(|| {
-                    let mut failed = IoOp::new(-1, 0, Vec::new(), false);
-                    failed.result = Err(IoFailure::Errno(libc::EIO));
-                    failed
-                });
-                outcomes.extend(MergedOp { ids, lens, op }.split_result());
-            }
-        }
-        outcomes
-    }
-
-    fn begin(&self) {
-        *self.inflight.lock() += 1;
-    }
-
-    fn end(&self) {
-        let mut n = self.inflight.lock();
-        *n -= 1;
-        if *n == 0 {
-            self.idle.notify_all();
-        }
-    }
-}
 
 pub struct BlockStore {
     shared: Arc<Shared>,
@@ -244,11 +49,11 @@ impl BlockStore {
     }
 
     pub fn io_engine(&self) -> &'static str {
-        self.shared.dirs[0].queue.engine_name()
+        self.shared.devices.engine_name()
     }
 
     pub fn capacity_bytes(&self) -> u64 {
-        self.shared.dirs.iter().map(|d| d.data.len).sum()
+        self.shared.devices.capacity_bytes()
     }
 
     fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<()> {
@@ -274,7 +79,7 @@ impl BlockStore {
             // closed under it before waiting for in-flight batches) cannot miss this batch.
             let state = shared.state.lock();
             if state.closed {
-                return Err(StoreError::Config("store is closed".into()));
+                return Err(StoreError::Closed);
             }
             shared.begin();
         }
@@ -286,11 +91,11 @@ impl BlockStore {
         let guard = self.executor.lock();
         let Some(executor) = guard.as_ref() else {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         };
         if executor.spawn(task).is_err() {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         Ok(())
     }
@@ -299,7 +104,7 @@ impl BlockStore {
     pub fn submit_put(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         if self.shared.cfg.read_only {
             return Err(StoreError::Config("store was opened read-only".into()));
@@ -314,7 +119,7 @@ impl BlockStore {
     pub fn submit_get(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
@@ -339,6 +144,11 @@ impl BlockStore {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k.to_vec()).collect()
     }
 
+    /// Bytes the in-memory index holds (keys, contents, eviction order), for benches.
+    pub fn index_nbytes(&self) -> usize {
+        self.shared.state.lock().index.nbytes()
+    }
+
     pub fn len(&self) -> usize {
         self.shared.state.lock().index.len()
     }
@@ -357,7 +167,7 @@ impl BlockStore {
         }
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let mut buf = Vec::new();
         let mut removed = 0u64;
@@ -370,7 +180,8 @@ impl BlockStore {
             }
         }
         self.shared.journal_append(&mut state, &buf, removed)?;
-        self.shared.maybe_compact(&mut state);
+        drop(state);
+        self.shared.maybe_compact();
         Ok(removed as usize)
     }
 
@@ -391,7 +202,7 @@ impl BlockStore {
     /// Read every block; returns keys whose data failed verification or could not be read.
     pub fn verify(&self) -> Result<Vec<Vec<u8>>> {
         if self.shared.state.lock().closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let keys = self.keys();
         let mut bad = Vec::new();
@@ -414,12 +225,9 @@ impl BlockStore {
         Ok(bad)
     }
 
+    /// Compact the journal now; batches keep running while the new journal is written.
     pub fn checkpoint(&self) -> Result<()> {
-        let mut state = self.shared.state.lock();
-        if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
-        }
-        self.shared.compact(&mut state)
+        self.shared.compact_unlocked()
     }
 
     /// Wait for in-flight batches, compact, mark a clean shutdown, release the locks.
@@ -438,26 +246,19 @@ impl BlockStore {
             }
         }
         let mut state = self.shared.state.lock();
-        let mut result = Ok(());
-        if state.journal.is_some() {
-            result = self.shared.compact(&mut state).and_then(|_| {
+        let result = match state.compact_now() {
+            Ok(()) => {
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-                let mut buf = Vec::new();
-                Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
-                let journal =
-                    state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
-                journal.append(&buf, 1)?;
-                journal.sync()
-            });
-            if let Some(j) = state.journal.as_mut() {
-                j.close();
+                state.journal.close(now)
             }
-        }
+            Err(e) => {
+                state.journal.abandon();
+                Err(e)
+            }
+        };
         drop(state);
         self.executor.lock().take();
-        for d in &self.shared.dirs {
-            d.lock.lock().take();
-        }
+        self.shared.devices.release_locks();
         result
     }
 
@@ -469,7 +270,7 @@ impl BlockStore {
             (ix.len() as u64, ix.content_count() as u64, ix.logical_bytes(), ix.physical_bytes());
         let (content_raw, content_stored) = ix.content_totals();
         let free_pages: u64 = state.allocators.iter().map(|a| a.free_pages()).sum();
-        let journal_bytes = state.journal.as_ref().map_or(0, |j| j.bytes);
+        let (journal_bytes, compacting) = (state.journal.bytes(), state.journal.compacting());
         drop(state);
         let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
         let g = Counters::get;
@@ -494,20 +295,49 @@ impl BlockStore {
             ("bytes_read", StatValue::Int(g(&c.bytes_read))),
             ("bytes_written", StatValue::Int(g(&c.bytes_written))),
             ("compressed_blocks", StatValue::Int(g(&c.compressed_blocks))),
-            (
-                "inflight_ios",
-                StatValue::Int(self.shared.dirs.iter().map(|d| d.queue.inflight() as u64).sum()),
-            ),
+            ("inflight_ios", StatValue::Int(self.shared.devices.inflight() as u64)),
             ("queue_depth", StatValue::Int(self.shared.cfg.queue_depth as u64)),
             ("io_engine", StatValue::Text(self.io_engine().to_string())),
-            ("direct_io", StatValue::Int(self.shared.dirs.iter().all(|d| d.data.direct) as u64)),
+            ("direct_io", StatValue::Int(self.shared.devices.all_direct() as u64)),
             ("content_hash", StatValue::Text(self.shared.cfg.hash.name().to_string())),
             ("journal_bytes", StatValue::Int(journal_bytes)),
+            ("journal_compacting", StatValue::Int(compacting as u64)),
             ("recovery_seconds", StatValue::Float(self.shared.recovery_seconds)),
             ("torn_journal_bytes", StatValue::Int(self.shared.torn_journal_bytes)),
             ("last_clean_shutdown_unix", StatValue::Int(self.shared.last_clean_shutdown.unwrap_or(0))),
-            ("directories", StatValue::Int(self.shared.dirs.len() as u64)),
+            ("directories", StatValue::Int(self.shared.devices.len() as u64)),
         ]
+    }
+}
+
+impl crate::tier::BlockTier for BlockStore {
+    fn tier_name(&self) -> &'static str {
+        "ssd"
+    }
+    fn submit_put(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_put(self, items, keepalive)
+    }
+    fn submit_get(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_get(self, items, keepalive)
+    }
+    fn delete_many(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        BlockStore::delete_many(self, keys)
+    }
+    fn contains(&self, key: &[u8]) -> bool {
+        BlockStore::contains(self, key)
+    }
+    fn match_prefix(&self, keys: &mut dyn Iterator<Item = &[u8]>) -> usize {
+        // One lock for the whole prefix, not one per key.
+        BlockStore::match_prefix(self, keys)
+    }
+    fn drain_evicted(&self) -> Vec<Vec<u8>> {
+        BlockStore::drain_evicted(self)
+    }
+    fn stats(&self) -> StatsSnapshot {
+        BlockStore::stats(self)
+    }
+    fn close(&self) -> Result<()> {
+        BlockStore::close(self)
     }
 }
 
@@ -519,5 +349,7 @@ impl Drop for BlockStore {
     }
 }
 
+#[cfg(test)]
+mod reopen_bench;
 #[cfg(test)]
 mod tests;
