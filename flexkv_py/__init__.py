@@ -3,12 +3,17 @@
 from flexkv_py._native import BatchHandle, BlockResult, BlockStore, HostPool
 from flexkv_py.errors import (
     BlockNotFoundError,
+    ClosedError,
     ConfigError,
     CorruptBlockError,
     FlexKVError,
+    InternalStateError,
     IoEngineError,
     StorageFullError,
     StoreLockedError,
+    TraceFormatError,
+    TransferError,
+    UnsupportedKVLayoutError,
 )
 
 __version__ = "0.1.0"
@@ -18,12 +23,17 @@ __all__ = [
     "BlockNotFoundError",
     "BlockResult",
     "BlockStore",
+    "ClosedError",
     "ConfigError",
     "CorruptBlockError",
     "FlexKVError",
     "HostPool",
+    "InternalStateError",
     "IoEngineError",
     "StorageFullError",
     "StoreLockedError",
+    "TraceFormatError",
+    "TransferError",
+    "UnsupportedKVLayoutError",
     "__version__",
 ]
