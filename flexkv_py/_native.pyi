@@ -59,8 +59,12 @@ class BatchHandle:
 
 @final
 class HostPool:
-    """Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA
-    (after cudaHostRegister) and O_DIRECT I/O. Unmapped on close() / garbage collection."""
+    """Internal: the raw region under `flexkv_py.HostPool` (the slotted pool; use that).
+
+    Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA (after
+    cudaHostRegister) and O_DIRECT I/O. Unmapped at close() / garbage collection, but never
+    under a live view: each memoryview() leases the mapping until it (and every array or tensor
+    made from it) is gone."""
 
     def __new__(
         cls, nbytes: int, *, huge_pages: bool = False, touch_threads: int = 0
@@ -71,10 +75,17 @@ class HostPool:
     def nbytes(self) -> int: ...
     @property
     def huge_pages(self) -> bool: ...
+    @property
+    def live_views(self) -> int:
+        """Views from memoryview() still alive; after close() they alone keep the mapping."""
+    @property
+    def closed(self) -> bool: ...
     def memoryview(self) -> memoryview:
-        """Writable view of the whole pool (e.g. for torch.frombuffer). It does not own the
-        memory: keep the pool open while any view or tensor made from it is in use."""
-    def close(self) -> None: ...
+        """Writable view of the whole pool (e.g. for torch.frombuffer) that keeps the memory
+        mapped while it, or anything made from it, is alive."""
+    def close(self) -> None:
+        """Drop the pool's reference: unmapped now, or when the last view goes. Later calls of
+        address / nbytes / huge_pages / memoryview raise ClosedError."""
 
 @final
 class BlockStore:
