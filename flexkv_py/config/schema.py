@@ -25,7 +25,6 @@ CONTENT_HASHES = ("xxh3-128", "blake3")
 DURABILITIES = ("process", "power")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRANSFER_ENGINES = ("auto", "staged", "triton", "copy_engine", "torch")
-OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
 LOAD_FAILURE_POLICIES = ("recompute", "fail")
 HOST_POOL_INITS = ("auto", "sync", "background")
 
@@ -163,9 +162,19 @@ FIELDS: tuple[Field, ...] = (
         5.0,
         "longest wait for one SSD batch, > 0; later: its blocks fail (io_timeout), recompute",
     ),
-    Field("log_level", _choice(*LOG_LEVELS, upper=True), "INFO", "flexkv_py logger level"),
+    Field(
+        "log_level",
+        _choice(*LOG_LEVELS, upper=True),
+        "INFO",
+        "flexkv_py logger level, applied when set (unset: the host application's logging)",
+    ),
     Field("enable_metrics", _as_bool, False, "export connector metrics/stats"),
-    Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),
+    Field(
+        "object_store_url",
+        _as_optional_str,
+        None,
+        "object tier URL (reserved: the tier is not available yet, setting it is an error)",
+    ),
     Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
     Field(
