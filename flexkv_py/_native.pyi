@@ -10,6 +10,8 @@ from typing import Literal, TypeAlias, final
 
 from typing_extensions import Buffer
 
+from flexkv_py.config.choices import Compression, ContentHash, Durability, IoEngine, StoreEviction
+
 # A block buffer: any buffer-protocol object (bytes, bytearray, memoryview, numpy array, a slice of
 # a HostPool) or a raw ``(address, nbytes)`` pair, e.g. ``(tensor.data_ptr(), tensor.nbytes)``.
 # For raw pairs the caller keeps the memory alive until the batch completes.
@@ -96,14 +98,14 @@ class BlockStore:
         dirs: str | Sequence[str],
         capacity_bytes: int,
         *,
-        io_engine: Literal["auto", "io_uring", "psync"] = "auto",
+        io_engine: IoEngine = "auto",
         queue_depth: int = 64,
-        compression: Literal["none", "zstd"] = "none",
+        compression: Compression = "none",
         zstd_level: int = 1,
-        eviction: Literal["lru", "fifo"] = "lru",
+        eviction: StoreEviction = "lru",
         admit_min_hits: int = 1,
-        content_hash: Literal["xxh3-128", "blake3"] = "xxh3-128",
-        durability: Literal["process", "power"] = "process",
+        content_hash: ContentHash = "xxh3-128",
+        durability: Durability = "process",
         preallocate: bool = True,
         read_only: bool = False,
         batch_threads: int = 4,
@@ -150,7 +152,7 @@ class BlockStore:
     def __exit__(self, *exc: object) -> None: ...
     def __len__(self) -> int: ...
 
-def content_hash(data: Buffer, algorithm: Literal["xxh3-128", "blake3"] = "xxh3-128") -> bytes: ...
+def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ...
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""
