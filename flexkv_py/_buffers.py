@@ -12,14 +12,16 @@ import ctypes
 
 import numpy as np
 
+from flexkv_py.errors import ConfigError
+
 
 def address_of(obj: object, writable: bool) -> tuple[int, int, object]:
     """Return ``(address, nbytes, owner)`` for a C-contiguous buffer object."""
     view = memoryview(obj)  # type: ignore[arg-type]
     if not view.c_contiguous:
-        raise ValueError("block buffers must be C-contiguous")
+        raise ConfigError("block buffers must be C-contiguous")
     if writable and view.readonly:
-        raise ValueError(f"a read-only {type(obj).__name__} cannot receive a block")
+        raise ConfigError(f"a read-only {type(obj).__name__} cannot receive a block")
     if view.nbytes == 0:
         return 0, 0, view
     flat = np.frombuffer(view.cast("B") if view.format != "B" or view.ndim != 1 else view, np.uint8)

@@ -221,8 +221,6 @@ FIELDS: tuple[Field, ...] = (
 )
 
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
-# Accepted for compatibility with FlexKV config files but without effect here.
-IGNORED_KEYS = frozenset({"max_file_size_gb"})
 
 
 def coerce(key: str, value: Any) -> Any:
