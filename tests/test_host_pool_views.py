@@ -84,6 +84,11 @@ def test_slot_tensor_alive_past_close(backing: str) -> None:
     slot[0] = 6  # still writable memory, not a freed mapping
     assert int(slot[0]) == 6 and raw[0] == 11
 
+    with pytest.raises(ClosedError):
+        pool.slot_address(0)  # a raw address would hold no lease
+    with pytest.raises(ClosedError):
+        pool.slot_view(0)
+
     del slot, raw
     gc.collect()
     assert not _mapped(address)

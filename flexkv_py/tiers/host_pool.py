@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from flexkv_py import _native
-from flexkv_py.errors import ConfigError, StorageFullError
+from flexkv_py.errors import ClosedError, ConfigError, StorageFullError
 from flexkv_py.tiers.alignment import SLOT_ALIGN
 from flexkv_py.tiers.background_pinning import BACKGROUND_CHUNK_BYTES, BackgroundPinner
 
@@ -233,16 +233,21 @@ class HostPool:
 
     def slot_address(self, slot: int) -> int:
         """Address of a slot (4096-aligned): ``(pool.slot_address(i), pool.slot_nbytes)`` is a
-        raw block buffer for the native store."""
-        if not 0 <= slot < self.num_slots:
-            raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
+        raw block buffer for the native store. A raw address holds no lease on the memory, so
+        none is handed out after close (ClosedError)."""
+        self._check_slot(slot)
         return self.address + slot * self.slot_nbytes
 
     def slot_view(self, slot: int) -> memoryview:
         """A writable memoryview of one slot (buffer protocol, for the native store)."""
+        self._check_slot(slot)
+        return memoryview(self.tensor[slot].numpy())  # type: ignore[arg-type]
+
+    def _check_slot(self, slot: int) -> None:
+        if self._closed:
+            raise ClosedError(f"host pool is closed (slot {slot} asked for)")
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
-        return memoryview(self.tensor[slot].numpy())  # type: ignore[arg-type]
 
     @property
     def closed(self) -> bool:
