@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from flexkv_py import BlockStore, HostPool
+from flexkv_py._native import BlockStore, HostPool
 
 MiB = 1 << 20
 RAW_CHUNK = 8 * MiB

@@ -10,6 +10,8 @@ from typing import Literal, TypeAlias, final
 
 from typing_extensions import Buffer
 
+from flexkv_py.config.choices import Compression, ContentHash, Durability, IoEngine, StoreEviction
+
 # A block buffer: any buffer-protocol object (bytes, bytearray, memoryview, numpy array, a slice of
 # a HostPool) or a raw ``(address, nbytes)`` pair, e.g. ``(tensor.data_ptr(), tensor.nbytes)``.
 # For raw pairs the caller keeps the memory alive until the batch completes.
@@ -62,8 +64,12 @@ class BatchHandle:
 
 @final
 class HostPool:
-    """Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA
-    (after cudaHostRegister) and O_DIRECT I/O. Unmapped on close() / garbage collection."""
+    """Internal: the raw region under `flexkv_py.HostPool` (the slotted pool; use that).
+
+    Page-aligned anonymous mmap, first-touched in parallel. One region serves CUDA DMA (after
+    cudaHostRegister) and O_DIRECT I/O. Unmapped at close() / garbage collection, but never
+    under a live view: each memoryview() leases the mapping until it (and every array or tensor
+    made from it) is gone."""
 
     def __new__(
         cls, nbytes: int, *, huge_pages: bool = False, touch_threads: int = 0
@@ -74,10 +80,17 @@ class HostPool:
     def nbytes(self) -> int: ...
     @property
     def huge_pages(self) -> bool: ...
+    @property
+    def live_views(self) -> int:
+        """Views from memoryview() still alive; after close() they alone keep the mapping."""
+    @property
+    def closed(self) -> bool: ...
     def memoryview(self) -> memoryview:
-        """Writable view of the whole pool (e.g. for torch.frombuffer). It does not own the
-        memory: keep the pool open while any view or tensor made from it is in use."""
-    def close(self) -> None: ...
+        """Writable view of the whole pool (e.g. for torch.frombuffer) that keeps the memory
+        mapped while it, or anything made from it, is alive."""
+    def close(self) -> None:
+        """Drop the pool's reference: unmapped now, or when the last view goes. Later calls of
+        address / nbytes / huge_pages / memoryview raise ClosedError."""
 
 @final
 class BlockStore:
@@ -88,14 +101,14 @@ class BlockStore:
         dirs: str | Sequence[str],
         capacity_bytes: int,
         *,
-        io_engine: Literal["auto", "io_uring", "psync"] = "auto",
+        io_engine: IoEngine = "auto",
         queue_depth: int = 64,
-        compression: Literal["none", "zstd"] = "none",
+        compression: Compression = "none",
         zstd_level: int = 1,
-        eviction: Literal["lru", "fifo"] = "lru",
+        eviction: StoreEviction = "lru",
         admit_min_hits: int = 1,
-        content_hash: Literal["xxh3-128", "blake3"] = "xxh3-128",
-        durability: Literal["process", "power"] = "process",
+        content_hash: ContentHash = "xxh3-128",
+        durability: Durability = "process",
         preallocate: bool = True,
         read_only: bool = False,
         batch_threads: int = 4,
@@ -160,7 +173,7 @@ STATUSES: tuple[BlockStatus, ...]
 # version moves its files to ``<dir>/set-aside/v<old>-<unix secs>/`` (one WARNING) and starts empty.
 JOURNAL_FORMAT_VERSION: int
 
-def content_hash(data: Buffer, algorithm: Literal["xxh3-128", "blake3"] = "xxh3-128") -> bytes: ...
+def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ...
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""

@@ -196,6 +196,14 @@ def test_config_unknown_key_in_file_exits_2_naming_it(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "cpu_cache_gb" in bad.stderr
 
 
+def test_config_refuses_an_object_store_url_naming_the_key() -> None:
+    proc = cli("config", "--set", "object_store_url=s3://bucket/kv")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "object_store_url" in proc.stderr and "not available yet" in proc.stderr
+    env = cli("config", env={"FLEXKV_OBJECT_STORE_URL": "s3://bucket/kv"})
+    assert env.returncode == 2 and "object_store_url" in env.stderr
+
+
 def test_bench_runs_each_bench_and_tabulates_ratios(tmp_path: Path) -> None:
     (tmp_path / "fast_bench.py").write_text(
         "import json, sys\n"

@@ -354,3 +354,79 @@ def test_flexkv_single_instance_and_server_mode_vars(caplog: pytest.LogCaptureFi
     assert (cfg.instance_num, cfg.instance_id, cfg.load_failure_policy) == (1, 0, "fail")
     notes = [r for r in caplog.records if "FLEXKV_SERVER_RECV_PORT" in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelname == "INFO"
+
+
+@pytest.mark.parametrize("source", ["env", "file", "override"])
+def test_object_store_url_is_refused_until_the_tier_exists(tmp_path: Path, source: str) -> None:
+    url = "s3://bucket/kv"  # a well-formed URL: refused for the missing tier, not its shape
+    env: dict[str, str] = {}
+    overrides: dict[str, object] | None = None
+    if source == "env":
+        env["FLEXKV_OBJECT_STORE_URL"] = url
+    elif source == "file":
+        path = tmp_path / "c.yml"
+        path.write_text(f"object_store_url: {url}\n")
+        env["FLEXKV_CONFIG_PATH"] = str(path)
+    else:
+        overrides = {"object_store_url": url}
+    with pytest.raises(ConfigError, match=r"object_store_url: the object-store tier is not avail"):
+        load_config(overrides, env=env)
+    # Unset (or an empty env var) is fine.
+    assert load_config(env={"FLEXKV_OBJECT_STORE_URL": ""}).object_store_url is None
+
+
+@pytest.mark.parametrize(
+    ("how", "level"),
+    [("env", "DEBUG"), ("file", "ERROR"), ("override", "WARNING")],
+)
+def test_a_set_log_level_drives_the_package_logger(tmp_path: Path, how: str, level: str) -> None:
+    import logging
+
+    logger = logging.getLogger("flexkv_py")
+    old = logger.level
+    try:
+        logger.setLevel(logging.NOTSET)
+        load_config(env={})  # the default leaves the host's logging alone
+        assert logger.level == logging.NOTSET
+        if how == "env":
+            resolve_config(env={"FLEXKV_LOG_LEVEL": level.lower()})
+        elif how == "file":
+            path = tmp_path / "c.json"
+            path.write_text(json.dumps({"log_level": level}))
+            resolve_config(env={"FLEXKV_CONFIG_PATH": str(path)})
+        else:
+            resolve_config({"log_level": level}, env={})
+        assert logger.level == getattr(logging, level)
+    finally:
+        logger.setLevel(old)
+
+
+_LOGGING_CHILD = """
+import logging, sys
+from flexkv_py.config import load_config
+load_config(env={"FLEXKV_LOG_LEVEL": sys.argv[1]})
+log = logging.getLogger("flexkv_py.tiers.example")
+log.debug("debug-line")
+log.warning("warning-line")
+"""
+
+
+@pytest.mark.parametrize(("level", "shown"), [("DEBUG", 2), ("ERROR", 0)])
+def test_log_level_is_visible_without_a_host_handler(level: str, shown: int) -> None:
+    # A host like vLLM configures only its own logger: the records must still reach stderr at the
+    # configured level (DEBUG shows debug lines; ERROR hides the warning lastResort would print).
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LOGGING_CHILD, level],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.endswith("-line")]
+    assert len(lines) == shown, out.stderr
+    if shown:
+        assert lines[0] == "DEBUG flexkv_py.tiers.example: debug-line"

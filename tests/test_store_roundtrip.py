@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from store_util import block
 
-from flexkv_py import BlockStore, HostPool
-from flexkv_py._native import content_hash, io_uring_available
+from flexkv_py._native import BlockStore, HostPool, content_hash, io_uring_available
 
 MiB = 1 << 20
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import flexkv_py
+from flexkv_py.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -53,7 +54,7 @@ def find_benches(directory: Path, only: str) -> list[Path]:
         names = {p.stem.removesuffix("_bench") for p in found}
         unknown = wanted - names
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"--only: unknown bench {', '.join(sorted(unknown))}; "
                 f"have {', '.join(sorted(names))}"
             )

@@ -205,7 +205,7 @@ def _ssd_directory(opts: ReplayOptions) -> Iterator[str]:
 
 def replay(workload: Workload, opts: ReplayOptions) -> ReplayResult:
     if not workload.requests:
-        raise ValueError("workload has no requests")
+        raise ConfigError("workload has no requests")
     gpu_blocks, cpu_blocks, ssd_blocks = opts.sizes.resolve(workload)
     gpu = SimulatedGPU(opts.shape, gpu_blocks, workload.block_tokens)
     geom = describe_kv_caches(gpu.kv_caches)

@@ -133,9 +133,9 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
     shape = replace(shape, **{k: v for k, v in given.items() if v is not None})
     for name in ("gpu_blocks", "cpu_blocks"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.ssd_blocks is not None and args.ssd_blocks < 0:
-        raise ValueError("--ssd-blocks: must be >= 0")
+        raise ConfigError("--ssd-blocks: must be >= 0")
     return ReplayOptions(
         shape=shape,
         sizes=TierSizes(args.gpu_blocks, args.cpu_blocks, args.ssd_blocks),

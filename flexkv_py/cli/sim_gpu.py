@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from flexkv_py.cli.model_shape import ModelShape
+from flexkv_py.errors import InternalStateError
 
 
 class SimulatedGPU:
@@ -83,7 +84,10 @@ class SimulatedGPU:
         while len(self._free) < n:
             victim = next(victims, None)
             if victim is None:
-                raise RuntimeError(f"GPU cache of {self.num_blocks} blocks cannot hold {n} more")
+                # TierSizes.resolve sizes the GPU for the longest request: not reached.
+                raise InternalStateError(
+                    f"GPU cache of {self.num_blocks} blocks cannot hold {n} more"
+                )
             self._free.append(self._cached.pop(victim))
         return [self._free.pop() for _ in range(n)]
 

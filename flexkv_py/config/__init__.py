@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flexkv_py.config import choices
 from flexkv_py.config.admission import AdmissionSpec, parse_admission
 from flexkv_py.config.loader import apply_log_level, load_config, resolve_config
 from flexkv_py.config.model import FlexKVConfig, ResolvedConfig
@@ -15,6 +16,7 @@ __all__ = [
     "FlexKVConfig",
     "ResolvedConfig",
     "apply_log_level",
+    "choices",
     "load_config",
     "parse_admission",
     "resolve_config",

@@ -16,13 +16,11 @@ that keeps coming back reaches N even if it never stays resident long.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from flexkv_py.config.choices import AdmissionMode, values
 from flexkv_py.errors import ConfigError
 
-AdmissionMode = Literal["write_back", "write_through"]
-
-ADMISSION_MODES: tuple[AdmissionMode, ...] = ("write_back", "write_through")
+ADMISSION_MODES: tuple[AdmissionMode, ...] = values(AdmissionMode)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

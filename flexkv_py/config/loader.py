@@ -29,6 +29,7 @@ from flexkv_py.config.validate import validate
 from flexkv_py.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+PACKAGE_LOGGER = "flexkv_py"
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -67,7 +68,10 @@ def _apply(
 def resolve_config(
     overrides: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None
 ) -> ResolvedConfig:
-    """The validated configuration and the origin of every value. `env` defaults to os.environ."""
+    """The validated configuration and the origin of every value. `env` defaults to os.environ.
+
+    Every configuration (vLLM's connector, the CLI) is resolved here, so this is also where an
+    explicitly set `log_level` takes effect (see `apply_log_level`)."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {f.key: f.default for f in FIELDS}
     sources: dict[str, str] = {f.key: "default" for f in FIELDS}
@@ -107,12 +111,26 @@ def resolve_config(
         _apply(values, sources, overrides, "override", "kv_connector_extra_config")
 
     config = validate(FlexKVConfig(**values))
+    if sources["log_level"] != "default":
+        apply_log_level(config)
     return ResolvedConfig(config=config, sources=sources, config_path=config_path)
 
 
 def apply_log_level(config: FlexKVConfig) -> None:
-    """Set the `flexkv_py` logger to the configured level (handlers stay the host app's)."""
-    logging.getLogger("flexkv_py").setLevel(config.log_level)
+    """Set the `flexkv_py` logger to the configured level.
+
+    Called for a `log_level` that was set (env, file, override); left unset, the host
+    application's logging decides (vLLM's, or the CLI's ``-v``), so the default never makes a
+    quiet host chatty. Handlers stay the host's; only when no handler at all would receive the
+    records (vLLM configures its own ``vllm`` logger, not the root) is one stderr handler added,
+    or a DEBUG level would show nothing.
+    """
+    root = logging.getLogger(PACKAGE_LOGGER)
+    root.setLevel(config.log_level)
+    if not root.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
 
 
 def load_config(

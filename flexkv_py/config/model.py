@@ -6,6 +6,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flexkv_py.config.admission import AdmissionSpec, parse_admission
+from flexkv_py.config.choices import (
+    Compression,
+    ContentHash,
+    Durability,
+    EvictionPolicy,
+    HostPoolInit,
+    IoEngine,
+    LoadFailurePolicy,
+    LogLevel,
+    TransferEngine,
+)
 
 GIB = 1 << 30
 
@@ -16,24 +27,24 @@ class FlexKVConfig:
     ssd_cache_gb: float = 0.0
     ssd_cache_dir: tuple[str, ...] = ()
     enable_gds: bool = False
-    eviction_policy: str = "lru"
+    eviction_policy: EvictionPolicy = "lru"
     admission: str = "write_back"
-    ssd_io_engine: str = "auto"
+    ssd_io_engine: IoEngine = "auto"
     iouring_entries: int = 512
-    ssd_compression: str = "none"
+    ssd_compression: Compression = "none"
     zstd_level: int = 1
-    content_hash: str = "xxh3-128"
-    durability: str = "process"
+    content_hash: ContentHash = "xxh3-128"
+    durability: Durability = "process"
     ssd_preallocate: bool = True
     ssd_io_timeout_s: float = 5.0
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
     enable_metrics: bool = False
     object_store_url: str | None = None
-    transfer_engine: str = "auto"
+    transfer_engine: TransferEngine = "auto"
     host_huge_pages: bool = True
-    host_pool_init: str = "auto"
+    host_pool_init: HostPoolInit = "auto"
     max_file_size_gb: float | None = None
-    load_failure_policy: str = "recompute"
+    load_failure_policy: LoadFailurePolicy = "recompute"
     model_identity: str | None = None
     model_epoch: int = 0
     instance_num: int = 1

@@ -12,22 +12,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flexkv_py.config import choices
 from flexkv_py.config.admission import parse_admission
 from flexkv_py.errors import ConfigError
 
 ENV_PREFIX = "FLEXKV_"
 CONFIG_PATH_ENV = "FLEXKV_CONFIG_PATH"
 
-EVICTION_POLICIES = ("lru", "fifo", "lfu")
-SSD_IO_ENGINES = ("auto", "io_uring", "psync")
-SSD_COMPRESSIONS = ("none", "zstd")
-CONTENT_HASHES = ("xxh3-128", "blake3")
-DURABILITIES = ("process", "power")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-TRANSFER_ENGINES = ("auto", "staged", "triton", "copy_engine", "torch")
-OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https", "file", "memory")
-LOAD_FAILURE_POLICIES = ("recompute", "fail")
-HOST_POOL_INITS = ("auto", "sync", "background")
+# The accepted values, from the Literals in choices.py (the model's field types).
+EVICTION_POLICIES = choices.values(choices.EvictionPolicy)
+SSD_IO_ENGINES = choices.values(choices.IoEngine)
+SSD_COMPRESSIONS = choices.values(choices.Compression)
+CONTENT_HASHES = choices.values(choices.ContentHash)
+DURABILITIES = choices.values(choices.Durability)
+LOG_LEVELS = choices.values(choices.LogLevel)
+TRANSFER_ENGINES = choices.values(choices.TransferEngine)
+LOAD_FAILURE_POLICIES = choices.values(choices.LoadFailurePolicy)
+HOST_POOL_INITS = choices.values(choices.HostPoolInit)
 
 # FlexKV server-mode variables that mean nothing for an in-process tier: one info line each.
 INERT_ENV: dict[str, str] = {
@@ -113,17 +114,22 @@ def _as_admission(key: str, value: Any) -> str:
     return str(parse_admission(_as_str(key, value), key=key))
 
 
-def _choice(*choices: str, upper: bool = False) -> Callable[[str, Any], str]:
-    def parse(key: str, value: Any) -> str:
+class _Choice:
+    """The parser of a closed-set key; `choices` stays readable (tests, help)."""
+
+    def __init__(self, *choices: str, upper: bool = False) -> None:
+        self.choices = choices
+        self.upper = upper
+
+    def __call__(self, key: str, value: Any) -> str:
         text = _as_str(key, value)
-        text = text.upper() if upper else text.lower()
-        if text not in choices:
+        text = text.upper() if self.upper else text.lower()
+        if text not in self.choices:
             raise ConfigError(
-                f"{key}: unknown value {value!r}; expected one of {', '.join(choices)}"
+                f"{key}: unknown value {value!r}; expected one of {', '.join(self.choices)}"
             )
         return text
 
-    return parse
 
 
 @dataclass(frozen=True)
@@ -137,22 +143,27 @@ class Field:
     def env(self) -> str:
         return ENV_PREFIX + self.key.upper()
 
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The accepted values of a closed-set key, else None."""
+        return self.parse.choices if isinstance(self.parse, _Choice) else None
+
 
 FIELDS: tuple[Field, ...] = (
     Field("cpu_cache_gb", _as_float, 16.0, "host (pinned memory) tier size in GiB, > 0"),
     Field("ssd_cache_gb", _as_float, 0.0, "SSD tier size in GiB; 0 disables the SSD tier"),
     Field("ssd_cache_dir", _as_dirs, (), "SSD directories, ';'-separated, one per disk"),
     Field("enable_gds", _as_bool, False, "GPU Direct Storage (FlexKV key; not supported: false)"),
-    Field("eviction_policy", _choice(*EVICTION_POLICIES), "lru", "host and SSD eviction"),
+    Field("eviction_policy", _Choice(*EVICTION_POLICIES), "lru", "host and SSD eviction"),
     Field("admission", _as_admission, "write_back", "host->SSD admission, see config/admission.py"),
-    Field("ssd_io_engine", _choice(*SSD_IO_ENGINES), "auto", "SSD I/O engine"),
+    Field("ssd_io_engine", _Choice(*SSD_IO_ENGINES), "auto", "SSD I/O engine"),
     Field("iouring_entries", _as_int, 512, "SSD queue depth (io_uring entries)"),
-    Field("ssd_compression", _choice(*SSD_COMPRESSIONS), "none", "SSD block compression"),
+    Field("ssd_compression", _Choice(*SSD_COMPRESSIONS), "none", "SSD block compression"),
     Field("zstd_level", _as_int, 1, "zstd level when ssd_compression=zstd (1..22)"),
-    Field("content_hash", _choice(*CONTENT_HASHES), "xxh3-128", "SSD dedup/checksum hash"),
+    Field("content_hash", _Choice(*CONTENT_HASHES), "xxh3-128", "SSD dedup/checksum hash"),
     Field(
         "durability",
-        _choice(*DURABILITIES),
+        _Choice(*DURABILITIES),
         "process",
         "acked SSD writes survive process|power loss",
     ),
@@ -163,14 +174,24 @@ FIELDS: tuple[Field, ...] = (
         5.0,
         "longest wait for one SSD batch, > 0; later: its blocks fail (io_timeout), recompute",
     ),
-    Field("log_level", _choice(*LOG_LEVELS, upper=True), "INFO", "flexkv_py logger level"),
+    Field(
+        "log_level",
+        _Choice(*LOG_LEVELS, upper=True),
+        "INFO",
+        "flexkv_py logger level, applied when set (unset: the host application's logging)",
+    ),
     Field("enable_metrics", _as_bool, False, "export connector metrics/stats"),
-    Field("object_store_url", _as_optional_str, None, "object tier URL (reserved)"),
-    Field("transfer_engine", _choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
+    Field(
+        "object_store_url",
+        _as_optional_str,
+        None,
+        "object tier URL (reserved: the tier is not available yet, setting it is an error)",
+    ),
+    Field("transfer_engine", _Choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
     Field(
         "host_pool_init",
-        _choice(*HOST_POOL_INITS),
+        _Choice(*HOST_POOL_INITS),
         "auto",
         "touch/pin the host pool at start (sync) or chunk by chunk while serving (background); "
         "auto: background from 4 GiB per rank",
@@ -178,7 +199,7 @@ FIELDS: tuple[Field, ...] = (
     Field("max_file_size_gb", _as_float, None, "FlexKV key, accepted and ignored"),
     Field(
         "load_failure_policy",
-        _choice(*LOAD_FAILURE_POLICIES),
+        _Choice(*LOAD_FAILURE_POLICIES),
         "recompute",
         "a failed load recomputes (default) or fails the request (vLLM's policy is set to it)",
     ),
@@ -200,8 +221,6 @@ FIELDS: tuple[Field, ...] = (
 )
 
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
-# Accepted for compatibility with FlexKV config files but without effect here.
-IGNORED_KEYS = frozenset({"max_file_size_gb"})
 
 
 def coerce(key: str, value: Any) -> Any:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-from urllib.parse import urlparse
 
 from flexkv_py.config.admission import parse_admission
 from flexkv_py.config.model import FlexKVConfig
-from flexkv_py.config.schema import OBJECT_STORE_SCHEMES
 from flexkv_py.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -97,12 +95,12 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
         raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
     parse_admission(cfg.admission)
     if cfg.object_store_url is not None:
-        scheme = urlparse(cfg.object_store_url).scheme
-        if scheme not in OBJECT_STORE_SCHEMES:
-            raise ConfigError(
-                f"object_store_url: unsupported scheme {scheme!r} in {cfg.object_store_url!r}; "
-                f"expected one of {', '.join(OBJECT_STORE_SCHEMES)}"
-            )
+        # Refused, not ignored: a user who sets it expects blocks to reach the object store.
+        raise ConfigError(
+            f"object_store_url: the object-store tier is not available yet in flexkv-py, so "
+            f"{cfg.object_store_url!r} cannot be used; unset FLEXKV_OBJECT_STORE_URL or drop the "
+            "key from your config file / kv_connector_extra_config"
+        )
     _check_instances(cfg)
     if cfg.max_file_size_gb is not None:
         _positive("max_file_size_gb", cfg.max_file_size_gb)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.tiers.alignment import SLOT_ALIGN
 
-SLOT_ALIGN = 4096  # O_DIRECT alignment: slots (and SSD blocks) are whole 4 KiB pages
 # From this size per rank, host_pool_init=auto prepares the pool in the background: touching and
 # pinning it would hold up start-up by about a second or more.
 BACKGROUND_POOL_MIN_BYTES = 4 << 30

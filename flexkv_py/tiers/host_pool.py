@@ -5,10 +5,16 @@ pinned with ``cudaHostRegister`` when CUDA is available, so GPU copies run at fu
 kernels can address it directly (UVA); the same memory is handed to the SSD store for O_DIRECT
 reads and writes, so no bounce buffer is needed anywhere.
 
-Allocation is fast on purpose: an anonymous mmap (the native ``flexkv_py._native.HostPool`` when
-the extension is importable, Python's mmap otherwise), first-touched by many threads, then
+Allocation is fast on purpose: an anonymous mmap (the native ``flexkv_py._native.HostPool``, or
+Python's mmap for a pool prepared in the background), first-touched by many threads, then
 registered in chunks of at most 64 GiB (single huge registrations fail). torch's
 ``pin_memory=True`` is ~3x slower and rounds sizes up to powers of two.
+
+Views never outlive the memory: ``close()`` unregisters the pool at once but *defers* the unmap
+until the last view (``tensor``, a slot view, any numpy array or tensor made from them) is
+garbage-collected. Deferring rather than refusing keeps every shutdown path (executor, vLLM
+teardown, ``__del__``) free of a new exception, and a refused close would leak the pool anyway.
+A view used after close is plain pageable memory: valid, but no longer pinned for DMA.
 """
 
 from __future__ import annotations
@@ -21,22 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from flexkv_py import _native
+from flexkv_py.errors import ClosedError, ConfigError, StorageFullError
+from flexkv_py.tiers.alignment import SLOT_ALIGN
 from flexkv_py.tiers.background_pinning import BACKGROUND_CHUNK_BYTES, BackgroundPinner
 
 logger = logging.getLogger(__name__)
 
-SLOT_ALIGN = 4096
 GIB = 1 << 30
 MAX_REGISTER_CHUNK = 64 * GIB
 _HOST_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHostRegisterMapped
-
-try:  # the Rust extension may be absent (CPU CI before the build, the GPU box before the wheel)
-    from flexkv_py import _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -55,8 +57,9 @@ class PoolTimings:
 class HostPool:
     """``num_slots`` slots of ``slot_nbytes`` bytes in one pinned (if CUDA) region.
 
-    ``tensor`` is a ``uint8 [num_slots, slot_nbytes]`` CPU tensor over the region. Views of it
-    must not be used after ``close()``. The caller (the coordinator) owns slot allocation.
+    ``tensor`` is a ``uint8 [num_slots, slot_nbytes]`` CPU tensor over the region; views of it
+    keep the memory mapped past ``close()`` (see the module). The caller (the coordinator) owns
+    slot allocation.
     """
 
     def __init__(
@@ -76,18 +79,18 @@ class HostPool:
         `background_pinning`); only `ready_slots` leading slots may be used meanwhile, and
         registration starts after `allow_registration()`."""
         if num_slots <= 0:
-            raise ValueError(f"host pool needs at least one slot, got num_slots={num_slots}")
+            raise ConfigError(f"host pool needs at least one slot, got num_slots={num_slots}")
         if slot_nbytes <= 0 or slot_nbytes % SLOT_ALIGN:
-            raise ValueError(
+            raise ConfigError(
                 f"host pool slot size {slot_nbytes} is not a positive multiple of {SLOT_ALIGN} "
                 "(O_DIRECT alignment); round it up"
             )
         if backing not in ("auto", "native", "mmap"):
-            raise ValueError(f"host pool backing must be auto|native|mmap, got {backing!r}")
+            raise ConfigError(f"host pool backing must be auto|native|mmap, got {backing!r}")
         if pin is None:
             pin = torch.cuda.is_available()
         if pin and not torch.cuda.is_available():
-            raise ValueError("host pool pin=True needs CUDA, which is not available")
+            raise ConfigError("host pool pin=True needs CUDA, which is not available")
         self.num_slots = num_slots
         self.slot_nbytes = slot_nbytes
         self.nbytes = num_slots * slot_nbytes
@@ -98,18 +101,14 @@ class HostPool:
 
         t0 = time.perf_counter()
         # The native pool touches while allocating: a background pool maps and touches later.
-        use_native = not background and (
-            backing == "native" or (backing == "auto" and _native is not None)
-        )
-        if use_native:
-            if _native is None:
-                raise ValueError("host pool backing='native' but flexkv_py._native is not built")
+        if not background and backing in ("auto", "native"):
             self._buffer: Any = _native.HostPool(
                 self.nbytes, huge_pages=huge_pages, touch_threads=touch_threads
             )
             self.backing = "native"
             self.timings.allocate_s = time.perf_counter() - t0  # native touches while allocating
-            flat = _tensor_over(self._buffer)
+            # The view leases the mapping: tensors over it keep it past close().
+            flat = torch.frombuffer(self._buffer.memoryview(), dtype=torch.uint8)
         else:
             self._buffer = mmap.mmap(
                 -1,
@@ -121,7 +120,11 @@ class HostPool:
                 self._buffer.madvise(mmap.MADV_HUGEPAGE)  # 512x fewer faults and pinned pages
             self.backing = "mmap"
             self.timings.allocate_s = time.perf_counter() - t0
-            flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
+            # torch.frombuffer keeps no buffer export, so mmap.close() would unmap under a live
+            # tensor; the ctypes array holds one export for as long as any tensor holds it.
+            exporter = (ctypes.c_uint8 * self.nbytes).from_buffer(self._buffer)
+            flat = torch.frombuffer(exporter, dtype=torch.uint8)
+            del exporter
             if not background:
                 t1 = time.perf_counter()
                 # First touch from torch's intra-op threads: one byte per 4 KiB page faults it in.
@@ -162,12 +165,12 @@ class HostPool:
     def from_cache_gb(cls, cpu_cache_gb: float, slot_nbytes: int, **kwargs: Any) -> HostPool:
         """As many slots as fit in ``cpu_cache_gb`` GiB (FlexKV's FLEXKV_CPU_CACHE_GB)."""
         if not cpu_cache_gb > 0:
-            raise ValueError(f"cpu_cache_gb must be > 0, got {cpu_cache_gb}")
+            raise ConfigError(f"cpu_cache_gb must be > 0, got {cpu_cache_gb}")
         if slot_nbytes <= 0:
-            raise ValueError(f"slot size must be positive, got {slot_nbytes}")
+            raise ConfigError(f"slot size must be positive, got {slot_nbytes}")
         num_slots = int(cpu_cache_gb * GIB) // slot_nbytes
         if num_slots < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"cpu_cache_gb={cpu_cache_gb} holds no block of {slot_nbytes} bytes; raise it"
             )
         return cls(num_slots, slot_nbytes, **kwargs)
@@ -213,7 +216,7 @@ class HostPool:
         if failed:
             self._unpin()
             (addr, size), err = failed[0]
-            raise OSError(
+            raise StorageFullError(
                 f"cudaHostRegister failed (error {err}) for {size} bytes of the "
                 f"{self.nbytes}-byte host pool; lower cpu_cache_gb or raise the memlock limit"
             )
@@ -230,23 +233,29 @@ class HostPool:
 
     def slot_address(self, slot: int) -> int:
         """Address of a slot (4096-aligned): ``(pool.slot_address(i), pool.slot_nbytes)`` is a
-        raw block buffer for the native store."""
-        if not 0 <= slot < self.num_slots:
-            raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
+        raw block buffer for the native store. A raw address holds no lease on the memory, so
+        none is handed out after close (ClosedError)."""
+        self._check_slot(slot)
         return self.address + slot * self.slot_nbytes
 
     def slot_view(self, slot: int) -> memoryview:
         """A writable memoryview of one slot (buffer protocol, for the native store)."""
+        self._check_slot(slot)
+        return memoryview(self.tensor[slot].numpy())  # type: ignore[arg-type]
+
+    def _check_slot(self, slot: int) -> None:
+        if self._closed:
+            raise ClosedError(f"host pool is closed (slot {slot} asked for)")
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"host slot {slot} out of range [0, {self.num_slots})")
-        return memoryview(self.tensor[slot].numpy())  # type: ignore[arg-type]
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def close(self) -> None:
-        """Unregister and release the memory. In-flight transfers must be finished."""
+        """Unregister and release the memory; in-flight transfers must be finished. The unmap
+        waits for the last live view (see the module)."""
         if self._closed:
             return
         self._closed = True
@@ -258,8 +267,14 @@ class HostPool:
             self._unpin()
             self.pinned = False
         del self.tensor
+        buffer, self._buffer = self._buffer, None
+        if self.backing == "native":
+            buffer.close()  # unmaps now, or when the last leased view goes
+            if buffer.live_views:
+                logger.debug("host pool closed; %d views keep it mapped", buffer.live_views)
+            return
         try:
-            self._buffer.close()
+            buffer.close()
         except BufferError:  # a view is still alive: the mapping goes when the last view does
             logger.debug("host pool views still alive; memory released by the garbage collector")
 
@@ -275,16 +290,6 @@ class HostPool:
                 self.close()
             except Exception:  # interpreter shutdown: CUDA may be gone already
                 pass
-
-
-def _tensor_over(native_pool: Any) -> torch.Tensor:
-    """A uint8 tensor over the native pool's memory. The abi3 build may lack the buffer protocol
-    (it needs Python >= 3.11 in the limited API): fall back to the raw address."""
-    try:
-        return torch.frombuffer(native_pool, dtype=torch.uint8)
-    except (TypeError, ValueError):
-        raw = (ctypes.c_uint8 * native_pool.nbytes).from_address(native_pool.address)
-        return torch.from_numpy(np.ctypeslib.as_array(raw))
 
 
 def _host_register_fn() -> Any:

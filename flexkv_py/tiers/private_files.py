@@ -18,7 +18,6 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 PRIVATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
 GROUP_OTHER = 0o077
 
 

@@ -1,19 +1,8 @@
-"""Errors raised by the GPU <-> host transfer path.
-
-Kept free of the native extension so the transfer path imports on machines without the wheel.
-"""
+"""Errors raised by the GPU <-> host transfer path (defined with the rest of the tree in
+`flexkv_py.errors`; re-exported here for the transfer modules)."""
 
 from __future__ import annotations
 
+from flexkv_py.errors import TransferError, UnsupportedKVLayoutError
 
-class UnsupportedKVLayoutError(ValueError):
-    """The registered KV cache tensors have a shape/stride layout we cannot page."""
-
-
-class TransferError(RuntimeError):
-    """A GPU <-> host batch failed; no block of the batch may be trusted."""
-
-    def __init__(self, message: str, *, direction: str, block_ids: tuple[int, ...]) -> None:
-        super().__init__(message)
-        self.direction = direction
-        self.block_ids = block_ids
+__all__ = ["TransferError", "UnsupportedKVLayoutError"]

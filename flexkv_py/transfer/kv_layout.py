@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from flexkv_py.tiers.alignment import round_up_to_slot
 from flexkv_py.transfer.errors import UnsupportedKVLayoutError
 
 logger = logging.getLogger(__name__)
 
-SLOT_ALIGN = 4096  # host slots and SSD blocks: O_DIRECT needs page alignment
 MIN_SEGMENT_NBYTES = 256  # below this the copy is all overhead: refuse rather than crawl
 MAX_SEGMENTS_PER_LAYER = 4096
 
@@ -65,7 +65,7 @@ class KVPageGeometry:
     @property
     def slot_nbytes(self) -> int:
         """Host slot / SSD block size: the page rounded up to 4096 bytes."""
-        return -(-self.page_nbytes // SLOT_ALIGN) * SLOT_ALIGN
+        return round_up_to_slot(self.page_nbytes)
 
     @property
     def fingerprint(self) -> str:

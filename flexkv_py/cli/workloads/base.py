@@ -7,6 +7,8 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from flexkv_py.errors import ConfigError
+
 HASH_BYTES = 16
 
 
@@ -32,7 +34,7 @@ class Request:
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.contents):
-            raise ValueError("keys and contents must have one entry per block")
+            raise ConfigError("keys and contents must have one entry per block")
 
 
 @dataclass

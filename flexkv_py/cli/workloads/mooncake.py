@@ -13,13 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from flexkv_py.cli.workloads.base import Request, Workload, chain_hashes
+from flexkv_py.errors import TraceFormatError
 
 MOONCAKE_BLOCK_TOKENS = 512
 _INT_FIELDS = ("input_length", "output_length")
-
-
-class TraceFormatError(ValueError):
-    """A trace line that is not a Mooncake request; the message names the line and field."""
 
 
 def _field(obj: dict[str, Any], name: str, where: str) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from flexkv_py.cli.workloads.base import Request, Workload, chain_hashes
+from flexkv_py.errors import ConfigError
 
 VOCAB = 32000
 
@@ -40,14 +41,14 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         for name in ("users", "turns", "block_tokens", "tenants"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("prefix_tokens", "docs", "doc_tokens", "message_tokens", "output_tokens"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.doc_fraction <= 1.0:
-            raise ValueError(f"doc_fraction: must be in [0, 1], got {self.doc_fraction}")
+            raise ConfigError(f"doc_fraction: must be in [0, 1], got {self.doc_fraction}")
         if self.zipf < 0:
-            raise ValueError(f"zipf: must be >= 0, got {self.zipf}")
+            raise ConfigError(f"zipf: must be >= 0, got {self.zipf}")
 
 
 def zipf_weights(n: int, s: float) -> np.ndarray:
