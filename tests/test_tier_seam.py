@@ -326,6 +326,23 @@ def test_a_copy_without_a_transfer_engine_is_an_internal_state_error() -> None:
         OrderedTransfer(None).submit("d2h", [0], [0])
 
 
+def test_a_closed_transfer_engine_is_a_closed_error() -> None:
+    import torch
+
+    from flexkv_py.transfer import TransferEngine, describe_kv_caches
+
+    caches = {"layers.0": torch.zeros((2, 4, 16, 2, 64), dtype=torch.float16)}
+    pool = HostPool(4, describe_kv_caches(caches).slot_nbytes, pin=False)
+    engine = TransferEngine(caches, pool)
+    engine.submit_d2h([0, 1], [0, 1]).wait(30)
+    engine.close()
+    try:
+        with pytest.raises(ClosedError, match="closed"):
+            engine.submit_d2h([0], [0])
+    finally:
+        pool.close()
+
+
 def test_coordinator_imports_without_torch() -> None:
     code = "import sys, flexkv_py.coordinator; print('torch' in sys.modules)"
     out = subprocess.run(

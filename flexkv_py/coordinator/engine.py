@@ -2,7 +2,7 @@
 
 The vLLM connector splits the two across processes; this facade wires them directly and runs
 background jobs (spills, deletes) as they appear. Synchronous calls (`store`, `load`) wait for
-their job; `submit_*` return a handle whose `done()` never blocks.
+their job; `submit_load` returns a handle whose `done()` never blocks.
 
 Host-only paths (`store_pages` / `load_pages`) move bytes between the caller and host slots
 without a GPU, for tools and tests that have no KV cache.
@@ -81,7 +81,7 @@ class EngineHandle:
         self._engine = engine
         self._keys = tuple(keys)
         self._handle = handle
-        # Keys the job does not carry get their status now (store: cached or no slot).
+        # Keys the job does not carry get their status now: cached if known, else `skipped`.
         known = engine.manager.known
         taken = set(handle.job.keys) if handle is not None else set()
         self._skipped = {k: (CACHED if known(k) else skipped) for k in keys if k not in taken}
@@ -183,16 +183,6 @@ class CacheEngine:
     def lookup(self, keys: Sequence[bytes]) -> int:
         self._pump()
         return self.manager.lookup(keys)
-
-    def submit_store(
-        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
-    ) -> EngineHandle:
-        """Async store (no waiting for spills: blocks without a free slot are "no_slot")."""
-        self._pump()
-        job = self.manager.prepare_store(keys, gpu_block_ids)
-        handle = self.executor.submit(job) if job else None
-        self._pump()
-        return EngineHandle(self, keys, handle, NO_SLOT)
 
     def store(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None

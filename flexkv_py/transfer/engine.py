@@ -305,7 +305,14 @@ class TransferEngine:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     if len(ids):
-                        path.enqueue(direction, ids, slots)
+                        try:
+                            path.enqueue(direction, ids, slots)
+                        except Exception as e:  # a driver call failed: none of it counts
+                            raise TransferError(
+                                f"{direction} of {len(ids)} blocks could not be issued: {e}",
+                                direction=direction,
+                                block_ids=tuple(int(b) for b in ids),
+                            ) from e
                     event = torch.cuda.Event(blocking=True)
                     event.record(stream)
                 handle = TransferHandle(direction, ids, slots, nbytes, event=event)
