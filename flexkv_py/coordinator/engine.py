@@ -305,7 +305,7 @@ class CacheEngine:
             pass
 
     def reset(self) -> None:
-        """Forget every block, host and SSD (e.g. new weights under the same model name)."""
+        """Forget every block, host and lower tiers (e.g. new weights under the same model name)."""
         drop = self.manager.reset()
         if drop is not None:
             self.executor.submit(drop)

@@ -142,7 +142,7 @@ class JobResult:
     """Outcome of one job on one rank (or merged over ranks).
 
     failed: key -> reason for blocks that did not arrive where the job put them (load: not in
-        GPU; store: not in host; spill: not on SSD). Never a partial block.
+        GPU; store: not in host; spill: not in its tier). Never a partial block.
     failed_gpu_block_ids: GPU blocks whose content is not valid after a load.
     write_failed: per tier, store write-through copies that were not made (the host copy is
         fine).
