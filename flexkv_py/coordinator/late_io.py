@@ -2,12 +2,11 @@
 hung job.
 
 Every wait of the executor on a lower tier's batch (the SSD store today) is bounded by
-``ssd_io_timeout_s``. When it runs out,
-the batch's blocks fail with IO_TIMEOUT at once (a load reports them as load errors and vLLM
-recomputes them; a store does not commit their SSD copies; a spill loses its victims), and the
-job ends. The I/O itself cannot be cancelled (the kernel, or an io_uring, may still read or
-write the host slots hours later), so its slots are *fenced* here until the batch really
-completes:
+``ssd_io_timeout_s``. When it runs out, the batch's blocks fail with IO_TIMEOUT at once (a load
+reports them as load errors and vLLM recomputes them; a store does not commit their lower-tier
+copies; a spill loses its victims), and the job ends. The I/O itself cannot be cancelled (the
+kernel, or an io_uring, may still read or write the host slots hours later), so its slots are
+*fenced* here until the batch really completes:
 
 - nothing may write into a fenced slot: a store whose host slot is fenced fails that block
   (no GPU->host copy, no fill into it), a load does not stage a tier read into a fenced slot
