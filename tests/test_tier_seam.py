@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,27 +299,41 @@ def test_every_store_status_maps_through_the_one_table() -> None:
 
 
 # ---------------------------------------------------------------- stats, errors, imports
-def test_counters_lose_no_update_across_threads() -> None:
+def test_counters_lose_no_update_and_show_no_torn_snapshot() -> None:
+    """Job threads add a job's counters as one unit while `stats` reads them: an unlocked
+    Counter.update (a Python loop) loses updates and shows half of one under thread switches."""
     counters = Counters()
-    threads, per_thread = 8, 20000
-    start = threading.Barrier(threads)
+    writers, per_writer = 4, 5000
+    stop = threading.Event()
+    torn: list[dict[str, int]] = []
 
-    def bump() -> None:
-        start.wait()
-        for _ in range(per_thread):
+    def write() -> None:
+        for _ in range(per_writer):
+            counters.add_many(Counter(a=1, b=1))
             counters.add("n")
 
-    workers = [threading.Thread(target=bump) for _ in range(threads)]
+    def read() -> None:
+        while not stop.is_set():
+            snap = counters.snapshot()
+            if snap.get("a", 0) != snap.get("b", 0):
+                torn.append(snap)
+
+    threads = [threading.Thread(target=write) for _ in range(writers)]
+    reader = threading.Thread(target=read)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
     try:
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        reader.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:
+        stop.set()
+        reader.join()
         sys.setswitchinterval(old)
-    assert counters.snapshot() == {"n": threads * per_thread}
+    total = writers * per_writer
+    assert not torn[:1] and counters.snapshot() == {"a": total, "b": total, "n": total}
 
 
 def test_a_copy_without_a_transfer_engine_is_an_internal_state_error() -> None:
