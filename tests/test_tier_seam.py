@@ -218,7 +218,8 @@ def test_store_load_drop_run_for_every_tier_the_job_names(
     assert stats["ssd_write_blocks"] == 1 and stats["object_write_blocks"] == 2
     assert stats["ssd_read_blocks"] == 1 and stats["object_read_blocks"] == 1
     assert stats["object"] == {"blocks": 2} and "ssd" in stats
-    assert sorted(ex.stored_keys()) == sorted([k[0], k[1]])  # over both tiers, once each
+    assert ex.stored_keys(Tier.SSD) == [k[0]]  # each tier's own inventory
+    assert sorted(ex.stored_keys(Tier.OBJECT)) == sorted([k[0], k[1]])
 
     # A drop deletes from the tiers it names only.
     _run(ex, DropJob(3, (k[0],), tiers=(Tier.OBJECT,)))

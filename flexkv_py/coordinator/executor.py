@@ -310,14 +310,11 @@ class JobExecutor:
             return len(self._handles)
 
     # ------------------------------------------------------------------ inventory / lifecycle
-    def stored_keys(self) -> list[bytes]:
-        """Logical keys of this namespace in this rank's lower tiers (restart inventory)."""
-        if len(self.tiers) == 1:  # today's case: no merge of a 200k-key list
-            return next(iter(self.tiers.values())).keys()
-        keys: dict[bytes, None] = {}
-        for lower in self.tiers.values():
-            keys.update(dict.fromkeys(lower.keys()))
-        return list(keys)
+    def stored_keys(self, tier: Tier = Tier.SSD) -> list[bytes]:
+        """Logical keys of this namespace in this rank's `tier` (its restart inventory); none
+        when the rank has no such tier (off, or unavailable: nothing is adopted from it)."""
+        lower = self.tiers.get(tier)
+        return lower.keys() if lower is not None else []
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self._stats.snapshot()
