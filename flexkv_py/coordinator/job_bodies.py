@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from flexkv_py.coordinator.counters import Counters
@@ -276,6 +276,6 @@ class JobBodies:
         )
 
 
-def _in_order(named: set[Tier | None] | set[Tier]) -> list[Tier]:
+def _in_order(named: Collection[Tier | None]) -> list[Tier]:
     """The lower tiers among `named`, fastest first (host and None are not lower tiers)."""
     return [t for t in LOWER_TIERS if t in named]
