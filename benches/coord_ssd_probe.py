@@ -4,7 +4,7 @@
 Per run (fresh directory): store N blocks write-through through a CacheEngine (CPU tensors unless
 CUDA), restart the engine, then time
   engine_load   `engine.load(keys, gpu_ids)` after the restart (what tier_bench reports)
-  ssd_batch     the wall time inside the executor's `_ssd_batch` calls of that load (each one
+  ssd_batch     the wall time inside the executor's SSD `tier_batch` calls of that load (each one
                 `submit_get` of a job's blocks into host slots, waited, per-block result
                 checks; overlapping calls of concurrent parts counted once)
   h2d_copy      the wall time of that load's host->GPU copies (submit to wait; CPU tensors on a
@@ -43,6 +43,8 @@ from transfer_bench import make_caches
 
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.ssd_tier import SsdTier
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:
@@ -77,20 +79,21 @@ def one_run(base: Path, args: argparse.Namespace, cuda: bool) -> dict[str, float
     engine = CacheEngine.from_kv_caches(cfg, ns, caches)
     assert engine.lookup(keys) == n
     ex = engine.executor
-    inner = ex._ssd_batch
+    bodies = ex._bodies
+    inner = bodies.tier_batch
     spans: list[tuple[float, float]] = []
 
-    def timed_batch(put: bool, k: Any, s: Any) -> Any:
+    def timed_batch(tier: Tier, put: bool, k: Any, s: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return inner(put, k, s)
+            return inner(tier, put, k, s)
         finally:
             if not put and k:
                 spans.append((t0, time.perf_counter()))
 
-    ex._ssd_batch = timed_batch  # type: ignore[method-assign]
+    bodies.tier_batch = timed_batch  # type: ignore[method-assign]
     copies: list[tuple[float, float]] = []
-    submit_copy = ex._submit_transfer
+    submit_copy = ex._transfer.submit
 
     def timed_copy(direction: str, *a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
@@ -107,7 +110,7 @@ def one_run(base: Path, args: argparse.Namespace, cuda: bool) -> dict[str, float
         handle.wait = timed_wait
         return handle
 
-    ex._submit_transfer = timed_copy  # type: ignore[method-assign]
+    ex._transfer.submit = timed_copy  # type: ignore[method-assign]
     t0 = time.perf_counter()
     outcome = engine.load(keys, dst_ids)
     if cuda:
@@ -118,8 +121,9 @@ def one_run(base: Path, args: argparse.Namespace, cuda: bool) -> dict[str, float
     assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers[:5]
 
     # The same blocks of the same store, ssd_bench's way, into host slots of the pool.
-    assert ex.ssd is not None
-    store, pool = ex.ssd.store, ex.pool
+    ssd = ex.tiers[Tier.SSD]
+    assert isinstance(ssd, SsdTier)
+    store, pool = ssd.store, ex.pool
     sk = ns.storage_key
     items = [(sk(k), (pool.slot_address(i), page)) for i, k in enumerate(keys)]
     batch = max(1, (64 << 20) // page)

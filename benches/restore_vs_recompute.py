@@ -47,6 +47,8 @@ from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.ssd_tier import SsdTier
 
 BLOCK = 16  # tokens per vLLM block
 RAW_CHUNK = 8 << 20
@@ -406,7 +408,8 @@ def run_prompt(
             assert outcome.ok, outcome.failed_indices()[:5]
             engine.flush()
             row["store_ssd_ms"] = t * 1e3
-            row["ssd_io_engine"] = engine.executor.ssd.io_engine if engine.executor.ssd else "none"
+            ssd = engine.executor.tiers.get(Tier.SSD)
+            row["ssd_io_engine"] = ssd.io_engine if isinstance(ssd, SsdTier) else "none"
         finally:
             engine.close()
         times = []

@@ -21,7 +21,7 @@ byte (from /sys/dev/block/*/stat; other users of the disk count too).
 `--coordinator-reads` adds read variants of ours on the same store, to compare with how the
 coordinator (flexkv_py.coordinator) issues an SSD load:
   ours_1batch  every block in one `submit_get`, waited: what the executor does for a load
-               staged through SSD (one job, one `_ssd_batch`: 9dbf3f4, and again since d51fbd4)
+               staged through SSD (one job, one SSD `tier_batch`: 9dbf3f4, and again since d51fbd4)
   ours_parts   the load split in parts of 64 blocks doubling to 1024, at most 4 parts
                outstanding (the executor's 4 workers): what b3e0524 did for every load (d51fbd4
                keeps parts for host-memory loads only)
@@ -379,7 +379,7 @@ def bench_block_size(
         last = pool.address + nbytes + (nblocks - 1) * block_size
 
         def coordinator() -> float:
-            # executor._ssd_batch: items from the job's keys and slots, one batch, waited, each
+            # JobBodies.tier_batch: items from the job's keys and slots, one batch, waited, each
             # result checked (ok and length). Staging slots come off a LIFO free list.
             start = time.perf_counter()
             items = [(k, (last - i * block_size, block_size)) for i, k in enumerate(keys)]

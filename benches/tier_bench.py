@@ -32,6 +32,8 @@ from transfer_bench import make_caches
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.ssd_tier import SsdTier
 
 RAW_CHUNK = 8 << 20
 
@@ -162,7 +164,8 @@ def main() -> None:
     try:
         engine = CacheEngine.from_kv_caches(cfg, ns, caches)
         results["pinned"] = bool(getattr(engine.pool, "pinned", False))
-        results["ssd_io_engine"] = engine.executor.ssd.io_engine if engine.executor.ssd else "none"
+        ssd = engine.executor.tiers.get(Tier.SSD)
+        results["ssd_io_engine"] = ssd.io_engine if isinstance(ssd, SsdTier) else "none"
         # Warm-up on spare blocks: Triton compiles its gather/scatter kernels on first use.
         warm = ns.keys([b"warm-%d" % i for i in range(len(spare))])
         assert engine.store(warm, spare).ok and engine.load(warm, spare).ok

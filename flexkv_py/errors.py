@@ -71,3 +71,16 @@ __all__ = [
     "TransferError",
     "UnsupportedKVLayoutError",
 ]
+
+
+# Engineer D's branch (i9-edge) defines these beside the other Python-side errors; until it
+# merges, the executor and transfer engine need them here (same names, same bases).
+class InternalStateError(FlexKVError, RuntimeError):
+    """A bug: an index/job state transition that is not allowed, or a broken invariant."""
+
+
+class ClosedError(FlexKVError, RuntimeError):
+    """A component (host pool, executor, transfer engine, ...) used after close/shutdown."""
+
+
+__all__ += ["ClosedError", "InternalStateError"]

@@ -133,9 +133,9 @@ def test_eviction_cascade_host_to_ssd_and_reload(tmp_path: Path) -> None:
         tiers = eng.manager.index.match(keys)
         assert len(tiers) == 24
         assert tiers.count(Tier.SSD) >= 16 and tiers.count(Tier.HOST) <= 8
-        assert eng.executor.ssd is not None
+        assert Tier.SSD in eng.executor.tiers
         for k, t in zip(keys, tiers, strict=True):
-            assert (t is Tier.SSD) <= eng.executor.ssd.contains(k)
+            assert (t is Tier.SSD) <= eng.executor.tiers[Tier.SSD].contains(k)
         for start in range(0, 24, 6):  # loads stage SSD blocks through host slots
             assert eng.load_pages(keys[start : start + 6]) == pages[start : start + 6]
         stats = eng.stats()["manager"]
@@ -150,8 +150,8 @@ def test_write_through_copies_at_store_time(tmp_path: Path) -> None:
         keys = _keys(ns, 8)
         pages = _pages(keys)
         assert eng.store_pages(keys[:4], pages[:4]).ok
-        assert eng.executor.ssd is not None
-        assert all(eng.executor.ssd.contains(k) for k in keys[:4])
+        assert Tier.SSD in eng.executor.tiers
+        assert all(eng.executor.tiers[Tier.SSD].contains(k) for k in keys[:4])
         assert eng.store_pages(keys[4:], pages[4:]).ok  # evicts the first four: no spill needed
         eng.flush()
         stats = eng.stats()["manager"]
@@ -174,8 +174,8 @@ def test_min_hits_admission(tmp_path: Path) -> None:
         assert eng.manager.index.match(hot) == [Tier.SSD] * 4
         assert eng.lookup(cold) == 0
         assert eng.load_pages(hot) == _pages(hot)
-        assert eng.executor.ssd is not None
-        assert not any(eng.executor.ssd.contains(k) for k in cold)
+        assert Tier.SSD in eng.executor.tiers
+        assert not any(eng.executor.tiers[Tier.SSD].contains(k) for k in cold)
 
 
 def test_restart_persistence_and_namespace_isolation(tmp_path: Path) -> None:
@@ -242,8 +242,8 @@ def test_vanished_ssd_block_is_not_found(tmp_path: Path) -> None:
     with _engine(cfg, ns, 4) as eng:
         assert eng.store_pages(keys, _pages(keys)).ok
     with _engine(cfg, ns, 4) as eng:
-        assert eng.executor.ssd is not None
-        assert eng.executor.ssd.delete([keys[0]]) == 1  # behind the manager's back
+        assert Tier.SSD in eng.executor.tiers
+        assert eng.executor.tiers[Tier.SSD].delete([keys[0]]) == 1  # behind the manager's back
         got = eng.load_pages(keys)
         assert got[0] is None and got[1:] == _pages(keys)[1:]
         assert eng.lookup(keys) == 0
@@ -508,7 +508,7 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     drain()
 
     # One rank loses a block: the merged result fails it and the manager forgets it.
-    assert ranks[1].ex.ssd is not None and ranks[1].ex.ssd.delete([keys[2]]) == 1
+    assert Tier.SSD in ranks[1].ex.tiers and ranks[1].ex.tiers[Tier.SSD].delete([keys[2]]) == 1
     load = mgr.prepare_load(keys[2:4], [7, 8])
     assert load is not None and load.sources == (Tier.SSD, Tier.SSD)
     results = []
@@ -578,8 +578,8 @@ def test_reset_forgets_host_and_ssd(tmp_path: Path) -> None:
         assert eng.store_pages(keys, _pages(keys)).ok
         eng.reset()
         assert eng.lookup(keys) == 0 and eng.manager.index.free_slots == 4
-        assert eng.executor.ssd is not None
-        assert not any(eng.executor.ssd.contains(k) for k in keys)
+        assert Tier.SSD in eng.executor.tiers
+        assert not any(eng.executor.tiers[Tier.SSD].contains(k) for k in keys)
     with _engine(cfg, ns, 4) as eng:
         assert eng.lookup(keys) == 0
 

@@ -18,8 +18,9 @@ import torch
 from store_util import block
 
 from flexkv_py.config import FlexKVConfig, load_config
-from flexkv_py.coordinator import JobExecutor, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD
+from flexkv_py.errors import ClosedError
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.host_pool import HostPool
@@ -74,7 +75,7 @@ def gpu_executor(tmp_path: Path) -> Iterator[tuple[JobExecutor, dict[str, torch.
     caches = _caches()
     cfg, ns = _setup(tmp_path, caches)
     ex = JobExecutor.from_kv_caches(cfg, ns, caches)
-    assert ex.ssd is not None and ex.num_host_slots == SLOTS
+    assert Tier.SSD in ex.tiers and ex.num_host_slots == SLOTS
     yield ex, caches
     assert ex.shutdown(timeout=30)
 
@@ -102,7 +103,7 @@ def test_wait_timeout_consumes_no_result(tmp_path: Path) -> None:
     caches = _caches()
     cfg, ns = _setup(tmp_path, caches)
     pool = HostPool(SLOTS, describe_kv_caches(caches).slot_nbytes, pin=False)
-    ex = JobExecutor(cfg, ns, pool, ssd=None, owns=(pool,))
+    ex = JobExecutor(cfg, ns, pool, options=ExecutorOptions(tiers={}), owns=(pool,))
     gate = threading.Event()
     k = _keys(ns, 2, "w")
     try:
@@ -139,7 +140,7 @@ def test_abandoned_store_fails_every_block_and_writes_none_to_ssd(
     result = handle.wait(timeout=30)
     assert result.failed == dict.fromkeys(keys, TRANSFER_ERROR)
     assert ex.wait([job.job_id]) == [result]
-    assert ex.ssd is not None and not any(ex.ssd.contains(k) for k in keys)
+    assert Tier.SSD in ex.tiers and not any(ex.tiers[Tier.SSD].contains(k) for k in keys)
     assert ex.stats()["abandoned_store_blocks"] == 2
 
 
@@ -206,14 +207,16 @@ def test_shutdown_timeout_leaks_pool_and_store_instead_of_closing_them(
         assert not pool.closed  # leaked, not unmapped under the running job
         assert closed is False
         assert any("still running" in r.getMessage() for r in caplog.records)
-        with pytest.raises(RuntimeError, match="shut down"):
+        with pytest.raises(ClosedError, match="shut down"):
             ex.submit(StoreJob(2, (key,), None, (3,), (WRITE_NONE,)), fill=lambda: None)
     finally:
         gate.set()
     result: JobResult = handle.wait(timeout=30)
     assert result.ok and not result.write_failed  # the SSD store was still open for its write
-    assert ex.ssd is not None  # still open: read the block back from it directly
-    (got,) = ex.ssd.submit_get([(key, (pool.slot_address(4), pool.slot_nbytes))]).wait(30)
+    assert Tier.SSD in ex.tiers  # still open: read the block back from it directly
+    (got,) = (
+        ex.tiers[Tier.SSD].submit_get([(key, (pool.slot_address(4), pool.slot_nbytes))]).wait(30)
+    )
     assert got.ok and _slot_bytes(ex, 4) == page
     assert ex.shutdown(timeout=30) is True  # nothing running any more: now it closes
     assert pool.closed

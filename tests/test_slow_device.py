@@ -18,7 +18,7 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py import BlockStore, _native
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import JobExecutor, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
 from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -108,7 +108,7 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
         env={},
     )
     monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"write:DELAY{SLOW_MS}:1")
-    ex = JobExecutor.from_kv_caches(cfg, ns, caches, max_workers=2)
+    ex = JobExecutor.from_kv_caches(cfg, ns, caches, options=ExecutorOptions(max_workers=2))
     keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(3)])
     started = time.monotonic()
     ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (WRITE_SSD,)))
@@ -160,7 +160,7 @@ def _engine_serves_from_host(model_dir: str, extra: dict[str, Any]) -> vh.Engine
     bit-exact; the connector's stats report the unavailable tier once."""
     e = vh.Engine(model_dir, vh.connector_transfer_config(extra))
     (ws,) = [w.connector.worker_side for w in e.workers]
-    assert ws.executor.ssd is None and ws.executor.ssd_unavailable
+    assert Tier.SSD not in ws.executor.tiers and ws.executor.unavailable.get(Tier.SSD)
     prompt = vh.prompt_tokens(21, 4 * BS)
     a = e.add(vh.make_request("A", prompt, max_tokens=3))
     e.run_until(_prompt_done(a))

@@ -23,7 +23,7 @@ import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import JobExecutor, LoadJob, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, LoadJob, StoreJob
 from flexkv_py.coordinator.jobs import WRITE_SSD
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -48,8 +48,10 @@ class SsdGate:
         self._lock = threading.Lock()
         self.passed = 0
         for ex in executors:
-            assert ex.ssd is not None
-            monkeypatch.setattr(ex.ssd, "submit_put", self._gated(ex.ssd.submit_put))
+            assert Tier.SSD in ex.tiers
+            monkeypatch.setattr(
+                ex.tiers[Tier.SSD], "submit_put", self._gated(ex.tiers[Tier.SSD].submit_put)
+            )
 
     def _gated(self, real: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def submit_put(items: Any) -> Any:
@@ -163,7 +165,7 @@ def test_executor_reports_the_copy_before_the_ssd_write(
         },
         env={},
     )
-    ex = JobExecutor.from_kv_caches(cfg, ns, caches, max_workers=2)
+    ex = JobExecutor.from_kv_caches(cfg, ns, caches, options=ExecutorOptions(max_workers=2))
     before = [[t[:, b].clone() for t in caches.values()] for b in range(6)]
     ssd = SsdGate(monkeypatch, [ex])
     keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(6)])

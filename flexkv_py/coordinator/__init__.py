@@ -4,7 +4,8 @@ executor that runs them, and an in-process engine combining both."""
 from __future__ import annotations
 
 from flexkv_py.coordinator.engine import BlockOutcome, CacheEngine, EngineHandle
-from flexkv_py.coordinator.executor import JobExecutor, JobHandle, build_host_side
+from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHandle
+from flexkv_py.coordinator.host_side import build_host_side
 from flexkv_py.coordinator.jobs import (
     DropJob,
     Job,
@@ -22,6 +23,7 @@ __all__ = [
     "CacheManager",
     "DropJob",
     "EngineHandle",
+    "ExecutorOptions",
     "Job",
     "JobExecutor",
     "JobHandle",

@@ -2,7 +2,7 @@
 
 The vLLM connector splits the two across processes; this facade wires them directly and runs
 background jobs (spills, deletes) as they appear. Synchronous calls (`store`, `load`) wait for
-their job; `submit_*` return a handle whose `done()` never blocks.
+their job; `submit_load` returns a handle whose `done()` never blocks.
 
 Host-only paths (`store_pages` / `load_pages`) move bytes between the caller and host slots
 without a GPU, for tools and tests that have no KV cache.
@@ -20,26 +20,17 @@ from typing import Any
 from typing_extensions import Buffer
 
 from flexkv_py.config import FlexKVConfig
-from flexkv_py.coordinator.executor import (
-    _AUTO,
-    HostSlots,
-    JobExecutor,
-    JobHandle,
-    Transfer,
-    build_host_side,
-)
-from flexkv_py.coordinator.jobs import MISSING, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHandle
+from flexkv_py.coordinator.host_side import HostSlots, build_host_side
+from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.manager import CacheManager
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.transfer.stream_order import Transfer
 
 logger = logging.getLogger(__name__)
 
-OK = "ok"
-CACHED = "cached"  # store: already cached, or being stored by another job
 _NONE = "none"  # load source of a block that was not loadable
-NO_SLOT = "no_slot"  # store: no host slot could be freed
 
 # A synchronous store (or a load from host memory) is split into jobs submitted one after the
 # other: the coordinator prepares (and later completes) one part while the previous part's copy
@@ -63,7 +54,8 @@ def pipeline_parts(n: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class BlockOutcome:
-    """Per-block result of a store or load: `statuses[i]` is "ok" or why not."""
+    """Per-block result of a store or load: `statuses[i]` is "ok" (OK), "cached" (CACHED) or
+    why not: a failure reason of coordinator/jobs.py, the same strings as JobResult.failed."""
 
     statuses: tuple[str, ...]
     source_tiers: tuple[str, ...] = ()  # load, per block: a Tier value ("host", "ssd") or "none"
@@ -89,8 +81,8 @@ class EngineHandle:
         self._engine = engine
         self._keys = tuple(keys)
         self._handle = handle
-        # Keys the job does not carry get their status now (store: cached or no slot).
-        known = engine.manager.index.known
+        # Keys the job does not carry get their status now: cached if known, else `skipped`.
+        known = engine.manager.known
         taken = set(handle.job.keys) if handle is not None else set()
         self._skipped = {k: (CACHED if known(k) else skipped) for k in keys if k not in taken}
         self._outcome: BlockOutcome | None = None
@@ -122,12 +114,15 @@ class CacheEngine:
         host_pool: HostSlots,
         transfer: Transfer | None = None,
         *,
-        ssd: SsdTier | None = _AUTO,
+        executor: ExecutorOptions | None = None,
         owns: Sequence[Any] = (),
         free_target: float = 0.05,
     ) -> None:
+        """`executor`: how to build the JobExecutor (its tiers, threads); default from config."""
         self.pool = host_pool
-        self.executor = JobExecutor(config, namespace, host_pool, transfer, ssd=ssd, owns=owns)
+        self.executor = JobExecutor(
+            config, namespace, host_pool, transfer, options=executor, owns=owns
+        )
         self.manager = CacheManager(
             config,
             namespace,
@@ -189,16 +184,6 @@ class CacheEngine:
         self._pump()
         return self.manager.lookup(keys)
 
-    def submit_store(
-        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
-    ) -> EngineHandle:
-        """Async store (no waiting for spills: blocks without a free slot are "no_slot")."""
-        self._pump()
-        job = self.manager.prepare_store(keys, gpu_block_ids)
-        handle = self.executor.submit(job) if job else None
-        self._pump()
-        return EngineHandle(self, keys, handle, NO_SLOT)
-
     def store(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
     ) -> BlockOutcome:
@@ -250,7 +235,7 @@ class CacheEngine:
                         fill = functools.partial(self._write_pages, job, by_key)
                     handles.append(self.executor.submit(job, fill))
             # Neither in a job now nor cached by someone else: found no free host slot.
-            todo = [i for i in todo if not self.manager.index.known(keys[i])]
+            todo = [i for i in todo if not self.manager.known(keys[i])]
             if todo and not (self._wait_background("spill") or finish_ours()):
                 break
         for i in todo:
@@ -320,7 +305,7 @@ class CacheEngine:
             pass
 
     def reset(self) -> None:
-        """Forget every block, host and SSD (e.g. new weights under the same model name)."""
+        """Forget every block, host and lower tiers (e.g. new weights under the same model name)."""
         drop = self.manager.reset()
         if drop is not None:
             self.executor.submit(drop)

@@ -18,16 +18,41 @@ from flexkv_py.index.tier_names import Tier
 
 JobKind = Literal["store", "load", "spill", "drop"]
 
-# Per-block failure reasons in JobResult.failed.
+# One status vocabulary, from the lower tier's per-block status to JobResult.failed and on to
+# BlockOutcome.statuses: every string a block can carry is defined here, once.
+OK = "ok"  # BlockOutcome: the block arrived
+CACHED = "cached"  # BlockOutcome (store): already cached, or being stored by another job
+
+# Per-block failure reasons in JobResult.failed (and BlockOutcome.statuses).
 NOT_FOUND = "not_found"  # lower tier: key unknown (evicted, deleted, never written on this rank)
 CORRUPT = "corrupt"  # lower tier: checksum/header mismatch, data discarded
 IO_ERROR = "io_error"  # lower tier device error (EIO, ENOSPC, short I/O)
 IO_TIMEOUT = "io_timeout"  # lower-tier I/O not done within its timeout (or its slot still is)
-NO_SPACE = "no_space"  # lower-tier put refused: store full of pinned data / block too large
+NO_SPACE = "no_space"  # lower-tier put refused: larger than its budget / everything else pinned
+REJECTED = "rejected"  # lower-tier put refused by its admission policy (not seen often enough)
 TRANSFER_ERROR = "transfer_error"  # GPU<->host copy failed
 NO_SLOT = "no_slot"  # manager: no host slot free to stage the block
 MISSING = "missing"  # manager: block no longer in any tier when the load was prepared
 INTERNAL = "internal_error"  # executor bug or unexpected exception; block not trusted
+
+# A lower tier's per-block status (the native store's BlockStatus, tiers/protocol.py) -> the
+# failure reason above; None: the block made it. The one table between the two vocabularies.
+STATUS_REASON: dict[str, str | None] = {
+    "ok": None,
+    "deduped": None,  # put: identical content already stored
+    "not_found": NOT_FOUND,
+    "corrupt": CORRUPT,
+    "io_error": IO_ERROR,
+    "rejected": REJECTED,  # the store's admission sketch, not a lack of room (rust/store/put.rs)
+    "no_space": NO_SPACE,
+    "bad_buffer": INTERNAL,  # our buffer was too small / read-only: an executor bug
+}
+
+
+def reason_for_status(status: str) -> str | None:
+    """The failure reason for a lower tier's block status (None: ok); unknown ones are ours."""
+    return STATUS_REASON.get(status, INTERNAL)
+
 
 # StoreJob.write_tiers entries: the two a store job uses today.
 WRITE_SSD: tuple[Tier, ...] = (Tier.SSD,)
@@ -117,7 +142,7 @@ class JobResult:
     """Outcome of one job on one rank (or merged over ranks).
 
     failed: key -> reason for blocks that did not arrive where the job put them (load: not in
-        GPU; store: not in host; spill: not on SSD). Never a partial block.
+        GPU; store: not in host; spill: not in its tier). Never a partial block.
     failed_gpu_block_ids: GPU blocks whose content is not valid after a load.
     write_failed: per tier, store write-through copies that were not made (the host copy is
         fine).

@@ -1,27 +1,31 @@
-"""Bounded SSD waits: a stuck device becomes per-block `io_timeout` failures, never a hung job.
+"""Bounded lower-tier waits: a stuck device becomes per-block `io_timeout` failures, never a
+hung job.
 
-Every wait of the executor on an SSD batch is bounded by ``ssd_io_timeout_s``. When it runs out,
-the batch's blocks fail with IO_TIMEOUT at once (a load reports them as load errors and vLLM
-recomputes them; a store does not commit their SSD copies; a spill loses its victims), and the
-job ends. The I/O itself cannot be cancelled (the kernel, or an io_uring, may still read or
-write the host slots hours later), so its slots are *fenced* here until the batch really
-completes:
+Every wait of the executor on a lower tier's batch (the SSD store today) is bounded by
+``ssd_io_timeout_s``. When it runs out, the batch's blocks fail with IO_TIMEOUT at once (a load
+reports them as load errors and vLLM recomputes them; a store does not commit their lower-tier
+copies; a spill loses its victims), and the job ends. The I/O itself cannot be cancelled (the
+kernel, or an io_uring, may still read or write the host slots hours later), so its slots are
+*fenced* here until the batch really completes:
 
 - nothing may write into a fenced slot: a store whose host slot is fenced fails that block
-  (no GPU->host copy, no fill into it), a load does not stage an SSD read into a fenced slot
+  (no GPU->host copy, no fill into it), a load does not stage a tier read into a fenced slot
   (the block fails as IO_TIMEOUT). A late read could otherwise land in a slot that now holds
   another block (wrong KV served), and a late write could otherwise persist bytes that a later
   job put there under the old key (wrong KV after a restart);
 - reading a fenced slot is harmless: a slot fenced by a late read holds no valid block (its
   block failed), one fenced by a late write still holds the block the write reads;
-- the host pool and the SSD store are not closed while any slot is fenced (see
+- the host pool and the lower tiers are not closed while any slot is fenced (see
   JobExecutor.shutdown).
 
 The manager never learns about fences: it frees the slots of failed blocks as usual and may hand
 them out again; the executor keeps failing writes into them until the late I/O ends. A timed-out
-read makes the manager forget its SSD copy, as an io_error does: a copy kept would be promised
-again by every lookup while the device is stuck (a loop of load errors); forgotten, the block is
-recomputed and stored again (the bytes on SSD are untouched: a restart may adopt them).
+read makes the manager forget that tier's copy, as an io_error does: a copy kept would be
+promised again by every lookup while the device is stuck (a loop of load errors); forgotten, the
+block is recomputed and stored again (the bytes on the device are untouched: a restart may adopt
+them).
+
+Stats are labelled by tier (``ssd_io_timeouts``, ``ssd_io_timeout_blocks``, ``ssd_fenced_slots``).
 """
 
 from __future__ import annotations
@@ -32,32 +36,33 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from flexkv_py.coordinator.jobs import IO_TIMEOUT, JobResult, StoreJob
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.protocol import BatchLike
 
 logger = logging.getLogger(__name__)
 
 
-class BatchLike(Protocol):
-    """What we need from the native store's BatchHandle."""
-
-    def done(self) -> bool: ...
-    def wait(self, timeout: float | None = None) -> list[Any]: ...
-
-
 class LateIo:
-    """Bounded waits on SSD batches and the host slots that timed-out batches may still touch."""
+    """Bounded waits on lower-tier batches and the host slots that timed-out batches may still
+    touch. `tiers`: those whose fence count is always in `stats` (others once they fence)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, tiers: Iterable[Tier] = ()) -> None:
         if not timeout_s > 0:
             raise ValueError(f"ssd_io_timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._held: dict[int, BatchLike] = {}  # host slot -> the late batch that may touch it
+        # host slot -> the late batch that may touch it, and its tier
+        self._held: dict[int, tuple[BatchLike, Tier]] = {}
+        self._tiers = dict.fromkeys(tiers)
         self._stats: Counter[str] = Counter()
+        self._timeout_blocks = 0
 
-    def wait(self, batch: BatchLike, slots: Sequence[int], what: str) -> list[Any] | None:
+    def wait(
+        self, batch: BatchLike, slots: Sequence[int], what: str, tier: Tier
+    ) -> list[Any] | None:
         """The batch's results, or None if it is not done within the bound: then its `slots`
         are fenced until it completes (callers fail its blocks with IO_TIMEOUT)."""
         try:
@@ -66,12 +71,15 @@ class LateIo:
             pass
         with self._lock:
             for slot in slots:
-                self._held[slot] = batch
-            self._stats["ssd_io_timeouts"] += 1
-            self._stats["ssd_io_timeout_blocks"] += len(slots)
+                self._held[slot] = (batch, tier)
+            self._tiers.setdefault(tier)
+            self._stats[f"{tier.value}_io_timeouts"] += 1
+            self._stats[f"{tier.value}_io_timeout_blocks"] += len(slots)
+            self._timeout_blocks += len(slots)
         logger.error(
-            "SSD %s of %d blocks not done after %g s (ssd_io_timeout_s): the blocks fail "
+            "%s %s of %d blocks not done after %g s (ssd_io_timeout_s): the blocks fail "
             "(io_timeout) and their host slots stay fenced until the device completes it",
+            tier.value,
             what,
             len(slots),
             self.timeout_s,
@@ -80,7 +88,7 @@ class LateIo:
 
     def _prune(self) -> None:
         """Drop fences of batches that completed (lock held)."""
-        done = [s for s, b in self._held.items() if b.done()]
+        done = [s for s, (b, _) in self._held.items() if b.done()]
         for s in done:
             del self._held[s]
 
@@ -104,7 +112,7 @@ class LateIo:
         """Wait (bounded) until no late batch is left; True if none is."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            batches = list({id(b): b for b in self._held.values()}.values())
+            batches = list({id(b): b for b, _ in self._held.values()}.values())
         for b in batches:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -115,12 +123,17 @@ class LateIo:
 
     @property
     def timeout_blocks(self) -> int:
-        """Blocks whose SSD I/O timed out so far (a running count)."""
-        return self._stats["ssd_io_timeout_blocks"]
+        """Blocks whose lower-tier I/O timed out so far, over all tiers (a running count)."""
+        with self._lock:
+            return self._timeout_blocks
 
     def stats(self) -> dict[str, int]:
-        out = dict(self._stats)
-        out["ssd_fenced_slots"] = self.pending()
+        with self._lock:
+            self._prune()
+            out = dict(self._stats)
+            fenced = Counter(tier for _, tier in self._held.values())
+            for tier in self._tiers:
+                out[f"{tier.value}_fenced_slots"] = fenced[tier]
         return out
 
 
@@ -143,7 +156,7 @@ def fence_store(job: StoreJob, fenced: set[int], fills: bool) -> tuple[StoreJob,
     )
     logger.warning(
         "store job %d: %d blocks fail (io_timeout): their host slots are still under a "
-        "timed-out SSD I/O",
+        "timed-out lower-tier I/O",
         job.job_id,
         len(left_out),
     )

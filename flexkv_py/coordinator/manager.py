@@ -112,6 +112,10 @@ class CacheManager:
         return self.index.num_host_slots
 
     # ------------------------------------------------------------------ queries
+    def known(self, key: bytes) -> bool:
+        """The block is cached in some tier or being stored by a job (not to be stored again)."""
+        return self.index.known(key)
+
     def lookup(self, keys: Sequence[bytes]) -> int:
         """Leading keys readable from some tier (host, SSD)."""
         hit = self.index.readable_prefix(keys)

@@ -1,4 +1,5 @@
-"""The SSD tier of one worker (one TP/PP rank): a typed wrapper over the native BlockStore.
+"""The SSD tier of one worker (one TP/PP rank): the native BlockStore behind the `LowerTier`
+protocol (tiers/protocol.py).
 
 Each rank gets its own subdirectory in every configured directory (``<dir>/tp0-pp0``), so ranks
 never share files or locks, and stores its blocks under ``namespace.storage_key(key)`` (rank tag +
@@ -18,15 +19,16 @@ from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.private_files import make_private_dir, tighten_dir, warn_if_exposed
+from flexkv_py.tiers.protocol import Item
 
 logger = logging.getLogger(__name__)
 
-# (logical key, (address, nbytes)) or (logical key, buffer)
-Item = tuple[bytes, Any]
-
 
 class SsdTier:
+    """Implements `LowerTier`: keys in and out are logical; the store sees storage keys."""
+
     def __init__(self, config: FlexKVConfig, namespace: Namespace) -> None:
         if not config.ssd_enabled:
             raise ConfigError("ssd_cache_gb: the SSD tier is disabled (0); nothing to open")
@@ -65,6 +67,10 @@ class SsdTier:
         )
 
     @property
+    def name(self) -> Tier:
+        return Tier.SSD
+
+    @property
     def io_engine(self) -> str:
         return self.store.io_engine
 
@@ -89,7 +95,7 @@ class SsdTier:
         """Logical keys the store dropped for capacity since the last call."""
         return self._logical(self.store.drain_evicted())
 
-    def logical_keys(self) -> list[bytes]:
+    def keys(self) -> list[bytes]:
         """Every block of this namespace and rank on disk (the restart inventory)."""
         return self._logical(self.store.keys())
 

@@ -1,10 +1,28 @@
-"""GPU <-> host transfers: KV layout description, batched copy engines, async handles."""
+"""GPU <-> host transfers: KV layout description, batched copy engines, async handles.
+
+The names below load on first use: the coordinator imports `transfer.stream_order` on
+scheduler-side and CPU-only paths, which must not pay for importing torch.
+"""
 
 from __future__ import annotations
 
-from flexkv_py.transfer.engine import TransferEngine, TransferHandle
-from flexkv_py.transfer.errors import TransferError, UnsupportedKVLayoutError
-from flexkv_py.transfer.kv_layout import KVPageGeometry, Segment, describe_kv_caches
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flexkv_py.transfer.engine import TransferEngine, TransferHandle
+    from flexkv_py.transfer.errors import TransferError, UnsupportedKVLayoutError
+    from flexkv_py.transfer.kv_layout import KVPageGeometry, Segment, describe_kv_caches
+
+_WHERE = {
+    "KVPageGeometry": "kv_layout",
+    "Segment": "kv_layout",
+    "describe_kv_caches": "kv_layout",
+    "TransferEngine": "engine",
+    "TransferHandle": "engine",
+    "TransferError": "errors",
+    "UnsupportedKVLayoutError": "errors",
+}
 
 __all__ = [
     "KVPageGeometry",
@@ -15,3 +33,12 @@ __all__ = [
     "UnsupportedKVLayoutError",
     "describe_kv_caches",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -4,6 +4,8 @@
 kernel (Triton, UVA) or one batched copy (``cuMemcpyBatchAsync``, copy engines) on a dedicated
 CUDA stream per direction, ordered after the work already enqueued on the caller's current stream
 (so a store sees the KV the model wrote). Completion is an event, polled without blocking.
+A copy issued later from another thread is ordered behind the caller's stream by
+stream_order.py (a mark taken at submit, a side stream that waits for it).
 
 With CPU tensors (CI, CPU-only hosts) the same API runs torch gather/scatter on one worker
 thread per direction.
@@ -22,6 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from flexkv_py.errors import ClosedError, InternalStateError
 from flexkv_py.tiers.host_pool import HostPool
 from flexkv_py.transfer.errors import TransferError
 from flexkv_py.transfer.kv_layout import KVPageGeometry, describe_kv_caches
@@ -58,17 +61,13 @@ class TransferHandle:
         *,
         event: torch.cuda.Event | None = None,
         future: Future[None] | None = None,
-        device: torch.device | None = None,
-        submitted_at: float,
     ) -> None:
-        self._device = device
         self.direction = direction
         self.gpu_block_ids = gpu_ids
         self.host_slots = slots
         self.nbytes = nbytes
         self._event = event
         self._future = future
-        self._submitted_at = submitted_at
         self._error: BaseException | None = None
         self._finished = False
 
@@ -138,17 +137,6 @@ class TransferHandle:
                 )
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
-
-    def make_current_stream_wait(self) -> None:
-        """GPU: the caller's current stream waits for this batch (no host block). CPU: wait()."""
-        if self._event is None:
-            self.wait()
-            return
-        torch.cuda.current_stream(self._device).wait_event(self._event)
-
-    @property
-    def seconds_since_submit(self) -> float:
-        return time.perf_counter() - self._submitted_at
 
 
 class TransferEngine:
@@ -267,7 +255,7 @@ class TransferEngine:
                 logger.warning(
                     "transfer backend %s unavailable (%s); trying the next", candidate, e
                 )
-        raise RuntimeError("no transfer backend available")  # torch always works
+        raise InternalStateError("no transfer backend available")  # torch always works
 
     @property
     def sms_used(self) -> dict[str, int]:
@@ -307,28 +295,30 @@ class TransferEngine:
         self, direction: str, gpu_block_ids: Sequence[int], host_slots: Sequence[int]
     ) -> TransferHandle:
         if self._closed or self.pool.closed:
-            raise RuntimeError("transfer engine is closed")
+            raise ClosedError("transfer engine is closed")
         ids, slots = self._validate(direction, gpu_block_ids, host_slots)
         nbytes = len(ids) * self.geometry.page_nbytes
         path = self.backend[direction]
-        now = time.perf_counter()
         with self._lock:
             if self.device.type == "cuda":
                 stream = self._streams[direction]
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     if len(ids):
-                        path.enqueue(direction, ids, slots)
+                        try:
+                            path.enqueue(direction, ids, slots)
+                        except Exception as e:  # a driver call failed: none of it counts
+                            raise TransferError(
+                                f"{direction} of {len(ids)} blocks could not be issued: {e}",
+                                direction=direction,
+                                block_ids=tuple(int(b) for b in ids),
+                            ) from e
                     event = torch.cuda.Event(blocking=True)
                     event.record(stream)
-                handle = TransferHandle(
-                    direction, ids, slots, nbytes, event=event, device=self.device, submitted_at=now
-                )
+                handle = TransferHandle(direction, ids, slots, nbytes, event=event)
             else:
                 future = self._executors[direction].submit(path.enqueue, direction, ids, slots)
-                handle = TransferHandle(
-                    direction, ids, slots, nbytes, future=future, submitted_at=now
-                )
+                handle = TransferHandle(direction, ids, slots, nbytes, future=future)
             self._inflight = [h for h in self._inflight if not h.done()]
             self._inflight.append(handle)
         return handle

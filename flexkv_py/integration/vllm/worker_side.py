@@ -1,6 +1,6 @@
 """Worker half of the connector: runs the scheduler's jobs on this rank's KV tensors.
 
-Jobs run in-process through the coordinator's `JobExecutor` (host pool, SSD tier, transfer
+Jobs run in-process through the coordinator's `JobExecutor` (host pool, lower tiers, transfer
 engine on the worker's own CUDA streams). Ordering rules:
 
 - every job of a step is submitted in `wait_for_save`, after the step's forward was enqueued, in
@@ -9,16 +9,16 @@ engine on the worker's own CUDA streams). Ordering rules:
   CUDA graphs call no per-layer hooks, so block ids come from our metadata, never save_kv_layer;
 - a store reads GPU blocks only in its GPU->host copy. Once that copy ended on this rank (the
   executor's `poll_gpu_reads`), the job no longer holds its request's blocks here, although its
-  SSD write-through may still run: the rank names the job in the worker metadata
+  lower-tier write-through may still run: the rank names the job in the worker metadata
   (`gpu_read_done`, counted per rank by the scheduler like job results) and a finished request
   whose stores all ended their copies is reported in finished_sending (vLLM frees its blocks once
   every rank did);
 - `handle_preemptions` (before the next forward) waits for the GPU->host copies of stores reading
-  preempted requests' blocks, which vLLM hands to other requests from that step on (not for their
-  SSD writes). The wait is bounded: a store still copying after `flush_timeout_s` is abandoned
-  (all its blocks fail, so KV the late copy reads from reused blocks is never committed; the
-  scheduler learns it from the job's result when the job really ends, and frees its host slots
-  only then) and the step goes on;
+  preempted requests' blocks, which vLLM hands to other requests from that step on (not for
+  their lower-tier writes). The wait is bounded: a store still copying after `flush_timeout_s`
+  is abandoned (all its blocks fail, so KV the late copy reads from reused blocks is never
+  committed; the scheduler learns it from the job's result when the job really ends, and frees
+  its host slots only then) and the step goes on;
 - a load reports its request in finished_recving and its failed blocks in
   get_block_ids_with_load_errors in the same step, so vLLM recomputes them.
 """
@@ -29,6 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import JobExecutor
+from flexkv_py.errors import InternalStateError
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
@@ -81,18 +82,18 @@ class WorkerSide:
     @property
     def executor(self) -> Any:
         if self._executor is None:
-            raise RuntimeError("FlexKVConnectorV1: register_kv_caches was not called")
+            raise InternalStateError("FlexKVConnectorV1: register_kv_caches was not called")
         return self._executor
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches, serving=True)
-        if self._executor.ssd_unavailable is not None:
+        for tier in self._executor.unavailable:
             # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty
-            # inventory below adopts nothing and every SSD job fails fast.
-            self._stats.add("ssd_unavailable", 1)
+            # inventory below adopts nothing and every job part naming the tier fails fast.
+            self._stats.add(f"{tier.value}_unavailable", 1)
         if self._config.ssd_enabled:
             keys = tuple(self._executor.stored_keys())
-            logger.info("%s: %d blocks on SSD from a previous run", self._label, len(keys))
+            logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
             self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
 
     # ---------------------------------------------------------------- per step
@@ -123,7 +124,7 @@ class WorkerSide:
         if not job_ids:
             return
         try:
-            # Only the copies read the blocks: SSD writes of these stores may go on.
+            # Only the copies read the blocks: lower-tier writes of these stores may go on.
             self.executor.wait_gpu_reads(job_ids, self.flush_timeout_s)
         except TimeoutError:
             self._abandon(meta.flush_req_ids, job_ids)
@@ -173,7 +174,7 @@ class WorkerSide:
         if self._executor is not None:
             self._collect(self._executor.poll())
             self._collect_reads(self._executor.poll_gpu_reads())
-            # SSD I/O past ssd_io_timeout_s (loads, write-through, spills): a stuck device.
+            # Lower-tier I/O past ssd_io_timeout_s (loads, write-through, spills): a stuck device.
             timed_out = self._executor.late_io.timeout_blocks
             self._stats.add("ssd_io_timeout_blocks", timed_out - self._timeouts_seen)
             self._timeouts_seen = timed_out

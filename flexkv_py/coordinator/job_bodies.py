@@ -1,0 +1,281 @@
+"""The job bodies: what a store, load, spill and drop do on this rank, tier by tier.
+
+Host <-> lower tier goes through each tier's async batches straight on pool memory: each block
+buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DIRECT needs no
+bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_order.py orders a
+copy issued from a job thread).
+
+Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
+`LoadJob.sources`, `SpillJob.tier`, `DropJob.tiers`): one batch per tier and job part, never a
+per-block call. A tier the job names that this rank does not have (off, or could not be opened:
+tiers/ssd_open.py) fails its blocks at once (`not_found`), touching no device.
+
+Per-block statuses from a tier become failure reasons through `jobs.reason_for_status`, the one
+table between the two vocabularies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol
+
+from flexkv_py.coordinator.counters import Counters
+from flexkv_py.coordinator.gpu_reads import Abandoned, GpuReads
+from flexkv_py.coordinator.jobs import (
+    CORRUPT,
+    INTERNAL,
+    IO_TIMEOUT,
+    MISSING,
+    NOT_FOUND,
+    TRANSFER_ERROR,
+    DropJob,
+    JobResult,
+    LoadJob,
+    SpillJob,
+    StoreJob,
+    reason_for_status,
+)
+from flexkv_py.coordinator.late_io import LateIo
+from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+from flexkv_py.tiers.protocol import LowerTier
+from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark, TransferHandleLike
+
+logger = logging.getLogger(__name__)
+
+# A store's GPU->host copy as handed from submit to the job thread: issued (its handle), to be
+# issued after a spill (the caller's stream mark), or None (host-only store).
+D2h = TransferHandleLike | StreamMark | None
+
+
+class SlotMemory(Protocol):
+    slot_nbytes: int
+
+    def slot_address(self, slot: int) -> int: ...
+
+
+class JobBodies:
+    def __init__(
+        self,
+        pool: SlotMemory,
+        tiers: Mapping[Tier, LowerTier],
+        late_io: LateIo,
+        transfer: OrderedTransfer,
+        reads: GpuReads,
+        stats: Counters,
+    ) -> None:
+        self.pool = pool
+        self.tiers = tiers
+        self.late_io = late_io
+        self.transfer = transfer
+        self.reads = reads
+        self.stats = stats
+
+    # ------------------------------------------------------------------ lower-tier I/O
+    def tier_batch(
+        self, tier: Tier, put: bool, keys: Sequence[bytes], slots: Sequence[int]
+    ) -> dict[bytes, str]:
+        """Run one batch on `tier`: key -> failure reason for the blocks that did not make it."""
+        if not keys:
+            return {}
+        lower = self.tiers.get(tier)
+        if lower is None:
+            return dict.fromkeys(keys, NOT_FOUND)
+        addr, nbytes = self.pool.slot_address, self.pool.slot_nbytes
+        items = [(k, (addr(s), nbytes)) for k, s in zip(keys, slots, strict=True)]
+        what = "write" if put else "read"
+        batch = lower.submit_put(items) if put else lower.submit_get(items)
+        results = self.late_io.wait(batch, slots, what, tier)
+        if results is None:  # a stuck device: the blocks fail, their slots stay fenced
+            return dict.fromkeys(keys, IO_TIMEOUT)
+        failed: dict[bytes, str] = {}
+        for key, r in zip(keys, results, strict=True):
+            if not r.ok:
+                failed[key] = reason_for_status(r.status) or INTERNAL
+                logger.warning(
+                    "%s %s of block %s failed: %s (%s)",
+                    tier.value,
+                    what,
+                    key.hex()[-16:],
+                    r.status,
+                    r.error,
+                )
+            elif not put and r.nbytes != nbytes:
+                # Same namespace implies the same page size; anything else is not our block.
+                failed[key] = CORRUPT
+                logger.warning(
+                    "%s block %s has %d bytes, expected %d",
+                    tier.value,
+                    key.hex()[-16:],
+                    r.nbytes,
+                    nbytes,
+                )
+        self.stats.add(f"{tier.value}_{what}_blocks", len(keys) - len(failed))
+        return failed
+
+    def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
+        """What each tier dropped on its own since the last job asked."""
+        out: dict[Tier, tuple[bytes, ...]] = {}
+        for tier, lower in self.tiers.items():
+            keys = tuple(lower.drain_evicted())
+            if keys:
+                out[tier] = keys
+        return out
+
+    # ------------------------------------------------------------------ store
+    def store(
+        self,
+        job: StoreJob,
+        d2h: D2h,
+        d2h_error: BaseException | None,
+        started: float,
+        fill: Callable[[], None] | None,
+    ) -> JobResult:
+        slot_nbytes = self.pool.slot_nbytes
+        failed: dict[bytes, str] = {}
+        spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+        nbytes = (len(job.spill_keys) - len(spill_failed)) * slot_nbytes
+        if spill_failed and self.late_io.fenced(job.host_slots):
+            # The spill timed out and may still read these slots: copying into them now could
+            # persist our KV under the victims' keys. The copy was not issued yet (spill first).
+            failed = dict.fromkeys(job.keys, IO_TIMEOUT)
+            fill = None
+            d2h = d2h_error = None
+        if fill is not None:
+            fill()
+        if d2h_error is not None or d2h is not None:
+            if self._copy_in(job, d2h, d2h_error):
+                nbytes += len(job.keys) * slot_nbytes
+            else:
+                failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
+        write_failed: dict[Tier, frozenset[bytes]] = {}
+        for tier in _in_order(set().union(*job.write_tiers)):
+            todo = [
+                (k, s)
+                for k, s, w in zip(job.keys, job.host_slots, job.write_tiers, strict=True)
+                if tier in w and k not in failed
+            ]
+            tier_failed = self.tier_batch(tier, True, [k for k, _ in todo], [s for _, s in todo])
+            nbytes += (len(todo) - len(tier_failed)) * slot_nbytes
+            if tier_failed:
+                write_failed[tier] = frozenset(tier_failed)
+        return JobResult(
+            job.job_id,
+            "store",
+            failed=failed,
+            write_failed=write_failed,
+            evicted=self.evicted(),
+            spill_failed=frozenset(spill_failed),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _copy_in(self, job: StoreJob, d2h: D2h, d2h_error: BaseException | None) -> bool:
+        """The store's GPU->host copy (issued at submit, or now behind the caller's stream
+        mark); True if every block arrived and the caller did not abandon the job."""
+        try:
+            if d2h_error is not None:
+                raise d2h_error
+            if isinstance(d2h, StreamMark):
+                assert job.gpu_block_ids is not None
+                if self.reads.is_abandoned(job.job_id):
+                    raise Abandoned  # the GPU blocks may hold other KV now: do not copy
+                d2h = self.transfer.submit("d2h", job.gpu_block_ids, job.host_slots, after=d2h)
+                self.reads.issued(job.job_id, d2h)
+            assert d2h is not None
+            d2h.wait()
+            if self.reads.end(job.job_id):
+                raise Abandoned
+            self.stats.add("d2h_blocks", len(job.keys))
+            return True
+        except Abandoned:
+            logger.warning(
+                "store job %d: abandoned before its GPU->host copy finished; its %d blocks "
+                "fail (their GPU blocks may have been reused)",
+                job.job_id,
+                len(job.keys),
+            )
+            self.stats.add("abandoned_store_blocks", len(job.keys))
+        except Exception as e:
+            logger.warning("store job %d: GPU->host copy failed: %s", job.job_id, e)
+        finally:
+            self.reads.end(job.job_id)  # the GPU blocks are free to reuse from here
+        return False
+
+    # ------------------------------------------------------------------ load
+    def load(self, job: LoadJob, started: float) -> JobResult:
+        slot_nbytes = self.pool.slot_nbytes
+        spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+        failed: dict[bytes, str] = {
+            k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
+        }
+        nbytes = 0
+        for tier in _in_order(set(job.sources)):
+            staged = job.reads_from(tier)
+            held = self.late_io.fenced(job.host_slots[i] for i in staged)
+            if held:  # a late I/O may still touch these slots: do not read into them
+                failed.update(
+                    (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
+                )
+                staged = [i for i in staged if job.host_slots[i] not in held]
+            tier_failed = self.tier_batch(
+                tier, False, [job.keys[i] for i in staged], [job.host_slots[i] for i in staged]
+            )
+            failed.update(tier_failed)
+            nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
+        failed_gpu: set[int] = set()
+        if job.gpu_block_ids is not None:
+            good = [i for i, k in enumerate(job.keys) if k not in failed]
+            failed_gpu = {job.gpu_block_ids[i] for i, k in enumerate(job.keys) if k in failed}
+            if good:
+                try:
+                    h2d = self.transfer.submit(
+                        "h2d",
+                        [job.gpu_block_ids[i] for i in good],
+                        [job.host_slots[i] for i in good],
+                    )
+                    h2d.wait()
+                    nbytes += len(good) * slot_nbytes
+                    self.stats.add("h2d_blocks", len(good))
+                except Exception as e:
+                    logger.warning("load job %d: host->GPU copy failed: %s", job.job_id, e)
+                    for i in good:
+                        failed[job.keys[i]] = TRANSFER_ERROR
+                        failed_gpu.add(job.gpu_block_ids[i])
+        return JobResult(
+            job.job_id,
+            "load",
+            failed=failed,
+            failed_gpu_block_ids=frozenset(failed_gpu),
+            evicted=self.evicted(),
+            spill_failed=frozenset(spill_failed),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------------ spill / drop
+    def spill(self, job: SpillJob, started: float) -> JobResult:
+        failed = self.tier_batch(job.tier, True, job.keys, job.host_slots)
+        return JobResult(
+            job.job_id,
+            "spill",
+            failed=failed,
+            evicted=self.evicted(),
+            nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def drop(self, job: DropJob, started: float) -> JobResult:
+        for tier in job.tiers:
+            lower = self.tiers.get(tier)
+            if lower is not None:
+                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(job.keys))
+        return JobResult(
+            job.job_id, "drop", evicted=self.evicted(), seconds=time.perf_counter() - started
+        )
+
+
+def _in_order(named: Collection[Tier | None]) -> list[Tier]:
+    """The lower tiers among `named`, fastest first (host and None are not lower tiers)."""
+    return [t for t in LOWER_TIERS if t in named]
