@@ -11,6 +11,7 @@ FlexKVError
 ├── CorruptBlockError                      stored bytes failed verification
 ├── IoEngineError (also OSError)           the device or the I/O engine failed
 ├── StoreLockedError                       another process holds the cache directory
+├── StoreClosedError                       a block store used after close()
 ├── BlockNotFoundError (also KeyError)     the key is not stored
 ├── UnsupportedKVLayoutError (ValueError)  vLLM's KV cache tensors have a layout we cannot page
 ├── TransferError (also RuntimeError)      a GPU <-> host batch failed; none of its blocks count
@@ -28,6 +29,7 @@ from flexkv_py._native import (
     FlexKVError,
     IoEngineError,
     StorageFullError,
+    StoreClosedError,
     StoreLockedError,
 )
 
@@ -66,21 +68,10 @@ __all__ = [
     "InternalStateError",
     "IoEngineError",
     "StorageFullError",
+    "StoreClosedError",
     "StoreLockedError",
     "TraceFormatError",
     "TransferError",
     "UnsupportedKVLayoutError",
 ]
 
-
-# Engineer D's branch (i9-edge) defines these beside the other Python-side errors; until it
-# merges, the executor and transfer engine need them here (same names, same bases).
-class InternalStateError(FlexKVError, RuntimeError):
-    """A bug: an index/job state transition that is not allowed, or a broken invariant."""
-
-
-class ClosedError(FlexKVError, RuntimeError):
-    """A component (host pool, executor, transfer engine, ...) used after close/shutdown."""
-
-
-__all__ += ["ClosedError", "InternalStateError"]
