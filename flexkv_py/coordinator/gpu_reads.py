@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from flexkv_py.errors import FlexKVError
 from flexkv_py.transfer.stream_order import TransferHandleLike
 
 
@@ -42,8 +43,9 @@ class _GpuRead:
         return self.copy is not None and self.copy.done()
 
 
-class Abandoned(Exception):
-    """The job was abandoned while it could still read GPU blocks."""
+class Abandoned(FlexKVError):
+    """The job was abandoned while it could still read GPU blocks (raised and caught inside a
+    job body: its blocks fail, nothing escapes)."""
 
 
 class GpuReads:
