@@ -9,7 +9,7 @@
 //!
 //! Layout, chosen for bytes per entry: a `Vec` arena of nodes (digest + u32 prev/next links of
 //! the LRU list, 24 bytes) and a SwissTable of u32 arena indexes (4 bytes + 1 control byte per
-//! bucket, at most 7/8 full). ~35 bytes per entry at 2 M entries; `hashlink`'s
+//! bucket, at most 7/8 full). 30-48 bytes per entry, ~36 at 2 M; `hashlink`'s
 //! `LinkedHashMap` would spend ~66 (a boxed node per entry plus 8-byte table slots). The
 //! digest is already uniform, so its low 64 bits are the table hash. Removal swaps the last
 //! node into the hole, so the arena stays dense and shrinks with the set.
@@ -127,6 +127,11 @@ impl BlockSet {
                     return Err(SetFull);
                 }
                 v.insert(idx as u32);
+                if self.nodes.len() == self.nodes.capacity() {
+                    // 1.25x, not Vec's 2x: the arena is most of the bytes, and a doubled one
+                    // is half empty just after growing (big reallocs are page remaps anyway).
+                    self.nodes.reserve_exact((self.nodes.len() / 4).max(16));
+                }
                 self.nodes.push(Node { digest: d, prev: NIL, next: NIL });
                 self.link_back(idx as u32);
                 Ok(true)
