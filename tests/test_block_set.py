@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import pytest
@@ -238,6 +238,21 @@ def test_non_bytes_are_type_errors() -> None:
     with pytest.raises(TypeError, match=r"keys\[1\] must be bytes"):
         s.add_keys([b"ok", 1])  # type: ignore[list-item]
     assert len(s) == 0, "nothing is added when an item is rejected"
+    # Past one 64K chunk too: a bad last key fails the call before the first chunk is applied.
+    hashes: list[Any] = [i.to_bytes(8, "little") for i in range(70_000)]
+    keys: list[Any] = [head + h for h in hashes]
+    s.add_keys(keys[:100])
+    before = s.digests()
+    calls: list[tuple[Callable[[Any], object], list[Any]]] = [
+        (s.add_keys, keys),
+        (s.discard_keys, keys),
+        (lambda hs: s.touch(head, hs), hashes),
+    ]
+    for call, items in calls:
+        # Reversed: a touch that went through would reorder the 100 present keys.
+        with pytest.raises(TypeError, match=r"\[70000\] must be bytes"):
+            call([*items[::-1], None])
+        assert s.digests() == before
     for not_a_list in (b"abc", "abc", 5, None):
         with pytest.raises(TypeError):
             s.add_keys(not_a_list)  # type: ignore[arg-type]

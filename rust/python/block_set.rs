@@ -17,6 +17,8 @@ const DETACH_MIN: usize = 64;
 /// `prefix_run` borrows hashes in growing chunks, so a miss early in a long request does not
 /// pay for borrowing all of it.
 const FIRST_CHUNK: usize = 16;
+/// Calls over a whole key list work this many keys at a time.
+const CHUNK: usize = 1 << 16;
 
 fn full(_: SetFull) -> PyErr {
     PyValueError::new_err(SetFull.to_string())
@@ -94,6 +96,26 @@ fn span(start: i64, stop: i64, len: usize) -> PyResult<(usize, usize)> {
     Ok((start as usize, stop as usize))
 }
 
+/// Call `f` on the slices of `seq` (all bytes), `CHUNK` at a time, so a big call holds bounded
+/// temporary memory. A non-bytes item anywhere fails the call before `f` sees any chunk.
+fn for_chunks(
+    seq: &Bound<'_, PyAny>,
+    what: &str,
+    mut f: impl FnMut(&[&[u8]]) -> PyResult<()>,
+) -> PyResult<()> {
+    let n = seq_len(seq, what)?;
+    if n > CHUNK {
+        for at in (0..n).step_by(CHUNK) {
+            borrow_bytes(seq, what, at, n.min(at + CHUNK))?;
+        }
+    }
+    for at in (0..n).step_by(CHUNK) {
+        let objs = borrow_bytes(seq, what, at, n.min(at + CHUNK))?;
+        f(&slices(&objs))?;
+    }
+    Ok(())
+}
+
 fn slices<'a>(objs: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
     objs.iter().map(|b| b.as_bytes()).collect()
 }
@@ -164,14 +186,16 @@ impl PyBlockSet {
     }
 
     fn add_keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let objs = borrow_bytes(keys, "keys", 0, seq_len(keys, "keys")?)?;
-        let keys = slices(&objs);
-        let digests = if keys.len() < DETACH_MIN {
-            keys.iter().map(|k| digest(k, b"")).collect()
-        } else {
-            py.detach(|| keys.iter().map(|k| digest(k, b"")).collect())
-        };
-        self.add_all(py, digests)
+        let mut added = 0;
+        for_chunks(keys, "keys", |ks| {
+            added += self
+                .locked_for(py, ks.len(), |s| {
+                    ks.iter().try_fold(0, |n, k| Ok::<_, SetFull>(n + s.insert(digest(k, b""))? as usize))
+                })
+                .map_err(full)?;
+            Ok(())
+        })?;
+        Ok(added)
     }
 
     /// `add_keys` for digests already made (`digest`, `pop_lru`): each must be 16 bytes.
@@ -189,9 +213,13 @@ impl PyBlockSet {
     }
 
     fn discard_keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let objs = borrow_bytes(keys, "keys", 0, seq_len(keys, "keys")?)?;
-        let keys = slices(&objs);
-        Ok(self.locked_for(py, keys.len(), |s| keys.iter().filter(|k| s.remove(&digest(k, b""))).count()))
+        let mut removed = 0;
+        for_chunks(keys, "keys", |ks| {
+            removed +=
+                self.locked_for(py, ks.len(), |s| ks.iter().filter(|k| s.remove(&digest(k, b""))).count());
+            Ok(())
+        })?;
+        Ok(removed)
     }
 
     fn discard_digests(&self, py: Python<'_>, digests: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -267,14 +295,14 @@ impl PyBlockSet {
 
     /// Move each present (head, hash) to the most recent end, in the order given.
     fn touch(&self, py: Python<'_>, head: &[u8], hashes: &Bound<'_, PyAny>) -> PyResult<()> {
-        let objs = borrow_bytes(hashes, "hashes", 0, seq_len(hashes, "hashes")?)?;
-        let hs = slices(&objs);
-        self.locked_for(py, hs.len(), |s| {
-            for h in &hs {
-                s.touch(&digest(head, h));
-            }
-        });
-        Ok(())
+        for_chunks(hashes, "hashes", |hs| {
+            self.locked_for(py, hs.len(), |s| {
+                for h in hs {
+                    s.touch(&digest(head, h));
+                }
+            });
+            Ok(())
+        })
     }
 
     /// Remove and return up to `n` digests, least recently used first.
