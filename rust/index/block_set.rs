@@ -14,6 +14,8 @@
 //! digest is already uniform, so its low 64 bits are the table hash. Removal swaps the last
 //! node into the hole, so the arena stays dense and shrinks with the set.
 
+use std::ops::Range;
+
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
@@ -45,6 +47,32 @@ pub fn digest(head: &[u8], hash: &[u8]) -> Digest {
     h.update(head);
     h.update(hash);
     h.digest128().to_le_bytes()
+}
+
+/// A `[start, stop)` range over a sequence that `check_span` refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SpanError {
+    #[error("start and stop must be >= 0, got {0}, {1}")]
+    Negative(i64, i64),
+    #[error("start {0} is past stop {1}")]
+    Reversed(i64, i64),
+    #[error("stop {0} is past the end of hashes (len {1})")]
+    PastEnd(i64, usize),
+}
+
+/// `start..stop` over a sequence of `len`, checked, not clamped: a bad range is a caller's bug
+/// that clamping would turn into a silent miss.
+pub fn check_span(start: i64, stop: i64, len: usize) -> Result<Range<usize>, SpanError> {
+    if start < 0 || stop < 0 {
+        return Err(SpanError::Negative(start, stop));
+    }
+    if start > stop {
+        return Err(SpanError::Reversed(start, stop));
+    }
+    if stop as u64 > len as u64 {
+        return Err(SpanError::PastEnd(stop, len));
+    }
+    Ok(start as usize..stop as usize)
 }
 
 fn bucket_hash(d: &Digest) -> u64 {
@@ -107,6 +135,16 @@ impl BlockSet {
 
     pub fn contains(&self, d: &Digest) -> bool {
         self.find(d).is_some()
+    }
+
+    /// How many leading `hashes` are present under `head` (stops at the first absent one).
+    pub fn prefix_run(&self, head: &[u8], hashes: &[&[u8]]) -> usize {
+        hashes.iter().take_while(|h| self.contains(&digest(head, h))).count()
+    }
+
+    /// One byte per hash: 1 if present under `head`, 0 if not.
+    pub fn present_mask(&self, head: &[u8], hashes: &[&[u8]]) -> Vec<u8> {
+        hashes.iter().map(|h| self.contains(&digest(head, h)) as u8).collect()
     }
 
     /// Add `d` at the most recent end; `Ok(false)` if it was present (its place is kept: a
@@ -263,123 +301,5 @@ impl BlockSet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn d(n: u32) -> Digest {
-        digest(b"head", &n.to_le_bytes())
-    }
-
-    fn order(s: &BlockSet) -> Vec<Digest> {
-        s.iter().copied().collect()
-    }
-
-    #[test]
-    fn digest_of_parts_is_digest_of_concatenation() {
-        for (head, hash) in
-            [(&b""[..], &b""[..]), (&[7u8; 24][..], &[9u8; 32][..]), (&[1u8; 24][..], &[2u8; 300][..])]
-        {
-            let whole = [head, hash].concat();
-            assert_eq!(digest(head, hash), xxh3_128(&whole).to_le_bytes());
-            assert_eq!(digest(&whole, b""), digest(head, hash));
-            assert_eq!(digest(b"", &whole), digest(head, hash));
-        }
-        // Both paths (stack copy, streaming) agree where they meet.
-        let long = [3u8; STACK_KEY + 1];
-        assert_eq!(digest(&long[..STACK_KEY], &long[STACK_KEY..]), xxh3_128(&long).to_le_bytes());
-        assert_ne!(digest(b"ab", b"c"), digest(b"a", b"bd"));
-    }
-
-    #[test]
-    fn lru_order_add_touch_pop() {
-        let mut s = BlockSet::new();
-        for n in 0..5 {
-            assert_eq!(s.insert(d(n)), Ok(true));
-        }
-        assert_eq!(s.insert(d(2)), Ok(false), "re-adding keeps its place");
-        assert!(s.touch(&d(1)));
-        assert!(s.touch(&d(0)));
-        assert!(!s.touch(&d(99)));
-        assert_eq!(order(&s), [d(2), d(3), d(4), d(1), d(0)]);
-        assert_eq!(s.pop_front(), Some(d(2)));
-        assert_eq!(s.pop_front(), Some(d(3)));
-        assert_eq!(s.len(), 3);
-        assert!(!s.contains(&d(2)));
-        assert_eq!(order(&s), [d(4), d(1), d(0)]);
-    }
-
-    #[test]
-    fn removal_anywhere_keeps_links_and_table_consistent() {
-        let mut s = BlockSet::new();
-        for n in 0..100 {
-            s.insert(d(n)).unwrap();
-        }
-        // Front, back, middle, and the arena's last node (the one that gets moved).
-        for n in [0, 99, 50, 98, 1] {
-            assert!(s.remove(&d(n)));
-            assert!(!s.remove(&d(n)));
-        }
-        let expect: Vec<Digest> = (2..98).filter(|&n| n != 50).map(d).collect();
-        assert_eq!(order(&s), expect);
-        for n in 0..100 {
-            assert_eq!(s.contains(&d(n)), expect.contains(&d(n)), "{n}");
-        }
-        while s.pop_front().is_some() {}
-        assert!(s.is_empty());
-        assert_eq!(order(&s), Vec::<Digest>::new());
-        assert_eq!(s.insert(d(7)), Ok(true));
-        assert_eq!(order(&s), [d(7)]);
-    }
-
-    #[test]
-    fn retain_is_an_intersection_in_order() {
-        let mut a = BlockSet::new();
-        let mut b = BlockSet::new();
-        for n in 0..1000 {
-            a.insert(d(n)).unwrap();
-        }
-        for n in (0..2000).step_by(3) {
-            b.insert(d(n)).unwrap();
-        }
-        a.touch(&d(0));
-        a.retain(|x| b.contains(x));
-        let mut expect: Vec<Digest> = (3..1000).step_by(3).map(d).collect();
-        expect.push(d(0));
-        assert_eq!(order(&a), expect);
-        assert_eq!(a.len(), expect.len());
-        for n in 0..1000 {
-            assert_eq!(a.contains(&d(n)), n % 3 == 0, "{n}");
-        }
-    }
-
-    #[test]
-    fn memory_follows_the_set() {
-        let mut s = BlockSet::new();
-        assert_eq!(s.heap_bytes(), 0);
-        for n in 0..100_000 {
-            s.insert(d(n)).unwrap();
-        }
-        let full = s.heap_bytes();
-        assert!(full >= 100_000 * 29, "{full}");
-        assert!(full <= 100_000 * 48, "{full} bytes for 100k digests");
-        for _ in 0..99_000 {
-            s.pop_front();
-        }
-        assert!(s.heap_bytes() < full / 8, "shrinks after mass removal: {}", s.heap_bytes());
-        assert_eq!(s.len(), 1000);
-        assert_eq!(order(&s), (99_000..100_000).map(d).collect::<Vec<_>>());
-        s.clear();
-        assert_eq!((s.len(), s.heap_bytes()), (0, 0));
-    }
-
-    #[test]
-    fn reserve_then_fill_does_not_regrow() {
-        let mut s = BlockSet::new();
-        s.reserve(5000);
-        let before = s.heap_bytes();
-        for n in 0..5000 {
-            s.insert(d(n)).unwrap();
-        }
-        assert_eq!(s.heap_bytes(), before);
-    }
-}
+#[path = "block_set_tests.rs"]
+mod tests;

@@ -10,13 +10,15 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
 
-use crate::index::block_set::{digest, BlockSet, Digest, SetFull};
+use std::ops::Range;
+
+use crate::index::block_set::{check_span, digest, BlockSet, Digest, SetFull};
 
 /// Below this many keys a call keeps the GIL.
 const DETACH_MIN: usize = 64;
-/// `prefix_run` borrows hashes in growing chunks, so a miss early in a long request does not
-/// pay for borrowing all of it.
-const FIRST_CHUNK: usize = 16;
+/// `prefix_run` borrows hashes in chunks growing 8x from this, so a miss early in a long
+/// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
+const FIRST_CHUNK: usize = 1;
 /// Calls over a whole key list work this many keys at a time.
 const CHUNK: usize = 1 << 16;
 
@@ -82,18 +84,8 @@ fn seq_len(seq: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     as_sequence(seq, what)?.len()
 }
 
-/// `start..stop` checked against `len`: no clamping, a bad range is the caller's bug.
-fn span(start: i64, stop: i64, len: usize) -> PyResult<(usize, usize)> {
-    if start < 0 || stop < 0 {
-        return Err(PyValueError::new_err(format!("start and stop must be >= 0, got {start}, {stop}")));
-    }
-    if start > stop {
-        return Err(PyValueError::new_err(format!("start {start} is past stop {stop}")));
-    }
-    if stop as u64 > len as u64 {
-        return Err(PyValueError::new_err(format!("stop {stop} is past the end of hashes (len {len})")));
-    }
-    Ok((start as usize, stop as usize))
+fn span(start: i64, stop: i64, len: usize) -> PyResult<Range<usize>> {
+    check_span(start, stop, len).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Call `f` on the slices of `seq` (all bytes), `CHUNK` at a time, so a big call holds bounded
@@ -258,15 +250,14 @@ impl PyBlockSet {
         start: i64,
         stop: i64,
     ) -> PyResult<usize> {
-        let (start, stop) = span(start, stop, seq_len(hashes, "hashes")?)?;
+        let Range { start, end: stop } = span(start, stop, seq_len(hashes, "hashes")?)?;
         let mut at = start;
         let mut chunk = FIRST_CHUNK;
         while at < stop {
             let end = stop.min(at + chunk);
             let objs = borrow_bytes(hashes, "hashes", at, end)?;
             let hs = slices(&objs);
-            let run = self
-                .locked_for(py, hs.len(), |s| hs.iter().take_while(|h| s.contains(&digest(head, h))).count());
+            let run = self.locked_for(py, hs.len(), |s| s.prefix_run(head, &hs));
             at += run;
             if run < hs.len() {
                 break;
@@ -285,11 +276,10 @@ impl PyBlockSet {
         start: i64,
         stop: i64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let (start, stop) = span(start, stop, seq_len(hashes, "hashes")?)?;
+        let Range { start, end: stop } = span(start, stop, seq_len(hashes, "hashes")?)?;
         let objs = borrow_bytes(hashes, "hashes", start, stop)?;
         let hs = slices(&objs);
-        let mask: Vec<u8> = self
-            .locked_for(py, hs.len(), |s| hs.iter().map(|h| s.contains(&digest(head, h)) as u8).collect());
+        let mask: Vec<u8> = self.locked_for(py, hs.len(), |s| s.present_mask(head, &hs));
         Ok(PyBytes::new(py, &mask))
     }
 
