@@ -181,7 +181,8 @@ class BlockSet:
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
     def reserve(self, additional: int) -> None:
-        """Room for `additional` more keys without regrowing."""
+        """Room for `additional` more keys without regrowing (ValueError past the set's limit of
+        2**32 - 2 keys, MemoryError when it cannot be allocated)."""
     def clear(self) -> None:
         """Forget every key and release the memory."""
     def nbytes(self) -> int:

@@ -220,6 +220,10 @@ def test_bad_ranges_are_value_errors() -> None:
     assert s.prefix_run(head, hashes, 0, 2) == 1
     with pytest.raises(ValueError):
         s.pop_lru(-1)
+    with pytest.raises(ValueError):
+        s.reserve(-1)
+    with pytest.raises(ValueError, match="at most"):
+        s.reserve(2**32)
     with pytest.raises(ValueError, match="16 bytes"):
         s.discard_digests([BlockSet.digest(head, b"a"), b"short"])
     with pytest.raises(ValueError, match="16 bytes"):

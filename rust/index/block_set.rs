@@ -34,6 +34,14 @@ const STACK_KEY: usize = 128;
 #[error("a BlockSet holds at most {MAX_LEN} digests")]
 pub struct SetFull;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    #[error(transparent)]
+    Full(#[from] SetFull),
+    #[error("cannot allocate room for {0} more digests")]
+    NoMemory(usize),
+}
+
 /// xxh3-128 of `head || hash`, little-endian (as `HashAlgo::Xxh3_128` writes content hashes).
 pub fn digest(head: &[u8], hash: &[u8]) -> Digest {
     let n = head.len() + hash.len();
@@ -121,11 +129,16 @@ impl BlockSet {
         self.table.allocation_size() + self.nodes.capacity() * std::mem::size_of::<Node>()
     }
 
-    /// Room for `additional` more digests without regrowing (a restart adopting a known count).
-    pub fn reserve(&mut self, additional: usize) {
+    /// Room for `additional` more digests without regrowing (a restart adopting a known
+    /// count). Refuses what could never fit instead of aborting on a failed allocation.
+    pub fn reserve(&mut self, additional: usize) -> Result<(), ReserveError> {
+        if additional > MAX_LEN - self.len() {
+            return Err(ReserveError::Full(SetFull));
+        }
         let nodes = &self.nodes;
-        self.table.reserve(additional, |&i| bucket_hash(&nodes[i as usize].digest));
-        self.nodes.reserve_exact(additional);
+        let no_memory = |_| ReserveError::NoMemory(additional);
+        self.table.try_reserve(additional, |&i| bucket_hash(&nodes[i as usize].digest)).map_err(no_memory)?;
+        self.nodes.try_reserve_exact(additional).map_err(|_| ReserveError::NoMemory(additional))
     }
 
     fn find(&self, d: &Digest) -> Option<u32> {

@@ -149,12 +149,15 @@ fn spans_are_checked_not_clamped() {
 #[test]
 fn reserve_then_fill_does_not_regrow() {
     let mut s = BlockSet::new();
-    s.reserve(5000);
+    s.reserve(5000).unwrap();
     let before = s.heap_bytes();
     for n in 0..5000 {
         s.insert(d(n)).unwrap();
     }
     assert_eq!(s.heap_bytes(), before);
+    assert_eq!(s.reserve(MAX_LEN), Err(ReserveError::Full(SetFull)));
+    assert_eq!(s.reserve(MAX_LEN - 4999), Err(ReserveError::Full(SetFull)));
+    assert_eq!(s.len(), 5000);
 }
 
 #[derive(Clone, Debug)]

@@ -6,13 +6,13 @@
 //! with the GIL released, so a long call on another thread never stalls the interpreter.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
 
 use std::ops::Range;
 
-use crate::index::block_set::{check_span, digest, BlockSet, Digest, SetFull};
+use crate::index::block_set::{check_span, digest, BlockSet, Digest, ReserveError, SetFull};
 
 /// Below this many keys a call keeps the GIL.
 const DETACH_MIN: usize = 64;
@@ -338,8 +338,13 @@ impl PyBlockSet {
     }
 
     /// Room for `additional` more keys without regrowing.
-    fn reserve(&self, py: Python<'_>, additional: usize) {
-        self.locked_for(py, additional, |s| s.reserve(additional));
+    fn reserve(&self, py: Python<'_>, additional: i64) -> PyResult<()> {
+        let n = usize::try_from(additional)
+            .map_err(|_| PyValueError::new_err(format!("additional must be >= 0, got {additional}")))?;
+        self.locked_for(py, n, |s| s.reserve(n)).map_err(|e| match e {
+            ReserveError::Full(_) => PyValueError::new_err(e.to_string()),
+            ReserveError::NoMemory(_) => PyMemoryError::new_err(e.to_string()),
+        })
     }
 
     /// Forget every key and release the memory.
