@@ -5,12 +5,12 @@
 //! the GIL: releasing it would cost more than the work. A contended lock is always waited for
 //! with the GIL released, so a long call on another thread never stalls the interpreter.
 
+use std::ops::Range;
+
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
-
-use std::ops::Range;
 
 use crate::index::block_set::{check_span, digest, BlockSet, Digest, ReserveError, SetFull};
 
