@@ -8,17 +8,17 @@
 //! recomputed. Never a wrong page, only a wasted read.
 //!
 //! Layout, chosen for bytes per entry: a `Vec` arena of nodes (digest + u32 prev/next links of
-//! the LRU list, 24 bytes) and a SwissTable of u32 arena indexes (4 bytes + 1 control byte per
-//! bucket, at most 7/8 full). 30-48 bytes per entry, ~36 at 2 M; `hashlink`'s
-//! `LinkedHashMap` would spend ~66 (a boxed node per entry plus 8-byte table slots). The
-//! digest is already uniform, so its low 64 bits are the table hash. Removal swaps the last
-//! node into the hole, so the arena stays dense and shrinks with the set.
+//! the LRU list, 24 bytes) and an open-addressing table of 8-byte slots (`block_set_slots.rs`,
+//! ~11 bytes per key). 32-45 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
+//! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
+//! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
+//! they span some: at millions of keys, lookups are otherwise dominated by page walks.
 
 use std::ops::Range;
 
-use hashbrown::hash_table::Entry;
-use hashbrown::HashTable;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use slots::Slots;
 
 pub type Digest = [u8; 16];
 
@@ -29,15 +29,11 @@ pub const MAX_LEN: usize = (u32::MAX - 1) as usize;
 /// setting up the streaming state, and the result is the same (tested).
 const STACK_KEY: usize = 128;
 
-/// The set already holds `MAX_LEN` digests.
+/// Why a set could not take more digests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a BlockSet holds at most {MAX_LEN} digests")]
-pub struct SetFull;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ReserveError {
-    #[error(transparent)]
-    Full(#[from] SetFull),
+pub enum SetError {
+    #[error("a BlockSet holds at most {MAX_LEN} digests")]
+    Full,
     #[error("cannot allocate room for {0} more digests")]
     NoMemory(usize),
 }
@@ -83,10 +79,20 @@ pub fn check_span(start: i64, stop: i64, len: usize) -> Result<Range<usize>, Spa
     Ok(start as usize..stop as usize)
 }
 
-fn bucket_hash(d: &Digest) -> u64 {
-    let mut low = [0u8; 8];
-    low.copy_from_slice(&d[..8]);
-    u64::from_le_bytes(low)
+/// Ask the kernel to back a vector's memory with transparent huge pages (advice only: it
+/// changes no byte, and a refusal changes nothing). Only whole 2 MiB pages inside it count.
+fn advise_huge_pages<T>(v: &Vec<T>) {
+    const HUGE: usize = 2 << 20;
+    let begin = v.as_ptr() as usize;
+    let start = begin.next_multiple_of(HUGE);
+    let end = (begin + v.capacity() * std::mem::size_of::<T>()) / HUGE * HUGE;
+    if end > start {
+        // SAFETY: the range lies inside the vector's own allocation; MADV_HUGEPAGE does not
+        // change its contents or mapping, only how the kernel may back it.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -97,7 +103,7 @@ struct Node {
 }
 
 pub struct BlockSet {
-    table: HashTable<u32>,
+    table: Slots,
     nodes: Vec<Node>,
     /// Least recently used end of the list (the next `pop_front`).
     front: u32,
@@ -113,7 +119,7 @@ impl Default for BlockSet {
 
 impl BlockSet {
     pub fn new() -> Self {
-        BlockSet { table: HashTable::new(), nodes: Vec::new(), front: NIL, back: NIL }
+        BlockSet { table: Slots::new(), nodes: Vec::new(), front: NIL, back: NIL }
     }
 
     pub fn len(&self) -> usize {
@@ -126,24 +132,28 @@ impl BlockSet {
 
     /// Heap bytes held, from capacities (what the allocator really gave), not from `len`.
     pub fn heap_bytes(&self) -> usize {
-        self.table.allocation_size() + self.nodes.capacity() * std::mem::size_of::<Node>()
+        self.table.heap_bytes() + self.nodes.capacity() * std::mem::size_of::<Node>()
     }
 
     /// Room for `additional` more digests without regrowing (a restart adopting a known
     /// count). Refuses what could never fit instead of aborting on a failed allocation.
-    pub fn reserve(&mut self, additional: usize) -> Result<(), ReserveError> {
+    pub fn reserve(&mut self, additional: usize) -> Result<(), SetError> {
         if additional > MAX_LEN - self.len() {
-            return Err(ReserveError::Full(SetFull));
+            return Err(SetError::Full);
         }
-        let nodes = &self.nodes;
-        let no_memory = |_| ReserveError::NoMemory(additional);
-        self.table.try_reserve(additional, |&i| bucket_hash(&nodes[i as usize].digest)).map_err(no_memory)?;
-        self.nodes.try_reserve_exact(additional).map_err(|_| ReserveError::NoMemory(additional))
+        let no_memory = |_| SetError::NoMemory(additional);
+        let want = self.len() + additional;
+        if self.table.full_for(want) {
+            self.table.rebuild(want, self.nodes.iter().map(|n| &n.digest)).map_err(no_memory)?;
+        }
+        self.nodes.try_reserve_exact(additional).map_err(no_memory)?;
+        advise_huge_pages(&self.nodes);
+        Ok(())
     }
 
     fn find(&self, d: &Digest) -> Option<u32> {
         let nodes = &self.nodes;
-        self.table.find(bucket_hash(d), |&i| nodes[i as usize].digest == *d).copied()
+        self.table.find(d, |pos| nodes[pos as usize].digest)
     }
 
     pub fn contains(&self, d: &Digest) -> bool {
@@ -162,32 +172,28 @@ impl BlockSet {
 
     /// Add `d` at the most recent end; `Ok(false)` if it was present (its place is kept: a
     /// use is recorded by `touch`, not by adding again).
-    pub fn insert(&mut self, d: Digest) -> Result<bool, SetFull> {
-        let idx = self.nodes.len();
-        let nodes = &self.nodes;
-        let hash = bucket_hash(&d);
-        let entry = self.table.entry(
-            hash,
-            |&i| nodes[i as usize].digest == d,
-            |&i| bucket_hash(&nodes[i as usize].digest),
-        );
-        match entry {
-            Entry::Occupied(_) => Ok(false),
-            Entry::Vacant(v) => {
-                if idx >= MAX_LEN {
-                    return Err(SetFull);
-                }
-                v.insert(idx as u32);
-                if self.nodes.len() == self.nodes.capacity() {
-                    // 1.25x, not Vec's 2x: the arena is most of the bytes, and a doubled one
-                    // is half empty just after growing (big reallocs are page remaps anyway).
-                    self.nodes.reserve_exact((self.nodes.len() / 4).max(16));
-                }
-                self.nodes.push(Node { digest: d, prev: NIL, next: NIL });
-                self.link_back(idx as u32);
-                Ok(true)
-            }
+    pub fn insert(&mut self, d: Digest) -> Result<bool, SetError> {
+        if self.find(&d).is_some() {
+            return Ok(false);
         }
+        let idx = self.nodes.len();
+        if idx >= MAX_LEN {
+            return Err(SetError::Full);
+        }
+        if self.table.full_for(idx + 1) {
+            let digests = self.nodes.iter().map(|n| &n.digest);
+            self.table.rebuild(idx + 1, digests).map_err(|_| SetError::NoMemory(1))?;
+        }
+        if idx == self.nodes.capacity() {
+            // 1.25x, not Vec's 2x: the arena is most of the bytes, and a doubled one is half
+            // empty just after growing (big reallocs are page remaps anyway).
+            self.nodes.reserve_exact((idx / 4).max(16));
+            advise_huge_pages(&self.nodes);
+        }
+        self.table.insert_new(&d, idx as u32);
+        self.nodes.push(Node { digest: d, prev: NIL, next: NIL });
+        self.link_back(idx as u32);
+        Ok(true)
     }
 
     pub fn remove(&mut self, d: &Digest) -> bool {
@@ -277,9 +283,7 @@ impl BlockSet {
 
     fn remove_at(&mut self, idx: u32) {
         let d = self.nodes[idx as usize].digest;
-        if let Ok(slot) = self.table.find_entry(bucket_hash(&d), |&i| i == idx) {
-            slot.remove();
-        }
+        self.table.remove(&d, idx);
         self.unlink(idx);
         let last = (self.nodes.len() - 1) as u32;
         if idx != last {
@@ -294,9 +298,7 @@ impl BlockSet {
                 NIL => self.back = idx,
                 n => self.nodes[n as usize].prev = idx,
             }
-            if let Some(slot) = self.table.find_mut(bucket_hash(&moved.digest), |&i| i == last) {
-                *slot = idx;
-            }
+            self.table.repoint(&moved.digest, last, idx);
         }
         self.nodes.pop();
         self.shrink_if_sparse();
@@ -307,11 +309,19 @@ impl BlockSet {
         let (len, cap) = (self.nodes.len(), self.nodes.capacity());
         if cap > 1024 && len < cap / 4 {
             self.nodes.shrink_to(len * 2);
-            let nodes = &self.nodes;
-            self.table.shrink_to(len * 2, |&i| bucket_hash(&nodes[i as usize].digest));
+        }
+        if self.table.sparse_for(len) {
+            // A smaller table always fits: if even that allocation fails, keep the big one.
+            let mut smaller = Slots::new();
+            if smaller.rebuild(len, self.nodes.iter().map(|n| &n.digest)).is_ok() {
+                self.table = smaller;
+            }
         }
     }
 }
+
+#[path = "block_set_slots.rs"]
+mod slots;
 
 #[cfg(test)]
 #[path = "block_set_tests.rs"]

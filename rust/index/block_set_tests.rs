@@ -94,6 +94,42 @@ fn retain_is_an_intersection_in_order() {
     }
 }
 
+/// A digest with a chosen tag (its first 4 bytes pick the home slot).
+fn tagged(tag: u32, n: u8) -> Digest {
+    let mut d = [n; 16];
+    d[..4].copy_from_slice(&tag.to_le_bytes());
+    d
+}
+
+#[test]
+fn probe_chains_wrap_and_survive_removal() {
+    // Homes at the last slot wrap to the front, where keys homed at slot 0 collide with them.
+    let keys: Vec<Digest> =
+        (0..10).map(|n| tagged(u32::MAX, n)).chain((10..14).map(|n| tagged(0, n))).collect();
+    for first in 0..keys.len() {
+        for stride in [1, 3, 5] {
+            let mut s = BlockSet::new();
+            for k in &keys {
+                assert_eq!(s.insert(*k), Ok(true));
+            }
+            let mut gone = Vec::new();
+            let mut at = first;
+            for _ in 0..keys.len() {
+                assert!(s.remove(&keys[at]), "{first} {stride} {at}");
+                gone.push(at);
+                for (i, k) in keys.iter().enumerate() {
+                    assert_eq!(s.contains(k), !gone.contains(&i), "{first} {stride} after {gone:?}: {i}");
+                }
+                at = (at + stride) % keys.len();
+                while gone.contains(&at) && gone.len() < keys.len() {
+                    at = (at + 1) % keys.len();
+                }
+            }
+            assert!(s.is_empty());
+        }
+    }
+}
+
 #[test]
 fn memory_follows_the_set() {
     let mut s = BlockSet::new();
@@ -155,8 +191,8 @@ fn reserve_then_fill_does_not_regrow() {
         s.insert(d(n)).unwrap();
     }
     assert_eq!(s.heap_bytes(), before);
-    assert_eq!(s.reserve(MAX_LEN), Err(ReserveError::Full(SetFull)));
-    assert_eq!(s.reserve(MAX_LEN - 4999), Err(ReserveError::Full(SetFull)));
+    assert_eq!(s.reserve(MAX_LEN), Err(SetError::Full));
+    assert_eq!(s.reserve(MAX_LEN - 4999), Err(SetError::Full));
     assert_eq!(s.len(), 5000);
 }
 

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
 
-use crate::index::block_set::{check_span, digest, BlockSet, Digest, ReserveError, SetFull};
+use crate::index::block_set::{check_span, digest, BlockSet, Digest, SetError};
 
 /// Below this many keys a call keeps the GIL.
 const DETACH_MIN: usize = 64;
@@ -22,8 +22,11 @@ const FIRST_CHUNK: usize = 1;
 /// Calls over a whole key list work this many keys at a time.
 const CHUNK: usize = 1 << 16;
 
-fn full(_: SetFull) -> PyErr {
-    PyValueError::new_err(SetFull.to_string())
+fn set_error(e: SetError) -> PyErr {
+    match e {
+        SetError::Full => PyValueError::new_err(e.to_string()),
+        SetError::NoMemory(_) => PyMemoryError::new_err(e.to_string()),
+    }
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -150,7 +153,7 @@ impl PyBlockSet {
             }
             Ok(added)
         })
-        .map_err(full)
+        .map_err(set_error)
     }
 
     fn read_digests(digests: &Bound<'_, PyAny>) -> PyResult<Vec<Digest>> {
@@ -170,7 +173,7 @@ impl PyBlockSet {
     /// True if newly added. Adding a present key keeps its place in the LRU order.
     fn add(&self, py: Python<'_>, head: &[u8], hash: &[u8]) -> PyResult<bool> {
         let d = digest(head, hash);
-        self.locked(py, |s| s.insert(d)).map_err(full)
+        self.locked(py, |s| s.insert(d)).map_err(set_error)
     }
 
     fn add_key(&self, py: Python<'_>, key: &[u8]) -> PyResult<bool> {
@@ -182,9 +185,9 @@ impl PyBlockSet {
         for_chunks(keys, "keys", |ks| {
             added += self
                 .locked_for(py, ks.len(), |s| {
-                    ks.iter().try_fold(0, |n, k| Ok::<_, SetFull>(n + s.insert(digest(k, b""))? as usize))
+                    ks.iter().try_fold(0, |n, k| Ok::<_, SetError>(n + s.insert(digest(k, b""))? as usize))
                 })
-                .map_err(full)?;
+                .map_err(set_error)?;
             Ok(())
         })?;
         Ok(added)
@@ -341,10 +344,7 @@ impl PyBlockSet {
     fn reserve(&self, py: Python<'_>, additional: i64) -> PyResult<()> {
         let n = usize::try_from(additional)
             .map_err(|_| PyValueError::new_err(format!("additional must be >= 0, got {additional}")))?;
-        self.locked_for(py, n, |s| s.reserve(n)).map_err(|e| match e {
-            ReserveError::Full(_) => PyValueError::new_err(e.to_string()),
-            ReserveError::NoMemory(_) => PyMemoryError::new_err(e.to_string()),
-        })
+        self.locked_for(py, n, |s| s.reserve(n)).map_err(set_error)
     }
 
     /// Forget every key and release the memory.
