@@ -142,8 +142,8 @@ class BlockStore:
 @final
 class BlockSet:
     """Block keys (namespace head + block hash) kept as 16-byte digests (xxh3-128 of
-    head || hash, little-endian) in least-recently-used order, ~36 bytes per key: presence of
-    blocks that live only in a lower tier. A digest collision answers a false "present"; the
+    head || hash, little-endian) in least-recently-used order, 35-41 bytes per key: presence
+    of blocks that live only in a lower tier. A digest collision answers a false "present"; the
     worker's store verifies the full key in the block header and answers not_found, and the
     block is recomputed. Thread-safe; calls over many keys release the GIL."""
 
