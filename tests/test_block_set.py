@@ -63,50 +63,35 @@ class BlockSetMachine(RuleBasedStateMachine):
         self.s = BlockSet()
         self.m: OrderedDict[bytes, None] = OrderedDict()
 
-    def _add(self, key: bytes) -> bool:
-        if key in self.m:
+    def _apply(self, add: bool, key: bytes) -> bool:
+        """The reference's add or discard: True if it changed the set."""
+        if add == (key in self.m):
             return False
-        self.m[key] = None
+        if add:
+            self.m[key] = None
+        else:
+            del self.m[key]
         return True
 
-    @rule(head=head_st, h=hash_st)
-    def add(self, head: bytes, h: bytes) -> None:
-        assert self.s.add(head, h) == self._add(head + h)
+    @rule(add=st.booleans(), head=head_st, h=hash_st)
+    def add_or_discard(self, add: bool, head: bytes, h: bytes) -> None:
+        call = self.s.add if add else self.s.discard
+        assert call(head, h) == self._apply(add, head + h)
 
-    @rule(key=key_st)
-    def add_key(self, key: bytes) -> None:
-        assert self.s.add_key(key) == self._add(key)
+    @rule(add=st.booleans(), key=key_st)
+    def add_or_discard_key(self, add: bool, key: bytes) -> None:
+        call = self.s.add_key if add else self.s.discard_key
+        assert call(key) == self._apply(add, key)
 
-    @rule(keys=st.lists(key_st, max_size=8), kind=kind_st)
-    def add_keys(self, keys: list[bytes], kind: str) -> None:
-        assert self.s.add_keys(as_kind(keys, kind)) == sum(self._add(k) for k in keys)
+    @rule(add=st.booleans(), keys=st.lists(key_st, max_size=8), kind=kind_st)
+    def add_or_discard_keys(self, add: bool, keys: list[bytes], kind: str) -> None:
+        call = self.s.add_keys if add else self.s.discard_keys
+        assert call(as_kind(keys, kind)) == sum(self._apply(add, k) for k in keys)
 
-    @rule(keys=st.lists(key_st, max_size=8))
-    def add_digests(self, keys: list[bytes]) -> None:
-        assert self.s.add_digests([digest_of(k) for k in keys]) == sum(self._add(k) for k in keys)
-
-    def _discard(self, key: bytes) -> bool:
-        if key not in self.m:
-            return False
-        del self.m[key]
-        return True
-
-    @rule(head=head_st, h=hash_st)
-    def discard(self, head: bytes, h: bytes) -> None:
-        assert self.s.discard(head, h) == self._discard(head + h)
-
-    @rule(key=key_st)
-    def discard_key(self, key: bytes) -> None:
-        assert self.s.discard_key(key) == self._discard(key)
-
-    @rule(keys=st.lists(key_st, max_size=8), kind=kind_st)
-    def discard_keys(self, keys: list[bytes], kind: str) -> None:
-        assert self.s.discard_keys(as_kind(keys, kind)) == sum(self._discard(k) for k in keys)
-
-    @rule(keys=st.lists(key_st, max_size=8))
-    def discard_digests(self, keys: list[bytes]) -> None:
-        got = self.s.discard_digests([digest_of(k) for k in keys])
-        assert got == sum(self._discard(k) for k in keys)
+    @rule(add=st.booleans(), keys=st.lists(key_st, max_size=8))
+    def add_or_discard_digests(self, add: bool, keys: list[bytes]) -> None:
+        call = self.s.add_digests if add else self.s.discard_digests
+        assert call([digest_of(k) for k in keys]) == sum(self._apply(add, k) for k in keys)
 
     @rule(head=head_st, h=hash_st)
     def contains(self, head: bytes, h: bytes) -> None:
