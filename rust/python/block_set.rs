@@ -181,6 +181,12 @@ impl PyBlockSet {
     }
 
     fn add_keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n = seq_len(keys, "keys")?;
+        if n >= DETACH_MIN {
+            // A first fill (a restart adopting its inventory) is sized once, not grown 1.25x
+            // at a time: half the time per key. Failing is fine: growth will try again.
+            self.locked_for(py, n, |s| s.is_empty() && s.reserve(n).is_ok());
+        }
         let mut added = 0;
         for_chunks(keys, "keys", |ks| {
             added += self
