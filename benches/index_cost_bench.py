@@ -5,7 +5,8 @@ Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N (def
 2 M blocks; --quick: 20 K and 0.2 M):
 
   blockset   `_native.BlockSet` holding N keys (24-byte head + 32-byte hash): its `nbytes()`
-             (capacities) and the process RSS delta of filling it.
+             (capacities) and the process RSS delta when filled at once (a restart's adoption:
+             sized once), and `nbytes()` when grown 32 keys at a time (stores arriving).
   tier_index today's `TierIndex` holding N SSD-only blocks, adopted as at restart
              (`set_ssd(keys, True)`): tracemalloc delta, the keys included (the index holds them).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on
@@ -51,6 +52,7 @@ from flexkv_py.index.tier_index import HEAD_LEN, TierIndex
 HEAD = bytes(range(HEAD_LEN))  # namespace prefix (16) + variant (8)
 STORE_TAG = b"\0\0\0\0"  # rank tag in front of every stored key (namespace.SHARD_TAG)
 LOOKUP_SPAN = 8192
+STORE_BATCH = 32  # keys per add_keys when a BlockSet is grown as stores arrive
 BLOCK_DISK_BYTES = 8192  # header page + one payload page
 GOAL_BYTES = 100.0
 GOAL_REOPEN_PER_M = 1.0
@@ -114,10 +116,15 @@ def bench_blockset(hashes: list[bytes], seconds: float) -> dict[str, float]:
     s.add_keys(keys)
     fill_s = time.perf_counter() - t
     rss1 = rss_bytes()
+    # Filled as stores arrive (a few blocks per call): grown step by step, not sized once.
+    grown = BlockSet()
+    for at in range(0, n, STORE_BATCH):
+        grown.add_keys(keys[at : at + STORE_BATCH])
+    assert len(s) == len(grown) == n
     del keys
-    assert len(s) == n
     return {
         "nbytes_per_block": s.nbytes() / n,
+        "grown_nbytes_per_block": grown.nbytes() / n,
         "rss_per_block": (rss1 - rss0) / n,
         "fill_ns_per_key": fill_s / n * 1e9,
         **lookup_times(lambda q: s.prefix_run(HEAD, q, 0, len(q)), hashes, seconds),
@@ -267,6 +274,7 @@ def report(rows: list[dict[str, Any]], out: Any) -> None:
     head: tuple[str, ...] = (
         "blocks",
         "bset.nbytes",
+        "bset.grown",
         "bset.rss",
         "tier_index",
         "store",
@@ -280,6 +288,7 @@ def report(rows: list[dict[str, Any]], out: Any) -> None:
         cells: tuple[str, ...] = (
             str(r["blocks"]),
             fmt(r["blockset"]["nbytes_per_block"]),
+            fmt(r["blockset"]["grown_nbytes_per_block"]),
             fmt(r["blockset"]["rss_per_block"]),
             fmt(r["tier_index"]["tracemalloc_per_block"]),
             fmt(st.get("per_block")),
