@@ -1,0 +1,261 @@
+//! Unit tests of the presence set (`block_set.rs`): order, digests, spans, memory, and a
+//! model check against a VecDeque.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn d(n: u32) -> Digest {
+    digest(b"head", &n.to_le_bytes())
+}
+
+fn order(s: &BlockSet) -> Vec<Digest> {
+    s.iter().copied().collect()
+}
+
+#[test]
+fn digest_of_parts_is_digest_of_concatenation() {
+    for (head, hash) in
+        [(&b""[..], &b""[..]), (&[7u8; 24][..], &[9u8; 32][..]), (&[1u8; 24][..], &[2u8; 300][..])]
+    {
+        let whole = [head, hash].concat();
+        assert_eq!(digest(head, hash), xxh3_128(&whole).to_le_bytes());
+        assert_eq!(digest(&whole, b""), digest(head, hash));
+        assert_eq!(digest(b"", &whole), digest(head, hash));
+    }
+    // Both paths (stack copy, streaming) agree where they meet.
+    let long = [3u8; STACK_KEY + 1];
+    assert_eq!(digest(&long[..STACK_KEY], &long[STACK_KEY..]), xxh3_128(&long).to_le_bytes());
+    assert_ne!(digest(b"ab", b"c"), digest(b"a", b"bd"));
+}
+
+#[test]
+fn lru_order_add_touch_pop() {
+    let mut s = BlockSet::new();
+    for n in 0..5 {
+        assert_eq!(s.insert(d(n)), Ok(true));
+    }
+    assert_eq!(s.insert(d(2)), Ok(false), "re-adding keeps its place");
+    assert!(s.touch(&d(1)));
+    assert!(s.touch(&d(0)));
+    assert!(!s.touch(&d(99)));
+    assert_eq!(order(&s), [d(2), d(3), d(4), d(1), d(0)]);
+    assert_eq!(s.pop_front(), Some(d(2)));
+    assert_eq!(s.pop_front(), Some(d(3)));
+    assert_eq!(s.len(), 3);
+    assert!(!s.contains(&d(2)));
+    assert_eq!(order(&s), [d(4), d(1), d(0)]);
+}
+
+#[test]
+fn removal_anywhere_keeps_links_and_table_consistent() {
+    let mut s = BlockSet::new();
+    for n in 0..100 {
+        s.insert(d(n)).unwrap();
+    }
+    // Front, back, middle, and the arena's last node (the one that gets moved).
+    for n in [0, 99, 50, 98, 1] {
+        assert!(s.remove(&d(n)));
+        assert!(!s.remove(&d(n)));
+    }
+    let expect: Vec<Digest> = (2..98).filter(|&n| n != 50).map(d).collect();
+    assert_eq!(order(&s), expect);
+    for n in 0..100 {
+        assert_eq!(s.contains(&d(n)), expect.contains(&d(n)), "{n}");
+    }
+    while s.pop_front().is_some() {}
+    assert!(s.is_empty());
+    assert_eq!(order(&s), Vec::<Digest>::new());
+    assert_eq!(s.insert(d(7)), Ok(true));
+    assert_eq!(order(&s), [d(7)]);
+}
+
+#[test]
+fn retain_is_an_intersection_in_order() {
+    // Big enough that the arena shrinks while retain walks it.
+    let mut a = BlockSet::new();
+    let mut b = BlockSet::new();
+    for n in 0..10_000 {
+        a.insert(d(n)).unwrap();
+    }
+    for n in (0..20_000).step_by(10) {
+        b.insert(d(n)).unwrap();
+    }
+    a.touch(&d(0));
+    let before = a.heap_bytes();
+    a.retain(|x| b.contains(x));
+    assert!(a.heap_bytes() < before / 2, "{} of {before}", a.heap_bytes());
+    let mut expect: Vec<Digest> = (10..10_000).step_by(10).map(d).collect();
+    expect.push(d(0));
+    assert_eq!(order(&a), expect);
+    assert_eq!(a.len(), expect.len());
+    for n in 0..10_000 {
+        assert_eq!(a.contains(&d(n)), n % 10 == 0, "{n}");
+    }
+}
+
+/// A digest with a chosen tag (its first 4 bytes pick the home slot).
+fn tagged(tag: u32, n: u8) -> Digest {
+    let mut d = [n; 16];
+    d[..4].copy_from_slice(&tag.to_le_bytes());
+    d
+}
+
+#[test]
+fn probe_chains_wrap_and_survive_removal() {
+    // Homes at the last slot wrap to the front, where keys homed at slot 0 collide with them.
+    let keys: Vec<Digest> =
+        (0..10).map(|n| tagged(u32::MAX, n)).chain((10..14).map(|n| tagged(0, n))).collect();
+    for first in 0..keys.len() {
+        for stride in [1, 3, 5] {
+            let mut s = BlockSet::new();
+            for k in &keys {
+                assert_eq!(s.insert(*k), Ok(true));
+            }
+            let mut gone = Vec::new();
+            let mut at = first;
+            for _ in 0..keys.len() {
+                assert!(s.remove(&keys[at]), "{first} {stride} {at}");
+                gone.push(at);
+                for (i, k) in keys.iter().enumerate() {
+                    assert_eq!(s.contains(k), !gone.contains(&i), "{first} {stride} after {gone:?}: {i}");
+                }
+                at = (at + stride) % keys.len();
+                while gone.contains(&at) && gone.len() < keys.len() {
+                    at = (at + 1) % keys.len();
+                }
+            }
+            assert!(s.is_empty());
+        }
+    }
+}
+
+#[test]
+fn memory_follows_the_set() {
+    let mut s = BlockSet::new();
+    assert_eq!(s.heap_bytes(), 0);
+    for n in 0..100_000 {
+        s.insert(d(n)).unwrap();
+    }
+    let full = s.heap_bytes();
+    assert!(full >= 100_000 * 29, "{full}");
+    assert!(full <= 100_000 * 48, "{full} bytes for 100k digests");
+    for _ in 0..99_000 {
+        s.pop_front();
+    }
+    assert!(s.heap_bytes() < full / 8, "shrinks after mass removal: {}", s.heap_bytes());
+    assert_eq!(s.len(), 1000);
+    assert_eq!(order(&s), (99_000..100_000).map(d).collect::<Vec<_>>());
+    s.clear();
+    assert_eq!((s.len(), s.heap_bytes()), (0, 0));
+}
+
+#[test]
+fn prefix_run_and_mask_boundaries() {
+    let mut s = BlockSet::new();
+    let hashes: Vec<[u8; 4]> = (0u32..10).map(|n| n.to_le_bytes()).collect();
+    let hs: Vec<&[u8]> = hashes.iter().map(|h| &h[..]).collect();
+    assert_eq!(s.prefix_run(b"h", &hs), 0, "empty set");
+    assert_eq!(s.present_mask(b"h", &[]), Vec::<u8>::new());
+    for h in &hs[..4] {
+        s.insert(digest(b"h", h)).unwrap();
+    }
+    s.insert(digest(b"h", hs[6])).unwrap();
+    assert_eq!(s.prefix_run(b"h", &hs), 4);
+    assert_eq!(s.prefix_run(b"h", &hs[..3]), 3, "all present");
+    assert_eq!(s.prefix_run(b"h", &hs[4..]), 0, "absent first");
+    assert_eq!(s.prefix_run(b"other", &hs), 0, "another head is another key");
+    assert_eq!(s.present_mask(b"h", &hs), [1, 1, 1, 1, 0, 0, 1, 0, 0, 0]);
+    // head || hash is the key: the split between them does not matter.
+    assert_eq!(s.prefix_run(b"", &[b"h\0\0\0\0"]), 1);
+}
+
+#[test]
+fn spans_are_checked_not_clamped() {
+    assert_eq!(check_span(0, 0, 0), Ok(0..0));
+    assert_eq!(check_span(3, 3, 3), Ok(3..3));
+    assert_eq!(check_span(1, 4, 4), Ok(1..4));
+    assert_eq!(check_span(2, 1, 4), Err(SpanError::Reversed(2, 1)));
+    assert_eq!(check_span(0, 5, 4), Err(SpanError::PastEnd(5, 4)));
+    assert_eq!(check_span(5, 5, 4), Err(SpanError::PastEnd(5, 4)));
+    assert_eq!(check_span(-1, 2, 4), Err(SpanError::Negative(-1, 2)));
+    assert_eq!(check_span(0, i64::MAX, 4), Err(SpanError::PastEnd(i64::MAX, 4)));
+}
+
+#[test]
+fn reserve_then_fill_does_not_regrow() {
+    let mut s = BlockSet::new();
+    s.reserve(5000).unwrap();
+    let before = s.heap_bytes();
+    for n in 0..5000 {
+        s.insert(d(n)).unwrap();
+    }
+    assert_eq!(s.heap_bytes(), before);
+    assert_eq!(s.reserve(MAX_LEN), Err(SetError::Full));
+    assert_eq!(s.reserve(MAX_LEN - 4999), Err(SetError::Full));
+    assert_eq!(s.len(), 5000);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u8),
+    Remove(u8),
+    Touch(u8),
+    Pop,
+    /// Keep the values whose bit (value % 64) is set in the mask (an intersection).
+    Retain(u64),
+    Clear,
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..40).prop_map(Op::Insert),
+        2 => (0u8..40).prop_map(Op::Remove),
+        2 => (0u8..40).prop_map(Op::Touch),
+        1 => Just(Op::Pop),
+        1 => any::<u64>().prop_map(Op::Retain),
+        1 => Just(Op::Clear),
+    ]
+}
+
+proptest! {
+    /// Every operation against a VecDeque of values in LRU order.
+    #[test]
+    fn matches_an_lru_model(ops in proptest::collection::vec(arb_op(), 0..200)) {
+        let mut s = BlockSet::new();
+        let mut model: std::collections::VecDeque<u8> = Default::default();
+        let dv = |v: u8| d(u32::from(v));
+        for op in ops {
+            match op {
+                Op::Insert(v) => {
+                    let new = !model.contains(&v);
+                    if new { model.push_back(v); }
+                    prop_assert_eq!(s.insert(dv(v)), Ok(new));
+                }
+                Op::Remove(v) => {
+                    let at = model.iter().position(|&x| x == v);
+                    if let Some(i) = at { model.remove(i); }
+                    prop_assert_eq!(s.remove(&dv(v)), at.is_some());
+                }
+                Op::Touch(v) => {
+                    let at = model.iter().position(|&x| x == v);
+                    if let Some(i) = at { model.remove(i); model.push_back(v); }
+                    prop_assert_eq!(s.touch(&dv(v)), at.is_some());
+                }
+                Op::Pop => prop_assert_eq!(s.pop_front(), model.pop_front().map(dv)),
+                Op::Retain(mask) => {
+                    let keep = |v: u8| mask >> (v % 64) & 1 == 1;
+                    model.retain(|&v| keep(v));
+                    let kept: Vec<Digest> = model.iter().map(|&v| dv(v)).collect();
+                    s.retain(|x| kept.contains(x));
+                }
+                Op::Clear => { model.clear(); s.clear(); }
+            }
+            prop_assert_eq!(order(&s), model.iter().map(|&v| dv(v)).collect::<Vec<_>>());
+            prop_assert_eq!(s.len(), model.len());
+            for v in 0u8..40 {
+                prop_assert_eq!(s.contains(&dv(v)), model.contains(&v));
+            }
+        }
+    }
+}
