@@ -28,3 +28,12 @@ __all__ = [
     "StorageFullError",
     "StoreLockedError",
 ]
+
+
+# Engineer D's branch (i9-edge) defines this class beside the other Python-side errors; until it
+# merges, the index needs it here (same name, same bases).
+class InternalStateError(FlexKVError, RuntimeError):  # type: ignore[misc]
+    """A bug: a state transition that the component does not allow."""
+
+
+__all__ += ["InternalStateError"]
