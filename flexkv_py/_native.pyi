@@ -139,6 +139,54 @@ class BlockStore:
     def __exit__(self, *exc: object) -> None: ...
     def __len__(self) -> int: ...
 
+@final
+class BlockSet:
+    """Block keys (namespace head + block hash) kept as 16-byte digests (xxh3-128 of
+    head || hash, little-endian) in least-recently-used order, ~36 bytes per key: presence of
+    blocks that live only in a lower tier. A digest collision answers a false "present"; the
+    worker's store verifies the full key in the block header and answers not_found, and the
+    block is recomputed. Thread-safe; calls over many keys release the GIL."""
+
+    def __init__(self) -> None: ...
+    def add(self, head: bytes, hash: bytes) -> bool:
+        """True if newly added; adding a present key keeps its place in the LRU order."""
+    def add_key(self, key: bytes) -> bool:
+        """`add` of a full key (head + hash): the same digest."""
+    def add_keys(self, keys: Sequence[bytes]) -> int:
+        """How many were newly added."""
+    def add_digests(self, digests: Sequence[bytes]) -> int:
+        """`add_keys` for digests already made (`digest`, `pop_lru`); each is 16 bytes."""
+    def discard(self, head: bytes, hash: bytes) -> bool: ...
+    def discard_key(self, key: bytes) -> bool: ...
+    def discard_keys(self, keys: Sequence[bytes]) -> int: ...
+    def discard_digests(self, digests: Sequence[bytes]) -> int: ...
+    def contains(self, head: bytes, hash: bytes) -> bool: ...
+    def __contains__(self, key: object, /) -> bool:
+        """Full-key membership; a key that is not bytes raises TypeError."""
+    def __len__(self) -> int: ...
+    def prefix_run(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
+        """How many consecutive hashes[start:stop] are present (stops at the first absent one).
+        ValueError unless 0 <= start <= stop <= len(hashes)."""
+    def present_mask(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> bytes:
+        """One byte per hashes[start:stop]: 1 present, 0 absent."""
+    def touch(self, head: bytes, hashes: Sequence[bytes]) -> None:
+        """Move each present key to the most recent end, in the order given."""
+    def pop_lru(self, n: int) -> list[bytes]:
+        """Remove and return up to n digests, least recently used first."""
+    def digests(self) -> list[bytes]:
+        """Every digest, least recently used first."""
+    @staticmethod
+    def digest(head: bytes, hash: bytes) -> bytes:
+        """The 16-byte digest that (head, hash) is kept as."""
+    def intersect_update(self, other: BlockSet) -> None:
+        """Keep only the digests also in `other` (what every TP rank holds); order kept."""
+    def reserve(self, additional: int) -> None:
+        """Room for `additional` more keys without regrowing."""
+    def clear(self) -> None:
+        """Forget every key and release the memory."""
+    def nbytes(self) -> int:
+        """Heap bytes held (table and arena capacities)."""
+
 def content_hash(data: Buffer, algorithm: Literal["xxh3-128", "blake3"] = "xxh3-128") -> bytes: ...
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:

@@ -3,6 +3,7 @@
 //! extent is released only when both counts reach zero.
 
 pub mod admission;
+pub mod block_set;
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

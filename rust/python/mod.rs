@@ -1,6 +1,7 @@
 //! PyO3 bindings: `flexkv_py._native`. Every call that does I/O, hashing or compression runs
 //! with the GIL released (`py.detach`).
 
+mod block_set;
 mod buffers;
 mod errors;
 mod log_bridge;
@@ -20,6 +21,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyBatchHandle>()?;
     m.add_class::<store::PyBlockResult>()?;
     m.add_class::<pool::PyHostPool>()?;
+    m.add_class::<block_set::PyBlockSet>()?;
     m.add_function(wrap_pyfunction!(store::content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(store::io_uring_available, m)?)?;
     m.add_function(wrap_pyfunction!(store::set_fault_delays, m)?)?;

@@ -1,0 +1,314 @@
+"""`_native.BlockSet`: the compact presence set, against a Python reference (an OrderedDict of
+full keys in LRU order), plus its digest format, bad input and concurrent use."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from flexkv_py._native import BlockSet, content_hash
+
+# Two namespace heads (24 bytes, as the index's) and one short one; hashes of several lengths.
+# head + hash is what identifies a key, so (b"", b"AB") and (b"A", b"B") are one key.
+HEADS = (b"A" * 24, b"B" * 24, b"A")
+HASHES = (b"", b"A", b"x" * 8, b"y" * 32, b"A" * 23, b"z" * 200)
+PAIRS = [(h, x) for h in HEADS for x in HASHES]
+
+head_st = st.sampled_from(HEADS)
+hash_st = st.sampled_from(HASHES)
+key_st = st.sampled_from([h + x for h, x in PAIRS])
+
+
+def digest_of(key: bytes) -> bytes:
+    return BlockSet.digest(key, b"")
+
+
+class _Seq(Sequence[bytes]):
+    """A sequence that is neither list nor tuple (the generic path)."""
+
+    def __init__(self, items: Sequence[bytes]) -> None:
+        self._items = list(items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | Sequence[bytes]:
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._items)
+
+
+def as_kind(items: list[bytes], kind: str) -> Any:
+    return {"list": items, "tuple": tuple(items), "seq": _Seq(items)}[kind]
+
+
+kind_st = st.sampled_from(("list", "tuple", "seq"))
+
+
+class BlockSetMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = BlockSet()
+        self.m: OrderedDict[bytes, None] = OrderedDict()
+
+    def _add(self, key: bytes) -> bool:
+        if key in self.m:
+            return False
+        self.m[key] = None
+        return True
+
+    @rule(head=head_st, h=hash_st)
+    def add(self, head: bytes, h: bytes) -> None:
+        assert self.s.add(head, h) == self._add(head + h)
+
+    @rule(key=key_st)
+    def add_key(self, key: bytes) -> None:
+        assert self.s.add_key(key) == self._add(key)
+
+    @rule(keys=st.lists(key_st, max_size=8), kind=kind_st)
+    def add_keys(self, keys: list[bytes], kind: str) -> None:
+        assert self.s.add_keys(as_kind(keys, kind)) == sum(self._add(k) for k in keys)
+
+    @rule(keys=st.lists(key_st, max_size=8))
+    def add_digests(self, keys: list[bytes]) -> None:
+        assert self.s.add_digests([digest_of(k) for k in keys]) == sum(self._add(k) for k in keys)
+
+    def _discard(self, key: bytes) -> bool:
+        if key not in self.m:
+            return False
+        del self.m[key]
+        return True
+
+    @rule(head=head_st, h=hash_st)
+    def discard(self, head: bytes, h: bytes) -> None:
+        assert self.s.discard(head, h) == self._discard(head + h)
+
+    @rule(key=key_st)
+    def discard_key(self, key: bytes) -> None:
+        assert self.s.discard_key(key) == self._discard(key)
+
+    @rule(keys=st.lists(key_st, max_size=8), kind=kind_st)
+    def discard_keys(self, keys: list[bytes], kind: str) -> None:
+        assert self.s.discard_keys(as_kind(keys, kind)) == sum(self._discard(k) for k in keys)
+
+    @rule(keys=st.lists(key_st, max_size=8))
+    def discard_digests(self, keys: list[bytes]) -> None:
+        got = self.s.discard_digests([digest_of(k) for k in keys])
+        assert got == sum(self._discard(k) for k in keys)
+
+    @rule(head=head_st, h=hash_st)
+    def contains(self, head: bytes, h: bytes) -> None:
+        assert self.s.contains(head, h) == (head + h in self.m)
+        assert (head + h in self.s) == (head + h in self.m)
+
+    @rule(head=head_st, hashes=st.lists(hash_st, max_size=10), kind=kind_st, data=st.data())
+    def prefix_run_and_mask(
+        self, head: bytes, hashes: list[bytes], kind: str, data: st.DataObject
+    ) -> None:
+        start = data.draw(st.integers(0, len(hashes)))
+        stop = data.draw(st.integers(start, len(hashes)))
+        mask = bytes(head + h in self.m for h in hashes[start:stop])
+        run = (mask + b"\0").index(b"\0")
+        seq = as_kind(hashes, kind)
+        assert self.s.prefix_run(head, seq, start, stop) == run
+        assert self.s.present_mask(head, seq, start, stop) == mask
+
+    @rule(head=head_st, hashes=st.lists(hash_st, max_size=6), kind=kind_st)
+    def touch(self, head: bytes, hashes: list[bytes], kind: str) -> None:
+        self.s.touch(head, as_kind(hashes, kind))
+        for h in hashes:
+            if head + h in self.m:
+                self.m.move_to_end(head + h)
+
+    @rule(n=st.integers(0, 6))
+    def pop_lru(self, n: int) -> None:
+        expect = [digest_of(self.m.popitem(last=False)[0]) for _ in range(min(n, len(self.m)))]
+        assert self.s.pop_lru(n) == expect
+
+    @rule(keys=st.lists(key_st, max_size=12))
+    def intersect_update(self, keys: list[bytes]) -> None:
+        other = BlockSet()
+        other.add_keys(keys)
+        self.s.intersect_update(other)
+        for k in [k for k in self.m if k not in keys]:
+            del self.m[k]
+        assert len(other) == len(set(keys)), "the other set is not changed"
+
+    @rule()
+    def intersect_with_itself(self) -> None:
+        self.s.intersect_update(self.s)
+
+    @rule()
+    def clear(self) -> None:
+        self.s.clear()
+        self.m.clear()
+        assert self.s.nbytes() == 0
+
+    @invariant()
+    def same_members_in_lru_order(self) -> None:
+        assert len(self.s) == len(self.m)
+        assert self.s.digests() == [digest_of(k) for k in self.m]
+
+    @invariant()
+    def nbytes_covers_every_entry(self) -> None:
+        # 24-byte arena node + a 4-byte table slot and its control byte, at the least.
+        assert self.s.nbytes() >= 29 * len(self.m)
+
+
+BlockSetMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=40, deadline=None
+)
+test_block_set_state_machine = BlockSetMachine.TestCase
+
+
+def test_digest_is_xxh3_128_of_the_full_key() -> None:
+    head, h = b"H" * 24, b"\x01" * 32
+    d = BlockSet.digest(head, h)
+    assert len(d) == 16
+    assert d == content_hash(head + h, "xxh3-128") == BlockSet().digest(head + h, b"")
+    long_hash = bytes(range(256)) * 2  # past the stack-copy path
+    assert BlockSet.digest(head, long_hash) == content_hash(head + long_hash, "xxh3-128")
+    s = BlockSet()
+    assert s.add(head, h) and not s.add_key(head + h) and head + h in s
+    assert s.digests() == [d]
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "seq"])
+@pytest.mark.parametrize("start", [0, 7])
+def test_prefix_run_across_chunk_boundaries(kind: str, start: int) -> None:
+    """prefix_run borrows hashes in growing chunks (16, 128, 1024, ...): a miss right before,
+    at and after each boundary, and a full run."""
+    head = b"N" * 24
+    hashes = [i.to_bytes(8, "little") for i in range(5000)]
+    s = BlockSet()
+    s.add_keys([head + h for h in hashes])
+    seq = as_kind(hashes, kind)
+    assert s.prefix_run(head, seq, start, len(hashes)) == len(hashes) - start
+    for miss in (0, 15, 16, 17, 143, 144, 145, 1167, 1168, 1169, 4999):
+        if miss < start:
+            continue
+        assert s.discard(head, hashes[miss])
+        assert s.prefix_run(head, seq, start, len(hashes)) == miss - start
+        assert s.prefix_run(head, seq, start, miss) == miss - start
+        mask = s.present_mask(head, seq, start, len(hashes))
+        assert mask.count(0) == 1 and mask.index(0) == miss - start
+        assert s.add(head, hashes[miss])
+
+
+def test_bad_ranges_are_value_errors() -> None:
+    s, head = BlockSet(), b"h" * 24
+    hashes = [b"a", b"b"]
+    s.add(head, b"a")
+    for start, stop in ((2, 1), (3, 3), (0, 3), (-1, 1), (0, -1)):
+        with pytest.raises(ValueError):
+            s.prefix_run(head, hashes, start, stop)
+        with pytest.raises(ValueError):
+            s.present_mask(head, hashes, start, stop)
+    assert s.prefix_run(head, hashes, 2, 2) == 0 and s.present_mask(head, hashes, 2, 2) == b""
+    assert s.prefix_run(head, hashes, 0, 2) == 1
+    with pytest.raises(ValueError):
+        s.pop_lru(-1)
+    with pytest.raises(ValueError, match="16 bytes"):
+        s.discard_digests([BlockSet.digest(head, b"a"), b"short"])
+    with pytest.raises(ValueError, match="16 bytes"):
+        s.add_digests([b"x" * 17])
+    assert len(s) == 1, "a rejected call changes nothing"
+
+
+def test_non_bytes_are_type_errors() -> None:
+    s, head = BlockSet(), b"h" * 24
+    with pytest.raises(TypeError):
+        s.add("h", b"x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.add(head, bytearray(b"x"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.add_key(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"keys\[1\] must be bytes"):
+        s.add_keys([b"ok", 1])  # type: ignore[list-item]
+    assert len(s) == 0, "nothing is added when an item is rejected"
+    for not_a_list in (b"abc", "abc", 5, None):
+        with pytest.raises(TypeError):
+            s.add_keys(not_a_list)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            s.prefix_run(head, not_a_list, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"hashes\[0\] must be bytes, not str"):
+        s.present_mask(head, ["a"], 0, 1)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        s.touch(head, [None])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _ = 1 in s
+    with pytest.raises(TypeError):
+        s.intersect_update(set())  # type: ignore[arg-type]
+
+
+def test_memory_per_key_is_compact() -> None:
+    s, head = BlockSet(), b"h" * 24
+    n = 300_000
+    s.add_keys([head + i.to_bytes(32, "little") for i in range(n)])
+    assert len(s) == n
+    assert 29 * n <= s.nbytes() <= 48 * n, s.nbytes() / n
+    assert len(s.pop_lru(n - 1000)) == n - 1000
+    assert s.nbytes() < 48 * n / 8, "memory is given back after mass removal"
+    s.clear()
+    assert len(s) == 0 and s.nbytes() == 0
+
+
+def test_concurrent_use_from_threads() -> None:
+    """Readers, writers and cross intersections (a with b beside b with a) on two sets: no
+    deadlock, and the result is what the writers left."""
+    head = b"T" * 24
+    hashes = [i.to_bytes(8, "little") for i in range(4000)]
+    a, b = BlockSet(), BlockSet()
+    a.add_keys([head + h for h in hashes])
+    b.add_keys([head + h for h in hashes])
+    errors: list[BaseException] = []
+
+    def run(fn: Any) -> None:
+        try:
+            for _ in range(30):
+                fn()
+        except BaseException as e:
+            errors.append(e)
+
+    jobs = [
+        lambda: a.intersect_update(b),
+        lambda: b.intersect_update(a),
+        lambda: a.prefix_run(head, hashes, 0, len(hashes)),
+        lambda: b.touch(head, hashes[::7]),
+        lambda: a.present_mask(head, hashes, 10, 3000),
+    ]
+    threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors, errors
+    assert len(a) == len(b) == len(hashes)
+    # Writers on both sets at once: odd hashes leave a, multiples of 3 leave b.
+    drop_a = [head + h for h in hashes[1::2]]
+    drop_b = [head + h for h in hashes[::3]]
+    writers = [
+        threading.Thread(target=a.discard_keys, args=(drop_a,)),
+        threading.Thread(target=b.discard_keys, args=(drop_b,)),
+        threading.Thread(target=a.intersect_update, args=(b,)),
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=120)
+    a.intersect_update(b)
+    expect = {head + h for i, h in enumerate(hashes) if i % 2 == 0 and i % 3 != 0}
+    assert set(a.digests()) == {digest_of(k) for k in expect}
