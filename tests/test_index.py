@@ -14,12 +14,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from flexkv_py.config.admission import AdmissionSpec
 from flexkv_py.errors import ConfigError
 from flexkv_py.index import (
+    LOWER_TIERS,
     AdmissionPolicy,
     FIFOPolicy,
     IndexStateError,
     LFUPolicy,
     LRUPolicy,
-    LOWER_TIERS,
     Namespace,
     Tier,
     TierIndex,
@@ -602,11 +602,27 @@ class TierIndexMachine(RuleBasedStateMachine):
     @invariant()
     def hashes_by_head_mirror_entries(self) -> None:
         by_head = self.idx._by_head
-        long_keys = {k for k in self.idx.keys() if len(k) > 24}
+        long_keys = {k for k in self.idx._entries if len(k) > 24}
         assert sum(len(sub) for sub in by_head.values()) == len(long_keys)
         assert all(sub for sub in by_head.values())
         for k in long_keys:
             assert by_head[k[:24]][k[24:]] is self.idx._entries[k]
+
+    @invariant()
+    def cold_blocks_have_no_entry(self) -> None:
+        """A block with only lower-tier copies and nothing in flight is cold (in the per-tier
+        sets, no Entry); every other block is an Entry; never both."""
+        cold = {
+            k
+            for k, e in self.m.items()
+            if e.host == "none" and e.pins == 0 and not e.pending and not e.stale and e.lower
+            if len(k) > 24
+        }
+        assert set(self.idx._cold.keys()) == cold
+        assert not cold & set(self.idx._entries)
+        for tier in LOWER_TIERS:
+            on = {k for k in cold if tier in self.m[k].lower}
+            assert self.idx.counts()[f"cold_{tier.value}"] == len(on)
 
     @invariant()
     def entries_agree(self) -> None:

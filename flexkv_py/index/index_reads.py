@@ -11,7 +11,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError
+from flexkv_py.index.cold_blocks import ColdBlocks
+from flexkv_py.index.entry import TIER_BIT, Entry, fastest_of
 from flexkv_py.index.head_map import HEAD_LEN, HeadMap
 from flexkv_py.index.host_slots import HostSlots
 from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
@@ -38,27 +39,23 @@ class IndexReads:
         self._policy = eviction or LRUPolicy()
         self.num_host_slots = num_host_slots
         self._garbage: dict[Tier, list[bytes]] = {}
+        # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
+        self._cold = ColdBlocks()
         # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
         self._ghost: OrderedDict[bytes, int] = OrderedDict()
         if ghost_capacity is None:
             ghost_capacity = max(1024, num_host_slots)
         self._ghost_capacity = ghost_capacity
 
-    def _get(self, key: bytes) -> Entry:
-        e = self._entries.get(key)
-        if e is None:
-            raise IndexStateError(f"unknown key {key.hex()}")
-        return e
-
     # --- queries ---
     def match(self, keys: Sequence[bytes]) -> list[Tier]:
         """Tier to read each key from, for the longest readable prefix starting at block 0."""
         out: list[Tier] = []
         with self._lock:
-            get = self._entries.get
+            get, cold = self._entries.get, self._cold
             for key in keys:
                 e = get(key)
-                tier = e.best_tier() if e is not None else None
+                tier = e.best_tier() if e is not None else fastest_of(cold.mask(key))
                 if tier is None:
                     break
                 out.append(tier)
@@ -84,12 +81,21 @@ class IndexReads:
         span = keys if start == 0 and stop == n else keys[start:stop]
         i = start
         with self._lock:
-            # map() calls dict.get from C: ~25 % faster than a bound get(key) per key.
-            for e in map(self._entries.get, span):
-                if e is None or e.stale or not (e.host_ready or e.lower):
-                    break
-                i += 1
-        return i
+            get, has = self._entries.get, self._cold.has
+            while True:
+                # map() calls dict.get from C: ~25 % faster than a bound get(key) per key.
+                for e in map(get, span):
+                    if e is None or e.stale or not (e.host_ready or e.lower):
+                        break
+                    i += 1
+                # Stopped at the end, at an unreadable entry, or at a key with no entry: only
+                # the last may be a run of cold blocks.
+                j = i
+                while j < stop and keys[j] not in self._entries and has(keys[j]):
+                    j += 1
+                if j == i or j == stop:
+                    return j
+                i, span = j, keys[j:stop]
 
     def readable_hashes(
         self, head: bytes, hashes: Sequence[bytes], start: int = 0, stop: int | None = None
@@ -105,25 +111,33 @@ class IndexReads:
         span = hashes if start == 0 and stop == n else hashes[start:stop]
         i = start
         with self._lock:
-            sub = self._heads.get(head)
-            if sub is None:
-                return start
-            for e in map(sub.get, span):
-                if e is None or e.stale or not (e.host_ready or e.lower):
-                    break
-                i += 1
-        return i
+            sub = self._heads.get(head) or {}
+            get, cold = sub.get, self._cold
+            while True:
+                for e in map(get, span):
+                    if e is None or e.stale or not (e.host_ready or e.lower):
+                        break
+                    i += 1
+                if i == stop or hashes[i] in sub:  # the end, or an unreadable entry
+                    return i
+                j = cold.run(head, hashes, i, stop)  # blocks with no entry: cold ones?
+                if j == i or j == stop:
+                    return j
+                i, span = j, hashes[j:stop]
 
     def known(self, key: bytes) -> bool:
         """True if the key has any copy, readable or in flight (storing it again is redundant)."""
         with self._lock:
-            return key in self._entries
+            return key in self._entries or self._cold.has(key)
 
     def entry(self, key: bytes) -> Entry | None:
         """A copy of the key's entry (for tests and diagnostics)."""
         with self._lock:
             e = self._entries.get(key)
-            return None if e is None else copy.copy(e)
+            if e is not None:
+                return copy.copy(e)
+            mask = self._cold.mask(key)
+            return Entry(lower=mask, hits=self._ghost.get(key, 0)) if mask else None
 
     def hits(self, key: bytes) -> int:
         with self._lock:
@@ -131,12 +145,12 @@ class IndexReads:
             return e.hits if e is not None else self._ghost.get(key, 0)
 
     def keys(self) -> list[bytes]:
+        """Every key the index holds, warm and cold (slow: for tests and diagnostics)."""
         with self._lock:
-            return list(self._entries)
+            return list(self._entries) + self._cold.keys()
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
+        return len(self.keys())
 
     @property
     def free_slots(self) -> int:
@@ -147,7 +161,7 @@ class IndexReads:
         with self._lock:
             es = self._entries.values()
             out = {
-                "keys": len(self._entries),
+                "keys": len(self._entries),  # warm: entries (cold blocks: cold_*)
                 "host_ready": sum(e.host_ready for e in es),
                 "host_filling": sum(e.host_slot is not None and not e.host_ready for e in es),
                 "evicting": sum(e.evicting for e in es),
@@ -155,13 +169,17 @@ class IndexReads:
             }
             for tier in LOWER_TIERS:
                 bit = TIER_BIT[tier]
-                out[f"on_{tier.value}"] = sum(bool(e.lower & bit) for e in es)
+                cold = self._cold.count(tier)
+                out[f"on_{tier.value}"] = sum(bool(e.lower & bit) for e in es) + cold
+                out[f"cold_{tier.value}"] = cold
                 out[f"{tier.value}_pending"] = sum(bool(e.pending & bit) for e in es)
             out.update(
                 pinned=sum(e.pins > 0 for e in es),
                 stale=sum(e.stale for e in es),
                 evictable=len(self._policy),
                 free_slots=len(self._slots.free),
+                cold_set_bytes=self._cold.set_bytes(),
+                cold_arena_bytes=self._cold.arena_bytes(),
             )
             return out
 

@@ -27,6 +27,12 @@ there. Pins (refcounts) protect blocks used by in-flight jobs: a releasing slot 
 last unpin. A block is evictable exactly when its host copy is ready, unpinned and not already
 evicting; the eviction policy tracks only evictable keys, so choosing a victim is O(1). Every
 public method takes one lock: thread-safe.
+
+Warm and cold. A block with a host copy, a pin or a write in flight is an `Entry` (warm); one
+that only has lower-tier copies is cold: a 16-byte digest in a per-tier `BlockSet`
+(cold_blocks.py), ~70 B instead of ~200, so a tier of millions of blocks fits the budget of 100 B
+per block. `_add` / `_get` warm a cold block (a load pins it, a write to another tier starts);
+`_settle` cools an entry that has nothing but lower-tier copies left. Queries read both.
 """
 
 from __future__ import annotations
@@ -51,10 +57,30 @@ class TierIndex(IndexReads):
     """
 
     # --- internal helpers (lock held) ---
-    def _add(self, key: bytes) -> Entry:
-        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0))
+    def _add(self, key: bytes, lower: int | None = None) -> Entry:
+        """A new entry for `key`; a cold block becomes warm (its lower-tier bits move over)."""
+        if lower is None:
+            lower = self._cold.take(key)
+        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0), lower=lower)
         self._heads.add(key, e)
         return e
+
+    def _get(self, key: bytes) -> Entry:
+        """The key's entry, warming a cold block; IndexStateError for an unknown key."""
+        e = self._entries.get(key)
+        if e is None:
+            lower = self._cold.take(key)
+            if not lower:
+                raise IndexStateError(f"unknown key {key.hex()}")
+            e = self._add(key, lower)
+        return e
+
+    def _remember_hits(self, key: bytes, hits: int) -> None:
+        if self._ghost_capacity > 0:
+            self._ghost[key] = hits
+            self._ghost.move_to_end(key)
+            while len(self._ghost) > self._ghost_capacity:
+                self._ghost.popitem(last=False)
 
     def _refresh(self, key: bytes, e: Entry) -> None:
         if e.evictable:
@@ -77,15 +103,21 @@ class TierIndex(IndexReads):
                 self._garbage.setdefault(tier, []).append(key)
             e.lower = 0
         self._refresh(key, e)
-        if e.empty and e.pins == 0:
+        if e.pins or e.host_slot is not None or e.pending:
+            return
+        if e.lower and not e.stale and len(key) > HEAD_LEN:
+            # Only lower-tier copies left and nothing in flight: the block turns cold.
             self._policy.remove(key)
             del self._entries[key]
             self._heads.remove(key)
-            if self._ghost_capacity > 0 and not e.stale:
-                self._ghost[key] = e.hits
-                self._ghost.move_to_end(key)
-                while len(self._ghost) > self._ghost_capacity:
-                    self._ghost.popitem(last=False)
+            self._cold.add(key, e.lower)
+            self._remember_hits(key, e.hits)
+        elif not e.lower:
+            self._policy.remove(key)
+            del self._entries[key]
+            self._heads.remove(key)
+            if not e.stale:
+                self._remember_hits(key, e.hits)
 
     def acquire(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[Located]:
         """`match` and pin the matched keys in one step, so none can be evicted in between.
@@ -96,8 +128,13 @@ class TierIndex(IndexReads):
             entries, remove = self._entries, self._policy.remove
             for key in keys:
                 e = entries.get(key)
-                tier = e.best_tier() if e is not None else None
-                if e is None or tier is None:
+                if e is None:  # a cold block? it warms up to be pinned
+                    lower = self._cold.take(key)
+                    if not lower:
+                        break
+                    e = self._add(key, lower)
+                tier = e.best_tier()
+                if tier is None:
                     break
                 out.append(Located(tier, e.host_slot if tier is host else None))
                 e.pins += 1
@@ -115,6 +152,8 @@ class TierIndex(IndexReads):
                 if e is not None:
                     e.hits += 1
                     self._policy.touch(key)
+                elif self._cold.has(key):  # a cold block's count lives in the ghost map
+                    self._remember_hits(key, self._ghost.get(key, 0) + 1)
 
     def pin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
@@ -229,8 +268,8 @@ class TierIndex(IndexReads):
         """The host copy is gone (spilled or dropped): its slot becomes free, or, while jobs
         still read it (pinned), when the last of them unpins."""
         with self._lock:
-            e = self._get(key)
-            if not e.evicting or e.host_slot is None:
+            e = self._entries.get(key)  # an evicting block is warm: never warm one to fail
+            if e is None or not e.evicting or e.host_slot is None:
                 raise IndexStateError(f"key {key.hex()} is not being evicted")
             e.host_ready, e.evicting, e.releasing = False, False, True
             self._settle(key, e)
@@ -240,6 +279,8 @@ class TierIndex(IndexReads):
         """Mark a write to `tier` in flight; False (nothing to do) if a copy exists or is coming."""
         bit = TIER_BIT[tier]
         with self._lock:
+            if key not in self._entries and self._cold.on(key, tier):
+                return False  # already there: the cold block stays cold
             e = self._get(key)
             if (e.lower | e.pending) & bit or e.stale:
                 return False
@@ -250,7 +291,9 @@ class TierIndex(IndexReads):
         """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
         with self._lock:
             e = self._entries.get(key)
-            return e is not None and bool(e.lower & TIER_BIT[tier]) and not e.stale
+            if e is None:
+                return self._cold.on(key, tier)
+            return bool(e.lower & TIER_BIT[tier]) and not e.stale
 
     def commit_write(self, key: bytes, tier: Tier, ok: bool) -> None:
         bit = TIER_BIT[tier]
@@ -265,29 +308,47 @@ class TierIndex(IndexReads):
 
     def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
         """Record presence on `tier` learned from its store (restart scan: True; the store's
-        eviction, a failed read: False). Returns the keys whose state changed."""
+        eviction, a failed read: False). Returns the keys whose state changed, each once (those
+        with an entry first). A restart adopts millions of blocks: blocks without an entry go
+        to the cold sets in one batch, and no entry is made for them."""
         bit = TIER_BIT[tier]
+        keys = list(keys)
         changed: list[bytes] = []
         with self._lock:
-            for key in keys:
-                e = self._entries.get(key)
+            entries = self._entries
+            # Blocks without an entry stay (or become) cold; short keys are never cold.
+            if not entries and min(map(len, keys), default=HEAD_LEN + 1) > HEAD_LEN:
+                warm, cold = [], keys  # a restart's adoption: no entry to look at
+            else:
+                warm = [k for k in keys if k in entries or len(k) <= HEAD_LEN]
+                cold = [k for k in keys if k not in entries and len(k) > HEAD_LEN]
+            for key in dict.fromkeys(warm):
+                e = entries.get(key)
+                if e is None:
+                    if not present:
+                        continue
+                    e = self._add(key)
                 if present:
-                    if e is None:
-                        e = self._add(key)
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
                         changed.append(key)
-                elif e is not None and e.lower & bit:
+                elif e.lower & bit:
                     e.lower &= ~bit
                     changed.append(key)
                     self._settle(key, e)
+            if present:
+                changed += self._cold.add_on(cold, tier)
+            else:
+                changed += [k for k in dict.fromkeys(cold) if self._cold.discard_on(k, tier)]
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
         """Forget every key. Idle ones are removed now (returned, so their lower-tier copies can
         be deleted); ones in use turn stale (never readable) and are cleaned as their jobs end."""
-        removed: list[tuple[bytes, Entry]] = []
         with self._lock:
+            cold = self._cold
+            removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
+            cold.clear()
             for key, e in list(self._entries.items()):
                 e.stale = True
                 self._policy.remove(key)
