@@ -88,16 +88,24 @@ class CacheManager(StorePlanner, LoadPlanner):
     def adopt_keys(self, tier: Tier, keys_per_rank: Sequence[Collection[bytes]]) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
-            owned = [{k for k in ks if self.namespace.owns(k)} for ks in keys_per_rank]
+            owns = self.namespace.owns
+            owned = [[k for k in ks if owns(k)] for ks in keys_per_rank]
             if not owned:
                 return 0
-            common = set.intersection(*owned)
-            orphans = set.union(*owned) - common
-            adopted = self.index.set_present(sorted(common), tier, True)
-            for key in adopted:
+            # Rank 0's order (its store's); sets only with more than one rank (millions of keys).
+            common, orphans = owned[0], []
+            if len(owned) > 1:
+                others = [set(ks) for ks in owned[1:]]
+                common = [k for k in common if all(k in o for o in others)]
+                kept = set(common)
+                orphans = sorted({k for ks in owned for k in ks if k not in kept})
+            adopted = self.index.set_present(common, tier, True)
+            # Only the newest max_events fit the event queue: the older would be dropped unread.
+            maxlen = self._events.maxlen or len(adopted)
+            for key in adopted[-maxlen:]:
                 self._event("stored", key, tier)
             if orphans:
-                self._background.append(DropJob(next(self._ids), tuple(sorted(orphans)), (tier,)))
+                self._background.append(DropJob(next(self._ids), tuple(orphans), (tier,)))
             self._stats[f"{tier.value}_adopted_blocks"] += len(adopted)
             logger.info(
                 "adopted %d %s blocks (%d orphans dropped)", len(adopted), tier.value, len(orphans)
