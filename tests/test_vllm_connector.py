@@ -199,6 +199,36 @@ def test_lookups_before_the_restart_inventory_miss_and_never_stall(
     e2.shutdown()
 
 
+def test_reset_before_the_restart_inventory_deletes_what_it_lists(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """A cache reset that comes before the workers' SSD reports: the blocks they list predate
+    the reset, so they are deleted, not adopted (no hit now, none after another restart)."""
+    extra = vh.with_ssd(tmp_path / "ssd")
+    prompt = vh.prompt_tokens(19, 4 * BS)
+    e1 = engine(model_dir, extra)
+    e1.add(vh.make_request("A", prompt, max_tokens=2))
+    e1.run()
+    e1.shutdown()
+
+    e2 = engine(model_dir, extra, recover=False)
+    assert e2.scheduler.reset_prefix_cache(reset_connector=True)
+    e2.wait_recovered()
+    (side,) = e2.flexkv_scheduler_sides()
+    assert side._mgr.stats().get("ssd_adopted_blocks", 0) == 0
+    assert side._mgr.index.counts()["on_ssd"] == 0
+    e2.step()  # the step that sends the deletes (the shutdown lets them finish)
+    e2.shutdown()
+
+    e3 = engine(model_dir, extra)
+    e3.add(vh.make_request("C", prompt, max_tokens=2))
+    e3.run()
+    assert not loaded(e3, "C"), "a block stored before the reset was adopted"
+    assert e3.workers[0].model.written["C"] == 4 * BS + 1
+    assert not e3.mismatches()
+    e3.shutdown()
+
+
 def test_corrupt_ssd_data_is_a_load_error_and_recomputed(model_dir: str, tmp_path: Path) -> None:
     extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(8, 4 * BS)

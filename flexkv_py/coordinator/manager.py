@@ -80,17 +80,28 @@ class CacheManager(StorePlanner, LoadPlanner):
             self._keep_reserve()
 
     # ------------------------------------------------------------------ inventory / reset
-    def adopt_ssd_keys(self, keys_per_rank: Sequence[Collection[bytes]]) -> int:
+    def adopt_ssd_keys(
+        self, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+    ) -> int:
         """Restart: index the blocks every rank's SSD tier holds (from JobExecutor.stored_keys).
-        Blocks only some ranks hold are useless and get deleted. Returns how many were adopted."""
-        return self.adopt_keys(Tier.SSD, keys_per_rank)
+        Blocks only some ranks hold are useless and get deleted. Returns how many were adopted.
+        `adopt` False (the cache was reset before the reports came): delete them all."""
+        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt)
 
-    def adopt_keys(self, tier: Tier, keys_per_rank: Sequence[Collection[bytes]]) -> int:
+    def adopt_keys(
+        self, tier: Tier, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+    ) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
             owns = self.namespace.owns
             owned = [[k for k in ks if owns(k)] for ks in keys_per_rank]
             if not owned:
+                return 0
+            if not adopt:
+                stale = sorted({k for ks in owned for k in ks})
+                if stale:
+                    self._background.append(DropJob(next(self._ids), tuple(stale), (tier,)))
+                logger.info("dropped %d %s blocks stored before a reset", len(stale), tier.value)
                 return 0
             # Rank 0's order (its store's); sets only with more than one rank (millions of keys).
             common, orphans = owned[0], []

@@ -24,6 +24,13 @@ class RestartInventory:
         self._num_workers = num_workers
         self._reports: dict[WorkerRank, tuple[bytes, ...]] = {}
         self.ready = not enabled
+        # The cache was reset before the reports were in: what they list predates the reset
+        # and must be deleted, not adopted.
+        self.stale = False
+
+    def forget(self) -> None:
+        """A cache reset: reports still to come list blocks to delete."""
+        self.stale = not self.ready
 
     def add(
         self, reports: Mapping[WorkerRank, tuple[bytes, ...]]

@@ -266,7 +266,7 @@ class SchedulerSide:
                 self._mgr.grow_host_slots(min(self._ready_slots.values()))
         inventories = self._inventory.add(meta.inventories)
         if inventories is not None:
-            self._mgr.adopt_ssd_keys(inventories)
+            self._mgr.adopt_ssd_keys(inventories, adopt=not self._inventory.stale)
         for job_id, nranks in meta.gpu_read_done.items():
             info = self._jobs.get(job_id)
             if info is None:
@@ -371,6 +371,7 @@ class SchedulerSide:
         return to_vllm_events(tier_events, self._origins, self._bs)
 
     def reset_cache(self) -> bool:
+        self._inventory.forget()
         job = self._mgr.reset()
         if job is not None:
             self._add_background(job)
