@@ -186,8 +186,13 @@ class ColdBlocks:
                 m |= bit
         return m
 
+    @property
+    def live(self) -> list[BlockSet]:
+        """The sets that may hold blocks (the same list object for the index's lifetime)."""
+        return self._live
+
     def clear(self) -> None:
-        self._live = []
+        self._live.clear()
         for _, s in self._sets:
             s.clear()
         self._arena.clear()

@@ -41,6 +41,7 @@ class IndexReads:
         self._garbage: dict[Tier, list[bytes]] = {}
         # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
         self._cold = ColdBlocks()
+        self._cold_live = self._cold.live  # empty: no cold block, a miss asks no set
         # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
         self._ghost: OrderedDict[bytes, int] = OrderedDict()
         if ghost_capacity is None:
@@ -111,14 +112,20 @@ class IndexReads:
         span = hashes if start == 0 and stop == n else hashes[start:stop]
         i = start
         with self._lock:
-            sub = self._heads.get(head) or {}
+            sub = self._by_head.get(head)
+            live = self._cold_live
+            if sub is None:
+                if not live:
+                    return start
+                sub = {}
             get, cold = sub.get, self._cold
             while True:
                 for e in map(get, span):
                     if e is None or e.stale or not (e.host_ready or e.lower):
                         break
                     i += 1
-                if i == stop or hashes[i] in sub:  # the end, or an unreadable entry
+                # The end, no cold block anywhere, or an unreadable entry.
+                if i == stop or not live or hashes[i] in sub:
                     return i
                 j = cold.run(head, hashes, i, stop)  # blocks with no entry: cold ones?
                 if j == i or j == stop:
