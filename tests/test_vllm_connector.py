@@ -165,6 +165,14 @@ def test_restart_with_same_ssd_dir_still_hits(model_dir: str, tmp_path: Path) ->
     e2.shutdown()
 
 
+def _store_and_stop(model_dir: str, extra: dict[str, Any], prompt: list[int]) -> None:
+    """An engine that stores `prompt`'s blocks (host and SSD) and shuts down."""
+    e = engine(model_dir, extra)
+    e.add(vh.make_request("A", prompt, max_tokens=2))
+    e.run()
+    e.shutdown()
+
+
 def test_lookups_before_the_restart_inventory_miss_and_never_stall(
     model_dir: str, tmp_path: Path
 ) -> None:
@@ -173,11 +181,7 @@ def test_lookups_before_the_restart_inventory_miss_and_never_stall(
     step and computed; once the inventory is in, the same prefix hits."""
     extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(17, 4 * BS)
-    e1 = engine(model_dir, extra)
-    e1.add(vh.make_request("A", prompt, max_tokens=2))
-    e1.run()
-    e1.shutdown()
-
+    _store_and_stop(model_dir, extra, prompt)
     e2 = engine(model_dir, extra, recover=False)
     (side,) = e2.flexkv_scheduler_sides()
     assert not side.recovered
@@ -206,11 +210,7 @@ def test_reset_before_the_restart_inventory_deletes_what_it_lists(
     the reset, so they are deleted, not adopted (no hit now, none after another restart)."""
     extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(19, 4 * BS)
-    e1 = engine(model_dir, extra)
-    e1.add(vh.make_request("A", prompt, max_tokens=2))
-    e1.run()
-    e1.shutdown()
-
+    _store_and_stop(model_dir, extra, prompt)
     e2 = engine(model_dir, extra, recover=False)
     assert e2.scheduler.reset_prefix_cache(reset_connector=True)
     e2.wait_recovered()
