@@ -11,10 +11,14 @@ reset (the worker deletes every copy by key, and KV events carry block hashes) a
 for diagnostics. So each cold block's hash is also appended, once, to a per-head byte arena
 (hash length bytes per block, no per-block object); records of blocks that left are dropped
 lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
-blocks. Worst case ~36 + 48 B per cold block, about 70 B on average. Capacity eviction of cold
-blocks by the manager (next step) would pick victims by `BlockSet.pop_lru` digests and needs a
-digest -> key lookup; that is left to the worker's store (it evicts on its own and reports full
-keys in `JobResult.evicted`).
+blocks. Worst case ~36 + 48 B per cold block, about 70 B on average.
+
+Capacity eviction is still the worker's store's (it evicts on its own and reports full keys in
+`JobResult.evicted`, which `set_present(False)` applies). For the manager to decide it instead
+(within the tier's budget, sending DropJobs): a cold block is never touched while cold (a use
+warms it), so a set's LRU order is the order blocks cooled, which is the arena's record order;
+`pop_lru(n)` digests are then found by scanning the arena from its head (records of blocks that
+left or cooled again are skipped), O(n + skipped) per batch, giving the full keys a DropJob needs.
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
