@@ -302,6 +302,31 @@ def test_object_tier_runs_through_the_same_transitions() -> None:
     assert idx.take_garbage() == {Tier.SSD: [_k(0)], Tier.OBJECT: [_k(0)]}
 
 
+def test_cold_key_arena_is_compacted_and_lists_each_cold_key_once() -> None:
+    """Cold blocks that warm up and cool again, or leave, leave arena records behind; keys()
+    lists each cold block once, in cooling order, and compaction bounds the records."""
+    head = b"H" * 24
+    keys = [head + i.to_bytes(32, "big") for i in range(6000)]
+    idx = TierIndex(4)
+    assert idx.set_present(keys, Tier.SSD, True) == keys
+    cold = idx._cold
+    assert cold.keys() == keys and cold._records == 6000
+    used = keys[:3000:2]  # loaded: warm while pinned, cold again (a newer record) after
+    got = idx.acquire(used[:1])
+    assert [g.tier for g in got] == [Tier.SSD] and idx.entry(used[0]) is not None
+    idx.unpin(used[:1])
+    for key in used[1:]:
+        idx.pin([key])
+        idx.unpin([key])
+    gone = keys[1:3000:2]
+    assert idx.set_present(gone, Tier.SSD, False) == gone
+    left = [k for k in keys if k not in set(used) | set(gone)] + used
+    assert cold.keys() == left  # the used ones cooled last
+    assert cold._records <= 1.5 * len(left) + 1  # compacted along the way
+    assert idx.lookup(left) == len(left) and idx.lookup(gone[:1]) == 0
+    assert sorted(k for k, _ in idx.reset()) == sorted(left) and not cold.keys()
+
+
 def test_concurrent_fill_pin_evict() -> None:
     n_threads, per_thread, slots = 4, 300, 64
     idx = TierIndex(slots)

@@ -91,17 +91,22 @@ class ColdBlocks:
         """Bytes of the key arena (Python bytearrays, over-allocation not counted)."""
         return sum(len(a) for a in self._arena.values())
 
+    def _live_hashes(self, head: bytes, n: int, arena: bytearray) -> list[bytes]:
+        """The arena's hashes whose blocks are still cold, each once (its latest record: the
+        order blocks cooled), found with one present_mask per set, not a call per record."""
+        hashes = [bytes(arena[off : off + n]) for off in range(0, len(arena), n)]
+        masks = [s.present_mask(head, hashes, 0, len(hashes)) for s in self._live]
+        present = masks[0] if len(masks) == 1 else bytes(map(any, zip(*masks, strict=True)))
+        kept = [h for h, p in zip(hashes, present, strict=True) if p] if masks else []
+        return list(reversed(dict.fromkeys(reversed(kept))))
+
     def keys(self) -> list[bytes]:
         """Every cold key (each once), in the order the blocks became cold."""
-        out: list[bytes] = []
-        seen: set[bytes] = set()
-        for (head, n), arena in self._arena.items():
-            for off in range(0, len(arena), n):
-                key = head + bytes(arena[off : off + n])
-                if key not in seen and self.has(key):
-                    seen.add(key)
-                    out.append(key)
-        return out
+        return [
+            head + h
+            for (head, n), arena in self._arena.items()
+            for h in self._live_hashes(head, n, arena)
+        ]
 
     # --- changes
     def add(self, key: bytes, mask: int) -> None:
@@ -178,7 +183,10 @@ class ColdBlocks:
         return keys
 
     def discard_on(self, key: bytes, tier: Tier) -> bool:
-        return len(key) > HEAD_LEN and self._by_tier[tier].discard_key(key)
+        gone = len(key) > HEAD_LEN and self._by_tier[tier].discard_key(key)
+        if gone:
+            self._maybe_compact()
+        return gone
 
     def take(self, key: bytes) -> int:
         """Remove `key` from every set (it becomes warm); returns the mask it had."""
@@ -231,8 +239,11 @@ class ColdBlocks:
         live = sum(len(s) for _, s in self._sets)
         if self._records <= _COMPACT_RATIO * live:
             return
-        keys = self.keys()
-        self._arena.clear()
         self._records = 0
-        for key in keys:
-            self._record(key)
+        for group, arena in list(self._arena.items()):
+            live = self._live_hashes(group[0], group[1], arena)
+            if live:
+                self._arena[group] = bytearray(b"".join(live))
+                self._records += len(live)
+            else:
+                del self._arena[group]
