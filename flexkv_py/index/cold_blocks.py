@@ -241,9 +241,9 @@ class ColdBlocks:
             return
         self._records = 0
         for group, arena in list(self._arena.items()):
-            live = self._live_hashes(group[0], group[1], arena)
-            if live:
-                self._arena[group] = bytearray(b"".join(live))
-                self._records += len(live)
+            still = self._live_hashes(group[0], group[1], arena)
+            if still:
+                self._arena[group] = bytearray(b"".join(still))
+                self._records += len(still)
             else:
                 del self._arena[group]
