@@ -1,4 +1,4 @@
-"""Index cost bench: bytes per cached block and restart adoption time of the scheduler's index.
+"""Cold index bench: bytes per cached block and restart adoption time of the scheduler's tier index.
 
 A restart adopts N SSD blocks (what `CacheManager.adopt_ssd_keys` does once every worker reported
 its inventory: `TierIndex.set_present(keys, Tier.SSD, True)`); the blocks are cold (no host copy,
@@ -12,7 +12,7 @@ objects. Measured per N:
   adopt_s    wall time of the adoption (a separate run, without tracemalloc)
   lookup_us  `readable_hashes` over 8192 adopted hashes (a full hit)
 
-    python3 benches/index_cost_bench.py [--sizes 200000,2000000] [--json]
+    python3 benches/cold_index_bench.py [--sizes 200000,2000000] [--json]
 """
 
 from __future__ import annotations
