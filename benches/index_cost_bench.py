@@ -8,7 +8,7 @@ Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N (def
              (capacities) and the process RSS delta when filled at once (a restart's adoption:
              sized once), and `nbytes()` when grown 32 keys at a time (stores arriving).
   tier_index today's `TierIndex` holding N SSD-only blocks, adopted as at restart
-             (`set_ssd(keys, True)`): tracemalloc delta, the keys included (the index holds them).
+             (`set_present(keys, Tier.SSD, True)`): tracemalloc delta, the keys included (the index holds them).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on
              disk): `index_nbytes()` where the native module has it, else the RSS delta of
              opening the store in a fresh process, less that of opening an empty store.
@@ -48,6 +48,7 @@ from typing import Any
 
 from flexkv_py._native import BlockSet, BlockStore
 from flexkv_py.index.tier_index import HEAD_LEN, TierIndex
+from flexkv_py.index.tier_names import Tier
 
 HEAD = bytes(range(HEAD_LEN))  # namespace prefix (16) + variant (8)
 STORE_TAG = b"\0\0\0\0"  # rank tag in front of every stored key (namespace.SHARD_TAG)
@@ -138,7 +139,7 @@ def bench_tier_index(hashes: list[bytes], seconds: float) -> dict[str, float]:
     base = tracemalloc.get_traced_memory()[0]
     idx = TierIndex(0)
     keys = [HEAD + h for h in hashes]
-    changed = idx.set_ssd(keys, True)
+    changed = idx.set_present(keys, Tier.SSD, True)
     assert len(changed) == n
     del keys, changed
     held = tracemalloc.get_traced_memory()[0] - base

@@ -17,7 +17,7 @@ PACKAGE = Path(flexkv_py.__file__).parent
 
 # Classes whose owners re-parent them on their own branches (issue 9); the lead empties this at
 # merge. Each name must still exist and still be outside the tree, so the list cannot go stale.
-PENDING_REPARENT = {"flexkv_py.index.tier_index.IndexStateError"}
+PENDING_REPARENT: set[str] = set()
 
 
 def _exception_classes(module: ModuleType) -> dict[str, type[BaseException]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import settings
@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from flexkv_py.config.admission import AdmissionSpec
 from flexkv_py.errors import ConfigError
 from flexkv_py.index import (
+    LOWER_TIERS,
     AdmissionPolicy,
     FIFOPolicy,
     IndexStateError,
@@ -168,7 +169,7 @@ def test_longest_prefix_from_block_zero() -> None:
     assert idx.lookup([_k(0), _k(1), _k(2), _k(3)]) == 2
     assert idx.lookup([_k(1), _k(0)]) == 2
     assert idx.lookup([_k(2), _k(0)]) == 0
-    idx.set_ssd([_k(2)], True)
+    idx.set_present([_k(2)], Tier.SSD, True)
     assert idx.match([_k(0), _k(1), _k(2), _k(3)]) == [Tier.HOST, Tier.HOST, Tier.SSD, Tier.HOST]
 
 
@@ -207,9 +208,9 @@ def test_spilled_block_stays_readable_from_ssd() -> None:
     _fill(idx, _k(0))
     v = idx.begin_evict()
     assert v is not None
-    assert idx.begin_ssd_write(v.key)
-    assert not idx.begin_ssd_write(v.key)  # already in flight
-    idx.commit_ssd_write(v.key, ok=True)
+    assert idx.begin_write(v.key, Tier.SSD)
+    assert not idx.begin_write(v.key, Tier.SSD)  # already in flight
+    idx.commit_write(v.key, Tier.SSD, ok=True)
     idx.finish_evict(v.key)
     assert idx.match([_k(0)]) == [Tier.SSD]
     assert idx.entry(_k(0)) is not None and idx.entry(_k(0)).host_slot is None  # type: ignore[union-attr]
@@ -219,10 +220,10 @@ def test_evicting_block_pinned_by_a_reader_frees_its_slot_on_unpin() -> None:
     idx = TierIndex(1)
     slot = _fill(idx, _k(0))
     v = idx.begin_evict()
-    assert v is not None and idx.begin_ssd_write(v.key)
+    assert v is not None and idx.begin_write(v.key, Tier.SSD)
     got = idx.acquire([_k(0)])  # a load reads the host copy during the spill
     assert [g.tier for g in got] == [Tier.HOST] and got[0].host_slot == slot
-    idx.commit_ssd_write(v.key, ok=True)
+    idx.commit_write(v.key, Tier.SSD, ok=True)
     idx.finish_evict(v.key)
     assert idx.free_slots == 0  # the reader still uses the slot
     assert idx.match([_k(0)]) == [Tier.SSD]  # new readers go to SSD
@@ -248,7 +249,7 @@ def test_reset_makes_in_use_blocks_stale() -> None:
     idx = TierIndex(2)
     _fill(idx, _k(0))
     _fill(idx, _k(1))
-    idx.set_ssd([_k(1)], True)
+    idx.set_present([_k(1)], Tier.SSD, True)
     idx.pin([_k(0)])
     removed = idx.reset()
     assert [k for k, _ in removed] == [_k(1)]
@@ -269,6 +270,61 @@ def test_invalid_transitions_raise() -> None:
         idx.commit_host_fill(_k(0), ok=True)
     with pytest.raises(IndexStateError):
         idx.finish_evict(_k(0))
+
+
+def test_index_state_error_is_a_flexkv_error() -> None:
+    from flexkv_py.errors import FlexKVError, InternalStateError
+
+    idx = TierIndex(1)
+    with pytest.raises(IndexStateError) as info:
+        idx.unpin([_k(0)])
+    assert isinstance(info.value, InternalStateError)
+    assert isinstance(info.value, FlexKVError) and isinstance(info.value, RuntimeError)
+
+
+def test_object_tier_runs_through_the_same_transitions() -> None:
+    idx = TierIndex(1)
+    _fill(idx, _k(0))
+    v = idx.begin_evict()
+    assert v is not None and v.lower == frozenset()
+    assert idx.begin_write(v.key, Tier.OBJECT) and idx.begin_write(v.key, Tier.SSD)
+    idx.commit_write(v.key, Tier.OBJECT, ok=True)
+    idx.commit_write(v.key, Tier.SSD, ok=False)
+    idx.finish_evict(v.key)
+    assert idx.match([_k(0)]) == [Tier.OBJECT] and idx.readable_on(_k(0), Tier.OBJECT)
+    assert not idx.readable_on(_k(0), Tier.SSD)
+    idx.set_present([_k(0)], Tier.SSD, True)
+    assert idx.match([_k(0)]) == [Tier.SSD]  # the faster lower tier first
+    assert idx.counts()["on_object"] == 1 and idx.counts()["on_ssd"] == 1
+    idx.pin([_k(0)])
+    idx.reset()
+    idx.unpin([_k(0)])
+    assert idx.take_garbage() == {Tier.SSD: [_k(0)], Tier.OBJECT: [_k(0)]}
+
+
+def test_cold_key_arena_is_compacted_and_lists_each_cold_key_once() -> None:
+    """Cold blocks that warm up and cool again, or leave, leave arena records behind; keys()
+    lists each cold block once, in cooling order, and compaction bounds the records."""
+    head = b"H" * 24
+    keys = [head + i.to_bytes(32, "big") for i in range(6000)]
+    idx = TierIndex(4)
+    assert idx.set_present(keys, Tier.SSD, True) == keys
+    cold = idx._cold
+    assert cold.keys() == keys and cold._records == 6000
+    used = keys[:3000:2]  # loaded: warm while pinned, cold again (a newer record) after
+    got = idx.acquire(used[:1])
+    assert [g.tier for g in got] == [Tier.SSD] and idx.entry(used[0]) is not None
+    idx.unpin(used[:1])
+    for key in used[1:]:
+        idx.pin([key])
+        idx.unpin([key])
+    gone = keys[1:3000:2]
+    assert idx.set_present(gone, Tier.SSD, False) == gone
+    left = [k for k in keys if k not in set(used) | set(gone)] + used
+    assert cold.keys() == left  # the used ones cooled last
+    assert cold._records <= 1.5 * len(left) + 1  # compacted along the way
+    assert idx.lookup(left) == len(left) and idx.lookup(gone[:1]) == 0
+    assert sorted(k for k, _ in idx.reset()) == sorted(left) and not cold.keys()
 
 
 def test_concurrent_fill_pin_evict() -> None:
@@ -313,8 +369,8 @@ def test_concurrent_fill_pin_evict() -> None:
 class _M:
     host: str = "none"  # none | filling | ready | evicting | releasing
     slot: int | None = None
-    ssd: bool = False
-    ssd_pending: bool = False
+    lower: set[Tier] = field(default_factory=set)  # confirmed lower-tier copies
+    pending: set[Tier] = field(default_factory=set)  # lower-tier writes in flight
     pins: int = 0
     hits: int = 0
     stale: bool = False
@@ -326,6 +382,7 @@ _HEADS = (b"A" * 24, b"B" * 24)
 KEYS = [_HEADS[0] + _k(0) * 8, _HEADS[0] + _k(1) * 8, _HEADS[1] + _k(2) * 8, _k(3)]
 SLOTS = 3
 key_st = st.sampled_from(KEYS)
+tier_st = st.sampled_from(LOWER_TIERS)  # the object tier runs through the same transitions
 
 
 class TierIndexMachine(RuleBasedStateMachine):
@@ -337,7 +394,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         self.m: dict[bytes, _M] = {}
         self.free = SLOTS
         self.ghost: dict[bytes, int] = {}
-        self.garbage: list[bytes] = []
+        self.garbage: dict[Tier, list[bytes]] = {}
 
     # -- model helpers
     def _settle(self, key: bytes) -> None:
@@ -349,10 +406,10 @@ class TierIndexMachine(RuleBasedStateMachine):
             if e.host == "ready":
                 self.free += 1
                 e.host, e.slot = "none", None
-            if e.ssd:
-                self.garbage.append(key)
-                e.ssd = False
-        if e.host == "none" and not e.ssd and not e.ssd_pending and e.pins == 0:
+            for tier in e.lower:
+                self.garbage.setdefault(tier, []).append(key)
+            e.lower.clear()
+        if e.host == "none" and not e.lower and not e.pending and e.pins == 0:
             del self.m[key]
             if not e.stale:
                 self.ghost[key] = e.hits
@@ -429,27 +486,29 @@ class TierIndexMachine(RuleBasedStateMachine):
         self._settle(key)
 
     @precondition(lambda self: bool(self.m))
-    @rule(data=st.data())
-    def begin_ssd_write(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), tier=tier_st)
+    def begin_write(self, data: st.DataObject, tier: Tier) -> None:
         key = data.draw(st.sampled_from(sorted(self.m)))
         e = self.m[key]
-        started = self.idx.begin_ssd_write(key)
-        assert started == (not (e.ssd or e.ssd_pending or e.stale))
+        started = self.idx.begin_write(key, tier)
+        assert started == (not (tier in e.lower or tier in e.pending or e.stale))
         if started:
-            e.ssd_pending = True
+            e.pending.add(tier)
 
-    @precondition(lambda self: any(e.ssd_pending for e in self.m.values()))
+    @precondition(lambda self: any(e.pending for e in self.m.values()))
     @rule(data=st.data(), ok=st.booleans())
-    def commit_ssd_write(self, data: st.DataObject, ok: bool) -> None:
-        key = data.draw(st.sampled_from(self._where(lambda e: e.ssd_pending)))
+    def commit_write(self, data: st.DataObject, ok: bool) -> None:
+        key = data.draw(st.sampled_from(self._where(lambda e: bool(e.pending))))
         e = self.m[key]
-        self.idx.commit_ssd_write(key, ok)
-        e.ssd_pending = False
-        e.ssd = e.ssd or ok
+        tier = data.draw(st.sampled_from(sorted(e.pending)))
+        self.idx.commit_write(key, tier, ok)
+        e.pending.discard(tier)
+        if ok:
+            e.lower.add(tier)
         self._settle(key)
 
-    @rule(key=key_st)
-    def bad_calls(self, key: bytes) -> None:
+    @rule(key=key_st, tier=tier_st)
+    def bad_calls(self, key: bytes, tier: Tier) -> None:
         e = self.m.get(key)
         if e is None:
             with pytest.raises(IndexStateError):
@@ -464,9 +523,9 @@ class TierIndexMachine(RuleBasedStateMachine):
         if e is None or e.host != "evicting":
             with pytest.raises(IndexStateError):
                 self.idx.finish_evict(key)
-        if e is None or not e.ssd_pending:
+        if e is None or tier not in e.pending:
             with pytest.raises(IndexStateError):
-                self.idx.commit_ssd_write(key, True)
+                self.idx.commit_write(key, tier, True)
 
     @rule(key=key_st)
     def touch(self, key: bytes) -> None:
@@ -483,22 +542,22 @@ class TierIndexMachine(RuleBasedStateMachine):
             return
         assert v is not None and v.key in expected
         e = self.m[v.key]
-        assert v.host_slot == e.slot and v.hits == e.hits and v.on_ssd == e.ssd
+        assert v.host_slot == e.slot and v.hits == e.hits and v.lower == e.lower
         e.host = "evicting"
 
-    @rule(key=key_st, present=st.booleans())
-    def set_ssd(self, key: bytes, present: bool) -> None:
-        changed = self.idx.set_ssd([key], present)
+    @rule(key=key_st, tier=tier_st, present=st.booleans())
+    def set_present(self, key: bytes, tier: Tier, present: bool) -> None:
+        changed = self.idx.set_present([key], tier, present)
         e = self.m.get(key)
         if present:
             e = self._new(key)
-            expect = not e.ssd and not e.stale
+            expect = tier not in e.lower and not e.stale
             if expect:
-                e.ssd = True
+                e.lower.add(tier)
         else:
-            expect = e is not None and e.ssd
-            if e is not None and e.ssd:
-                e.ssd = False
+            expect = e is not None and tier in e.lower
+            if e is not None and tier in e.lower:
+                e.lower.discard(tier)
                 self._settle(key)
         assert changed == ([key] if expect else [])
 
@@ -508,7 +567,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         expect = set()
         for k, e in list(self.m.items()):
             e.stale = True
-            if e.pins == 0 and e.host not in ("filling", "evicting") and not e.ssd_pending:
+            if e.pins == 0 and e.host not in ("filling", "evicting") and not e.pending:
                 if e.slot is not None:
                     self.free += 1
                 del self.m[k]
@@ -518,7 +577,10 @@ class TierIndexMachine(RuleBasedStateMachine):
 
     @rule()
     def take_garbage(self) -> None:
-        assert sorted(self.idx.take_garbage()) == sorted(self.garbage)
+        got = self.idx.take_garbage()
+        assert {t: sorted(ks) for t, ks in got.items()} == {
+            t: sorted(ks) for t, ks in self.garbage.items()
+        }
         self.garbage.clear()
 
     @rule(keys=st.lists(key_st, max_size=6), pin=st.booleans())
@@ -530,8 +592,8 @@ class TierIndexMachine(RuleBasedStateMachine):
                 break
             if e.host in ("ready", "evicting"):
                 expected.append(Tier.HOST)
-            elif e.ssd:
-                expected.append(Tier.SSD)
+            elif e.lower:
+                expected.append(next(t for t in LOWER_TIERS if t in e.lower))  # fastest first
             else:
                 break
         if not pin:
@@ -565,11 +627,27 @@ class TierIndexMachine(RuleBasedStateMachine):
     @invariant()
     def hashes_by_head_mirror_entries(self) -> None:
         by_head = self.idx._by_head
-        long_keys = {k for k in self.idx.keys() if len(k) > 24}
+        long_keys = {k for k in self.idx._entries if len(k) > 24}
         assert sum(len(sub) for sub in by_head.values()) == len(long_keys)
         assert all(sub for sub in by_head.values())
         for k in long_keys:
             assert by_head[k[:24]][k[24:]] is self.idx._entries[k]
+
+    @invariant()
+    def cold_blocks_have_no_entry(self) -> None:
+        """A block with only lower-tier copies and nothing in flight is cold (in the per-tier
+        sets, no Entry); every other block is an Entry; never both."""
+        cold = {
+            k
+            for k, e in self.m.items()
+            if e.host == "none" and e.pins == 0 and not e.pending and not e.stale and e.lower
+            if len(k) > 24
+        }
+        assert set(self.idx._cold.keys()) == cold
+        assert not cold & set(self.idx._entries)
+        for tier in LOWER_TIERS:
+            on = {k for k in cold if tier in self.m[k].lower}
+            assert self.idx.counts()[f"cold_{tier.value}"] == len(on)
 
     @invariant()
     def entries_agree(self) -> None:
@@ -581,9 +659,9 @@ class TierIndexMachine(RuleBasedStateMachine):
             assert got.host_ready == (e.host in ("ready", "evicting"))
             assert got.evicting == (e.host == "evicting")
             assert got.releasing == (e.host == "releasing")
-            assert (got.on_ssd, got.ssd_pending, got.pins, got.stale) == (
-                e.ssd,
-                e.ssd_pending,
+            assert (got.lower_tiers, got.pending_tiers, got.pins, got.stale) == (
+                e.lower,
+                e.pending,
                 e.pins,
                 e.stale,
             )

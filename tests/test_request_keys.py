@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flexkv_py.integration.vllm.request_keys as rk_mod
-from flexkv_py.index import Namespace, TierIndex
+from flexkv_py.index import Namespace, Tier, TierIndex
 from flexkv_py.index.namespace import BASE_VARIANT
 from flexkv_py.integration.vllm.request_keys import RequestKeys
 
@@ -47,7 +47,7 @@ def _index(keys: list[bytes], states: list[str]) -> TierIndex:
             if state == "host":
                 idx.commit_host_fill(key, True)
         elif state == "ssd":
-            idx.set_ssd([key], True)
+            idx.set_present([key], Tier.SSD, True)
     return idx
 
 
@@ -99,7 +99,7 @@ def test_stale_and_evicting_entries_stop_the_prefix_as_before() -> None:
     assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == 40
     idx.finish_evict(keys[20])
     # A filling host copy alone is not readable: drop block 30's SSD copy, start a fill.
-    idx.set_ssd([keys[30]], False)
+    idx.set_present([keys[30]], Tier.SSD, False)
     (slot,) = idx.allocate_slots(1)
     idx.begin_host_fill(keys[30], slot)
     assert rk.longest_hit(req, 0, BASE_VARIANT, idx.readable_hashes) == 30

@@ -165,6 +165,70 @@ def test_restart_with_same_ssd_dir_still_hits(model_dir: str, tmp_path: Path) ->
     e2.shutdown()
 
 
+def _store_and_stop(model_dir: str, extra: dict[str, Any], prompt: list[int]) -> None:
+    """An engine that stores `prompt`'s blocks (host and SSD) and shuts down."""
+    e = engine(model_dir, extra)
+    e.add(vh.make_request("A", prompt, max_tokens=2))
+    e.run()
+    e.shutdown()
+
+
+def test_lookups_before_the_restart_inventory_miss_and_never_stall(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """Until every worker reported its SSD contents a restarted engine answers lookups with a
+    miss (0), not "ask again later" (None): the first request is scheduled in the very first
+    step and computed; once the inventory is in, the same prefix hits."""
+    extra = vh.with_ssd(tmp_path / "ssd")
+    prompt = vh.prompt_tokens(17, 4 * BS)
+    _store_and_stop(model_dir, extra, prompt)
+    e2 = engine(model_dir, extra, recover=False)
+    (side,) = e2.flexkv_scheduler_sides()
+    assert not side.recovered
+    b = e2.add(vh.make_request("B", prompt, max_tokens=2))
+    first = e2.step()
+    assert first.scheduled.get("B", 0) > 0, "the request waited for the restart inventory"
+    assert side.recovered  # the workers' first output carried it
+    e2.run()
+    assert not loaded(e2, "B") and b.is_finished()
+    assert e2.workers[0].model.written["B"] == 4 * BS + 1  # computed, prompt and decode
+    c = e2.add(vh.make_request("C", vh.prompt_tokens(17, 4 * BS), max_tokens=2))
+    e2.reset_gpu_prefix_cache()
+    e2.run_until(prompt_done(c))
+    assert loaded(e2, "C")
+    e2.run()
+    assert e2.outputs["C"] == e2.outputs["B"]
+    assert not e2.mismatches()
+    vh.assert_no_leaks(e2)
+    e2.shutdown()
+
+
+def test_reset_before_the_restart_inventory_deletes_what_it_lists(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """A cache reset that comes before the workers' SSD reports: the blocks they list predate
+    the reset, so they are deleted, not adopted (no hit now, none after another restart)."""
+    extra = vh.with_ssd(tmp_path / "ssd")
+    prompt = vh.prompt_tokens(19, 4 * BS)
+    _store_and_stop(model_dir, extra, prompt)
+    e2 = engine(model_dir, extra, recover=False)
+    assert e2.scheduler.reset_prefix_cache(reset_connector=True)
+    e2.wait_recovered()
+    (side,) = e2.flexkv_scheduler_sides()
+    assert side._mgr.stats().get("ssd_adopted_blocks", 0) == 0
+    assert side._mgr.index.counts()["on_ssd"] == 0
+    e2.step()  # the step that sends the deletes (the shutdown lets them finish)
+    e2.shutdown()
+
+    e3 = engine(model_dir, extra)
+    e3.add(vh.make_request("C", prompt, max_tokens=2))
+    e3.run()
+    assert not loaded(e3, "C"), "a block stored before the reset was adopted"
+    assert e3.workers[0].model.written["C"] == 4 * BS + 1
+    assert not e3.mismatches()
+    e3.shutdown()
+
+
 def test_corrupt_ssd_data_is_a_load_error_and_recomputed(model_dir: str, tmp_path: Path) -> None:
     extra = vh.with_ssd(tmp_path / "ssd")
     prompt = vh.prompt_tokens(8, 4 * BS)

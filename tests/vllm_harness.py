@@ -373,6 +373,7 @@ class Engine:
         kv_events: dict[str, Any] | None = None,
         disable_hma: bool | None = None,
         process_group: bool = False,
+        recover: bool = True,
     ) -> None:
         """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
         kept. Without it, what the scheduler publishes is recorded in `events`.
@@ -381,7 +382,9 @@ class Engine:
         `pp_size`: tp_size x pp_size workers, global rank = pp_rank * tp_size + tp_rank as vLLM
         numbers them; stage p's workers get stage p's KVCacheConfig and register only its layers,
         the scheduler gets stage 0's (what vLLM's engine core hands it). Steps stay synchronous
-        (one batch in flight, not vLLM's batch queue of pp_size batches)."""
+        (one batch in flight, not vLLM's batch queue of pp_size batches).
+        `recover`: step (idle) until FlexKV adopted the restart inventory, so a test's first
+        request can hit what a previous engine stored (lookups miss those blocks until then)."""
         self.block_size = block_size
         self.vllm_config = make_vllm_config(
             model_dir,
@@ -428,6 +431,8 @@ class Engine:
         self.outputs: dict[str, list[int]] = {}
         self.stats: list[dict[str, Any]] = []  # kv_connector_stats payload per step
         self._in_flight: list[tuple[SchedulerOutput, Any]] = []
+        if recover:
+            self.wait_recovered()
 
     def _make_worker(self, rank: int, layout: str) -> Worker:
         cfg = copy.copy(self.vllm_config)
@@ -577,6 +582,20 @@ class Engine:
                 raise AssertionError(f"condition not reached in {timeout_s} s ({steps} steps)")
             if not rec.scheduled:
                 time.sleep(0.0005)
+
+    def flexkv_scheduler_sides(self) -> list[Any]:
+        """The scheduler side of every FlexKV connector (itself or inside a wrapper)."""
+        from flexkv_py.integration.vllm.connector import FlexKVConnectorV1
+
+        c = self.connector
+        subs = [] if c is None else list(getattr(c, "sub_connectors", None) or [c])
+        return [s.scheduler_side for s in subs if isinstance(s, FlexKVConnectorV1)]
+
+    def wait_recovered(self, timeout_s: float = 30.0) -> int:
+        """Step until every FlexKV scheduler side adopted its workers' restart inventory (at
+        once without an SSD tier); returns the steps it took."""
+        sides = self.flexkv_scheduler_sides()
+        return self.run_until(lambda: all(s.recovered for s in sides), timeout_s, first=False)
 
     def mismatches(self) -> list[str]:
         return [m for w in self.workers for m in w.model.mismatches]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flexkv_py.index.entry import Entry, IndexStateError, Located, Victim
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import (
     AdmissionPolicy,
@@ -11,16 +12,11 @@ from flexkv_py.index.policies import (
     LRUPolicy,
     make_eviction_policy,
 )
-from flexkv_py.index.tier_index import (
-    Entry,
-    IndexStateError,
-    Located,
-    Tier,
-    TierIndex,
-    Victim,
-)
+from flexkv_py.index.tier_index import TierIndex
+from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 __all__ = [
+    "LOWER_TIERS",
     "AdmissionPolicy",
     "Entry",
     "EvictionPolicy",

@@ -1,4 +1,16 @@
-"""Tier index: logical key -> where the block lives (host slot, SSD, object store).
+"""Tier index: logical key -> where the block lives (host slot, lower tiers: SSD, object store).
+
+Source of truth. What the scheduler may promise is decided here and nowhere else: a lookup hit,
+a load's source tier, an eviction and the KV events all read this index. The worker-side stores
+hold the bytes and may lose them (device errors, their own capacity eviction); they report each
+loss (`JobResult.evicted`, a failed read) and the index forgets the copy. The index, not the
+stores, is the truth because only it sees every tier at once and every job in flight: pins,
+pending writes and stale (reset) keys exist nowhere else, and the next features need exactly
+that view: parent links for prefix-aware eviction (the order blocks may leave in), write-behind
+(a host copy with a `pending` write to a lower tier), and presence in an object tier shared by
+the fleet (one more bit of `Entry.lower`; no state or query names a tier). The stores' own
+indexes answer only "where on my device are these bytes"; restart rebuilds this index from what
+every rank's store still holds (`set_present`).
 
 States of one key's host copy::
 
@@ -7,150 +19,68 @@ States of one key's host copy::
       +---commit_host_fill(fail)---+          finish_evict, pinned: releasing <-------------+
       +------------------------- finish_evict, unpinned / last unpin of releasing ----------+
 
-Readable (counted by `match`): ready and evicting host copies (an evicting copy is being written
-to SSD; its slot is reused only after that), and confirmed SSD/object copies. Filling and
-releasing copies never are, so a lookup can never promise bytes that are not there. Pins
-(refcounts) protect blocks used by in-flight jobs: a releasing slot is freed by the last unpin.
-A block is evictable exactly when its host copy is ready, unpinned and not already evicting. The
-eviction policy tracks only evictable keys, so choosing a victim is O(1). Every public method
-takes one lock: thread-safe.
+Per lower tier a key is absent, pending (`begin_write`), or present (`commit_write(ok)`,
+`set_present`). Readable (counted by `match`): ready and evicting host copies (an evicting copy
+is being written to a lower tier; its slot is reused only after that), and confirmed lower-tier
+copies. Filling and releasing copies never are, so a lookup never promises bytes that are not
+there. Pins (refcounts) protect blocks used by in-flight jobs: a releasing slot is freed by the
+last unpin. A block is evictable exactly when its host copy is ready, unpinned and not already
+evicting; the eviction policy tracks only evictable keys, so choosing a victim is O(1). Every
+public method takes one lock: thread-safe.
+
+Warm and cold. A block with a host copy, a pin or a write in flight is an `Entry` (warm); one
+that only has lower-tier copies is cold: a 16-byte digest in a per-tier `BlockSet`
+(cold_blocks.py), ~70 B instead of ~200, so a tier of millions of blocks fits the budget of 100 B
+per block. `_add` / `_get` warm a cold block (a load pins it, a write to another tier starts);
+`_settle` cools an entry that has nothing but lower-tier copies left. Queries read both.
 """
 
 from __future__ import annotations
 
-import copy
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
-from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
-from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
+from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
+from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.index_reads import IndexReads
 from flexkv_py.index.tier_names import Tier
 
-# A logical key is head (namespace prefix + variant) + the engine's block hash: the index also
-# files every entry under (head, hash), so a lookup can take vLLM's hashes without building keys.
-HEAD_LEN = PREFIX_LEN + VARIANT_LEN
+__all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-@dataclass(slots=True)
-class Entry:
-    host_slot: int | None = None
-    host_ready: bool = False
-    evicting: bool = False
-    releasing: bool = False  # host copy evicted while pinned: slot freed by the last unpin
-    on_ssd: bool = False
-    ssd_pending: bool = False
-    on_object: bool = False
-    pins: int = 0
-    hits: int = 0
-    stale: bool = False  # dropped by reset() while in use: never readable again
-
-    @property
-    def host_readable(self) -> bool:
-        return self.host_ready and not self.stale
-
-    @property
-    def readable(self) -> bool:
-        return not self.stale and (self.host_readable or self.on_ssd or self.on_object)
-
-    @property
-    def evictable(self) -> bool:
-        return self.host_ready and not self.evicting and self.pins == 0 and not self.stale
-
-    @property
-    def empty(self) -> bool:
-        return self.host_slot is None and not (self.on_ssd or self.ssd_pending or self.on_object)
-
-    def best_tier(self) -> Tier | None:
-        if self.stale:
-            return None
-        if self.host_readable:
-            return Tier.HOST
-        if self.on_ssd:
-            return Tier.SSD
-        if self.on_object:
-            return Tier.OBJECT
-        return None
-
-
-class Located(NamedTuple):
-    # A tuple, not a dataclass: one is made per loaded block on the scheduler's hot path.
-    tier: Tier
-    host_slot: int | None  # set when tier is HOST
-
-
-@dataclass(frozen=True)
-class Victim:
-    key: bytes
-    host_slot: int
-    hits: int
-    on_ssd: bool
-
-
-class IndexStateError(RuntimeError):
-    """A state transition that the index does not allow (a bug in the caller)."""
-
-
-class TierIndex:
-    """Key -> location map plus the host slot allocator.
+class TierIndex(IndexReads):
+    """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
-    held by exactly one key (filling, ready or evicting). Slots and SSD copies that became garbage
-    (failed fills, finished evictions, reset of blocks that were in use) are queued and handed to
-    the manager by `take_garbage`.
+    held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
+    garbage (failed fills, finished evictions, reset of blocks that were in use) are queued and
+    handed to the manager by `take_garbage`.
     """
 
-    def __init__(
-        self,
-        num_host_slots: int,
-        eviction: EvictionPolicy | None = None,
-        ghost_capacity: int | None = None,
-        usable_host_slots: int | None = None,
-    ) -> None:
-        """`usable_host_slots`: how many leading slots may be handed out now (default all); a
-        pool prepared in the background grows it with `grow_usable_slots`."""
-        if num_host_slots < 0:
-            raise ValueError("num_host_slots must be >= 0")
-        usable = num_host_slots if usable_host_slots is None else usable_host_slots
-        if not 0 <= usable <= num_host_slots:
-            raise ValueError(f"usable_host_slots must be in 0..{num_host_slots}, got {usable}")
-        self._lock = threading.Lock()
-        self._entries: dict[bytes, Entry] = {}
-        # head -> block hash -> the same Entry objects as _entries (only keys longer than a
-        # head): what `readable_hashes` reads. Costs one dict slot and one hash copy per key.
-        self._by_head: dict[bytes, dict[bytes, Entry]] = {}
-        self._policy = eviction or LRUPolicy()
-        self.num_host_slots = num_host_slots
-        # LIFO free list: recently freed slots are reused first (warm in caches/TLB).
-        self._free: list[int] = list(range(usable - 1, -1, -1))
-        self._usable = usable
-        self._garbage_ssd: list[bytes] = []
-        # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
-        self._ghost: OrderedDict[bytes, int] = OrderedDict()
-        if ghost_capacity is None:
-            ghost_capacity = max(1024, num_host_slots)
-        self._ghost_capacity = ghost_capacity
-
     # --- internal helpers (lock held) ---
-    def _add(self, key: bytes, e: Entry) -> None:
-        self._entries[key] = e
-        if len(key) > HEAD_LEN:
-            head = key[:HEAD_LEN]
-            sub = self._by_head.get(head)
-            if sub is None:
-                sub = self._by_head[head] = {}
-            sub[key[HEAD_LEN:]] = e
+    def _add(self, key: bytes, lower: int | None = None) -> Entry:
+        """A new entry for `key`; a cold block becomes warm (its lower-tier bits move over)."""
+        if lower is None:
+            lower = self._cold.take(key)
+        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0), lower=lower)
+        self._heads.add(key, e)
+        return e
 
-    def _remove(self, key: bytes) -> None:
-        del self._entries[key]
-        if len(key) > HEAD_LEN:
-            head = key[:HEAD_LEN]
-            sub = self._by_head[head]
-            del sub[key[HEAD_LEN:]]
-            if not sub:
-                del self._by_head[head]
+    def _get(self, key: bytes) -> Entry:
+        """The key's entry, warming a cold block; IndexStateError for an unknown key."""
+        e = self._entries.get(key)
+        if e is None:
+            lower = self._cold.take(key)
+            if not lower:
+                raise IndexStateError(f"unknown key {key.hex()}")
+            e = self._add(key, lower)
+        return e
+
+    def _remember_hits(self, key: bytes, hits: int) -> None:
+        if self._ghost_capacity > 0:
+            self._ghost[key] = hits
+            self._ghost.move_to_end(key)
+            while len(self._ghost) > self._ghost_capacity:
+                self._ghost.popitem(last=False)
 
     def _refresh(self, key: bytes, e: Entry) -> None:
         if e.evictable:
@@ -163,95 +93,31 @@ class TierIndex:
         """Release what an entry no longer needs, then drop the entry if nothing is left."""
         if e.releasing and e.pins == 0:
             assert e.host_slot is not None
-            self._free.append(e.host_slot)
+            self._slots.give(e.host_slot)
             e.host_slot, e.releasing = None, False
         if e.stale and e.pins == 0 and not e.evicting:
             if e.host_slot is not None and e.host_ready:
-                self._free.append(e.host_slot)
+                self._slots.give(e.host_slot)
                 e.host_slot, e.host_ready = None, False
-            if e.on_ssd:
-                self._garbage_ssd.append(key)
-                e.on_ssd = False
-            e.on_object = False
+            for tier in tiers_of(e.lower):
+                self._garbage.setdefault(tier, []).append(key)
+            e.lower = 0
         self._refresh(key, e)
-        if e.empty and e.pins == 0:
+        if e.pins or e.host_slot is not None or e.pending:
+            return
+        if e.lower and not e.stale and len(key) > HEAD_LEN:
+            # Only lower-tier copies left and nothing in flight: the block turns cold.
             self._policy.remove(key)
-            self._remove(key)
-            if self._ghost_capacity > 0 and not e.stale:
-                self._ghost[key] = e.hits
-                self._ghost.move_to_end(key)
-                while len(self._ghost) > self._ghost_capacity:
-                    self._ghost.popitem(last=False)
-
-    def _get(self, key: bytes) -> Entry:
-        e = self._entries.get(key)
-        if e is None:
-            raise IndexStateError(f"unknown key {key.hex()}")
-        return e
-
-    # --- queries ---
-    def match(self, keys: Sequence[bytes]) -> list[Tier]:
-        """Tier to read each key from, for the longest readable prefix starting at block 0."""
-        out: list[Tier] = []
-        with self._lock:
-            get = self._entries.get
-            for key in keys:
-                e = get(key)
-                tier = e.best_tier() if e is not None else None
-                if tier is None:
-                    break
-                out.append(tier)
-        return out
-
-    def lookup(self, keys: Sequence[bytes]) -> int:
-        """How many leading keys are readable (the length of `match`, without building it)."""
-        return self.readable_prefix(keys)
-
-    def readable_prefix(
-        self, keys: Sequence[bytes], start: int = 0, stop: int | None = None
-    ) -> int:
-        """Index of the first key in keys[start:stop] that is not readable (stop if all are).
-
-        The scheduler's hot path (every scheduling attempt of a waiting request, up to 8K+
-        blocks): `Entry.readable` inlined, no tier list, no per-key call — the same rule as
-        `match` (tests compare the two on random states)."""
-        n = len(keys)
-        stop = n if stop is None else min(stop, n)
-        if start >= stop:
-            return start  # an empty range: no hit
-        # Slicing copies pointers only; iterating a slice beats indexing keys[i] per key.
-        span = keys if start == 0 and stop == n else keys[start:stop]
-        i = start
-        with self._lock:
-            # map() calls dict.get from C: ~25 % faster than a bound get(key) per key.
-            for e in map(self._entries.get, span):
-                if e is None or e.stale or not (e.host_ready or e.on_ssd or e.on_object):
-                    break
-                i += 1
-        return i
-
-    def readable_hashes(
-        self, head: bytes, hashes: Sequence[bytes], start: int = 0, stop: int | None = None
-    ) -> int:
-        """`readable_prefix` of the keys head + hashes[i], without building them: the
-        scheduler's lookup of a request's block hashes (head: namespace prefix + variant)."""
-        if len(head) != HEAD_LEN:
-            raise ValueError(f"key head must be {HEAD_LEN} bytes, got {len(head)}")
-        n = len(hashes)
-        stop = n if stop is None else min(stop, n)
-        if start >= stop:
-            return start
-        span = hashes if start == 0 and stop == n else hashes[start:stop]
-        i = start
-        with self._lock:
-            sub = self._by_head.get(head)
-            if sub is None:
-                return start
-            for e in map(sub.get, span):
-                if e is None or e.stale or not (e.host_ready or e.on_ssd or e.on_object):
-                    break
-                i += 1
-        return i
+            del self._entries[key]
+            self._heads.remove(key)
+            self._cold.add(key, e.lower)
+            self._remember_hits(key, e.hits)
+        elif not e.lower:
+            self._policy.remove(key)
+            del self._entries[key]
+            self._heads.remove(key)
+            if not e.stale:
+                self._remember_hits(key, e.hits)
 
     def acquire(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[Located]:
         """`match` and pin the matched keys in one step, so none can be evicted in between.
@@ -262,8 +128,13 @@ class TierIndex:
             entries, remove = self._entries, self._policy.remove
             for key in keys:
                 e = entries.get(key)
-                tier = e.best_tier() if e is not None else None
-                if e is None or tier is None:
+                if e is None:  # a cold block? it warms up to be pinned
+                    lower = self._cold.take(key)
+                    if not lower:
+                        break
+                    e = self._add(key, lower)
+                tier = e.best_tier()
+                if tier is None:
                     break
                 out.append(Located(tier, e.host_slot if tier is host else None))
                 e.pins += 1
@@ -271,52 +142,6 @@ class TierIndex:
                     e.hits += 1
                 remove(key)
         return out
-
-    def known(self, key: bytes) -> bool:
-        """True if the key has any copy, readable or in flight (storing it again is redundant)."""
-        with self._lock:
-            return key in self._entries
-
-    def entry(self, key: bytes) -> Entry | None:
-        """A copy of the key's entry (for tests and diagnostics)."""
-        with self._lock:
-            e = self._entries.get(key)
-            return None if e is None else copy.copy(e)
-
-    def hits(self, key: bytes) -> int:
-        with self._lock:
-            e = self._entries.get(key)
-            return e.hits if e is not None else self._ghost.get(key, 0)
-
-    def keys(self) -> list[bytes]:
-        with self._lock:
-            return list(self._entries)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    @property
-    def free_slots(self) -> int:
-        with self._lock:
-            return len(self._free)
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            es = self._entries.values()
-            return {
-                "keys": len(self._entries),
-                "host_ready": sum(e.host_ready for e in es),
-                "host_filling": sum(e.host_slot is not None and not e.host_ready for e in es),
-                "evicting": sum(e.evicting for e in es),
-                "releasing": sum(e.releasing for e in es),
-                "on_ssd": sum(e.on_ssd for e in es),
-                "ssd_pending": sum(e.ssd_pending for e in es),
-                "pinned": sum(e.pins > 0 for e in es),
-                "stale": sum(e.stale for e in es),
-                "evictable": len(self._policy),
-                "free_slots": len(self._free),
-            }
 
     # --- access ---
     def touch(self, keys: Iterable[bytes]) -> None:
@@ -327,6 +152,8 @@ class TierIndex:
                 if e is not None:
                     e.hits += 1
                     self._policy.touch(key)
+                elif self._cold.has(key):  # a cold block's count lives in the ghost map
+                    self._remember_hits(key, self._ghost.get(key, 0) + 1)
 
     def pin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
@@ -353,35 +180,21 @@ class TierIndex:
                     self._settle(key, e)
 
     # --- host slots ---
-    @property
-    def usable_host_slots(self) -> int:
-        with self._lock:
-            return self._usable
-
     def grow_usable_slots(self, usable: int) -> int:
         """Slots below `usable` became usable (their memory is ready): free them. Never shrinks.
         Returns how many slots were added."""
         with self._lock:
-            usable = min(usable, self.num_host_slots)
-            if usable <= self._usable:
-                return 0
-            added = usable - self._usable
-            # Below the existing free slots: LIFO hands out warm (already used) slots first.
-            self._free[:0] = range(usable - 1, self._usable - 1, -1)
-            self._usable = usable
-            return added
+            return self._slots.grow(usable)
 
     def allocate_slots(self, n: int) -> list[int]:
         """Up to `n` free slots (fewer when the pool is short; evict first to get more)."""
         with self._lock:
-            take = min(n, len(self._free))
-            out = [self._free.pop() for _ in range(take)]
-            return out
+            return self._slots.take(n)
 
     def release_slots(self, slots: Iterable[int]) -> None:
         """Return slots from `allocate_slots` that were not used for a fill."""
         with self._lock:
-            self._free.extend(slots)
+            self._slots.give_back(slots)
 
     # --- host copy lifecycle ---
     def begin_host_fill(self, key: bytes, slot: int, *, count_access: bool = True) -> None:
@@ -397,8 +210,7 @@ class TierIndex:
             for key, slot in zip(keys, slots, strict=True):
                 e = entries.get(key)
                 if e is None:
-                    e = Entry(hits=self._ghost.pop(key, 0))
-                    self._add(key, e)
+                    e = self._add(key)
                 elif e.host_slot is not None or e.stale:
                     raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
                 e.host_slot = slot
@@ -435,7 +247,7 @@ class TierIndex:
                             policy.add(key, e.hits)
                         continue
                 else:
-                    self._free.append(e.host_slot)
+                    self._slots.give(e.host_slot)
                     e.host_slot = None
                 self._settle(key, e)
         return readable
@@ -450,86 +262,112 @@ class TierIndex:
             e = self._entries[key]
             assert e.evictable and e.host_slot is not None
             e.evicting = True
-            return Victim(key, e.host_slot, e.hits, e.on_ssd)
+            return Victim(key, e.host_slot, e.hits, tiers_of(e.lower))
 
     def finish_evict(self, key: bytes) -> None:
         """The host copy is gone (spilled or dropped): its slot becomes free, or, while jobs
         still read it (pinned), when the last of them unpins."""
         with self._lock:
-            e = self._get(key)
-            if not e.evicting or e.host_slot is None:
+            e = self._entries.get(key)  # an evicting block is warm: never warm one to fail
+            if e is None or not e.evicting or e.host_slot is None:
                 raise IndexStateError(f"key {key.hex()} is not being evicted")
             e.host_ready, e.evicting, e.releasing = False, False, True
             self._settle(key, e)
 
-    # --- SSD / object copies ---
-    def begin_ssd_write(self, key: bytes) -> bool:
-        """Mark an SSD write in flight; False (nothing to do) if a copy exists or is coming."""
+    # --- lower-tier copies ---
+    def begin_write(self, key: bytes, tier: Tier) -> bool:
+        """Mark a write to `tier` in flight; False (nothing to do) if a copy exists or is coming."""
+        bit = TIER_BIT[tier]
         with self._lock:
+            if key not in self._entries and self._cold.on(key, tier):
+                return False  # already there: the cold block stays cold
             e = self._get(key)
-            if e.on_ssd or e.ssd_pending or e.stale:
+            if (e.lower | e.pending) & bit or e.stale:
                 return False
-            e.ssd_pending = True
+            e.pending |= bit
             return True
 
-    def on_ssd_readable(self, key: bytes) -> bool:
-        """Does the index hold a readable SSD copy of `key` (not dropped, not reset)?"""
+    def readable_on(self, key: bytes, tier: Tier) -> bool:
+        """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
         with self._lock:
             e = self._entries.get(key)
-            return e is not None and e.on_ssd and not e.stale
+            if e is None:
+                return self._cold.on(key, tier)
+            return bool(e.lower & TIER_BIT[tier]) and not e.stale
 
-    def commit_ssd_write(self, key: bytes, ok: bool) -> None:
+    def commit_write(self, key: bytes, tier: Tier, ok: bool) -> None:
+        bit = TIER_BIT[tier]
         with self._lock:
             e = self._entries.get(key)
-            if e is None or not e.ssd_pending:
-                raise IndexStateError(f"key {key.hex()} has no SSD write in flight")
-            e.ssd_pending = False
-            e.on_ssd = e.on_ssd or ok
+            if e is None or not e.pending & bit:
+                raise IndexStateError(f"key {key.hex()} has no {tier.value} write in flight")
+            e.pending &= ~bit
+            if ok:
+                e.lower |= bit
             self._settle(key, e)
 
-    def set_ssd(self, keys: Iterable[bytes], present: bool) -> list[bytes]:
-        """Record SSD presence learned from the store (restart scan: True; store eviction, failed
-        read: False). Returns the keys whose state changed."""
+    def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
+        """Record presence on `tier` learned from its store (restart scan: True; the store's
+        eviction, a failed read: False). Returns the keys whose state changed, each once (those
+        with an entry first). A restart adopts millions of blocks: blocks without an entry go
+        to the cold sets in one batch, and no entry is made for them."""
+        bit = TIER_BIT[tier]
+        keys = list(keys)
         changed: list[bytes] = []
         with self._lock:
-            for key in keys:
-                e = self._entries.get(key)
+            entries = self._entries
+            # Blocks without an entry stay (or become) cold; short keys are never cold.
+            if not entries and min(map(len, keys), default=HEAD_LEN + 1) > HEAD_LEN:
+                warm, cold = [], keys  # a restart's adoption: no entry to look at
+            else:
+                warm = [k for k in keys if k in entries or len(k) <= HEAD_LEN]
+                cold = [k for k in keys if k not in entries and len(k) > HEAD_LEN]
+            for key in dict.fromkeys(warm):
+                e = entries.get(key)
+                if e is None:
+                    if not present:
+                        continue
+                    e = self._add(key)
                 if present:
-                    if e is None:
-                        e = Entry(hits=self._ghost.pop(key, 0))
-                        self._add(key, e)
-                    if not e.on_ssd and not e.stale:
-                        e.on_ssd = True
+                    if not e.lower & bit and not e.stale:
+                        e.lower |= bit
                         changed.append(key)
-                elif e is not None and e.on_ssd:
-                    e.on_ssd = False
+                elif e.lower & bit:
+                    e.lower &= ~bit
                     changed.append(key)
                     self._settle(key, e)
+            if present:
+                changed += self._cold.add_on(cold, tier)
+            else:
+                changed += [k for k in dict.fromkeys(cold) if self._cold.discard_on(k, tier)]
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
-        """Forget every key. Idle ones are removed now (returned, so their SSD copies can be
-        deleted); ones in use turn stale (never readable) and are cleaned as their jobs end."""
-        removed: list[tuple[bytes, Entry]] = []
+        """Forget every key. Idle ones are removed now (returned, so their lower-tier copies can
+        be deleted); ones in use turn stale (never readable) and are cleaned as their jobs end."""
         with self._lock:
+            cold = self._cold
+            removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
+            cold.clear()
             for key, e in list(self._entries.items()):
                 e.stale = True
                 self._policy.remove(key)
                 if (
                     e.pins == 0
                     and not e.evicting
-                    and not e.ssd_pending
+                    and not e.pending
                     and not (e.host_slot is not None and not e.host_ready)
                 ):
                     if e.host_slot is not None:
-                        self._free.append(e.host_slot)
-                    self._remove(key)
+                        self._slots.give(e.host_slot)
+                    del self._entries[key]
+                    self._heads.remove(key)
                     removed.append((key, e))
             self._ghost.clear()
         return removed
 
-    def take_garbage(self) -> list[bytes]:
-        """SSD copies of stale keys that must be deleted (written after a reset)."""
+    def take_garbage(self) -> dict[Tier, list[bytes]]:
+        """Per lower tier, copies of stale keys that must be deleted (written after a reset)."""
         with self._lock:
-            out, self._garbage_ssd = self._garbage_ssd, []
+            out, self._garbage = self._garbage, {}
             return out

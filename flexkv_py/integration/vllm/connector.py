@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from flexkv_py.errors import InternalStateError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.coexistence import check_flexkv_owner
 from flexkv_py.integration.vllm.composition import check_child_without_hma, find_parent
@@ -106,19 +107,21 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
 
     def _bound_kv_cache_manager(self) -> Any:
         if self._kv_cache_manager is None:
-            raise RuntimeError("FlexKVConnectorV1: the scheduler did not bind its KV cache manager")
+            raise InternalStateError(
+                "FlexKVConnectorV1: the scheduler did not bind its KV cache manager"
+            )
         return self._kv_cache_manager
 
     @property
     def scheduler_side(self) -> SchedulerSide:
         if self._scheduler is None:
-            raise RuntimeError("scheduler-side hook called on a WORKER-role connector")
+            raise InternalStateError("scheduler-side hook called on a WORKER-role connector")
         return self._scheduler
 
     @property
     def worker_side(self) -> WorkerSide:
         if self._worker is None:
-            raise RuntimeError("worker-side hook called on a SCHEDULER-role connector")
+            raise InternalStateError("worker-side hook called on a SCHEDULER-role connector")
         return self._worker
 
     # ============================================================== worker side

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
-from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import (
+    BlockHash,
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 # Tier medium (the coordinator's names) -> the medium published to routers.
 PUBLISHED_MEDIUM = {"CPU": "CPU", "SSD": "DISK"}
@@ -54,6 +62,32 @@ class BlockOrigins:
         self._items.move_to_end(block_hash)
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
+
+    def remember_request(
+        self, req: Request, start: int, hashes: Sequence[Any], block_size: int
+    ) -> None:
+        """What blocks start.. of `req` (whose hashes are `hashes`) cover, as their store is
+        planned: parent hash, token ids, LoRA and vLLM's per-block extra keys."""
+        lora = req.lora_request
+        tokens = req.all_token_ids
+        mm_idx = 0  # a valid start for any block: features before it are skipped
+        for i, h in enumerate(hashes):
+            idx = start + i
+            parent = bytes(req.block_hashes[idx - 1]) if idx > 0 else None
+            keys, mm_idx = generate_block_hash_extra_keys(
+                req, idx * block_size, (idx + 1) * block_size, mm_idx
+            )
+            event_keys = to_event_extra_keys([keys])
+            self.remember(
+                bytes(h),
+                BlockOrigin(
+                    parent_hash=parent,
+                    token_ids=tuple(tokens[idx * block_size : (idx + 1) * block_size]),
+                    lora_id=lora.adapter_id if lora is not None else None,
+                    lora_name=lora.lora_name if lora is not None else None,
+                    extra_keys=event_keys[0] if event_keys else None,
+                ),
+            )
 
     def get(self, block_hash: bytes) -> BlockOrigin | None:
         return self._items.get(block_hash)

@@ -18,14 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
-
 from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.coordinator.planning import host_pool_in_background
+from flexkv_py.errors import InternalStateError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import (
-    BlockOrigin,
     BlockOrigins,
     to_vllm_events,
 )
@@ -103,7 +101,9 @@ class SchedulerSide:
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
-        # With an SSD tier, lookups wait until every worker reported what survived a restart.
+        # What survived a restart on every worker's SSD: adopted once all reported. Until then the
+        # index lacks those blocks and lookups miss them (0), never "ask again later" (None):
+        # vLLM skips a request that gets None, so waiting would stall serving.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
         # LoRA requests key their blocks by the adapter's identity, not only its name.
@@ -123,8 +123,6 @@ class SchedulerSide:
         first = num_computed_tokens // self._bs
         if first >= len(hashes):
             return 0, False
-        if not self._inventory.ready:
-            return None, False  # ask again once the workers reported their SSD contents
         variant = self._variants.variant(request.lora_request)
         hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
         self._mgr.count_lookup(hit)
@@ -157,7 +155,7 @@ class SchedulerSide:
         variant = self._variants.variant(request.lora_request)
         keys = tuple(self._keys.keys(request, variant, first + count)[first : first + count])
         if len(block_ids) != count or len(keys) != count:
-            raise RuntimeError(
+            raise InternalStateError(
                 f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
             )
         job = self._mgr.prepare_load(list(keys), list(block_ids))
@@ -244,34 +242,11 @@ class SchedulerSide:
         job = self._mgr.prepare_store(keys, gpu_ids)
         if job is None:
             return
-        self._remember_origins(req, start, hashes)
+        if self._events_on:
+            self._origins.remember_request(req, start, hashes, self._bs)
         self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
-
-    def _remember_origins(self, req: Request, start: int, hashes: list[Any]) -> None:
-        if not self._events_on:
-            return
-        lora = req.lora_request
-        tokens = req.all_token_ids
-        mm_idx = 0  # a valid start for any block: features before it are skipped
-        for i, h in enumerate(hashes):
-            idx = start + i
-            parent = bytes(req.block_hashes[idx - 1]) if idx > 0 else None
-            keys, mm_idx = generate_block_hash_extra_keys(
-                req, idx * self._bs, (idx + 1) * self._bs, mm_idx
-            )
-            event_keys = to_event_extra_keys([keys])
-            self._origins.remember(
-                bytes(h),
-                BlockOrigin(
-                    parent_hash=parent,
-                    token_ids=tuple(tokens[idx * self._bs : (idx + 1) * self._bs]),
-                    lora_id=lora.adapter_id if lora is not None else None,
-                    lora_name=lora.lora_name if lora is not None else None,
-                    extra_keys=event_keys[0] if event_keys else None,
-                ),
-            )
 
     # ---------------------------------------------------------------- completions
     def update_connector_output(self, output: KVConnectorOutput) -> None:
@@ -291,7 +266,7 @@ class SchedulerSide:
                 self._mgr.grow_host_slots(min(self._ready_slots.values()))
         inventories = self._inventory.add(meta.inventories)
         if inventories is not None:
-            self._mgr.adopt_ssd_keys(inventories)
+            self._mgr.adopt_ssd_keys(inventories, adopt=not self._inventory.stale)
         for job_id, nranks in meta.gpu_read_done.items():
             info = self._jobs.get(job_id)
             if info is None:
@@ -396,6 +371,7 @@ class SchedulerSide:
         return to_vllm_events(tier_events, self._origins, self._bs)
 
     def reset_cache(self) -> bool:
+        self._inventory.forget()
         job = self._mgr.reset()
         if job is not None:
             self._add_background(job)
@@ -408,12 +384,14 @@ class SchedulerSide:
         stats, self._stats = self._stats, FlexKVConnectorStats()
         return stats
 
+    @property
+    def recovered(self) -> bool:
+        """Every worker's restart inventory is adopted (at once without an SSD tier)."""
+        return self._inventory.ready
+
     def has_pending_stores(self) -> bool:
         """Store jobs not yet finished on every rank (their requests may be gone)."""
         return any(info.kind == "store" for info in self._jobs.values())
-
-    def has_work(self) -> bool:
-        return bool(self._jobs or self._step_jobs or self._delayed_free)
 
     def shutdown(self) -> None:
         close = getattr(self._mgr, "close", None)

@@ -1,0 +1,174 @@
+"""Load planning: pin a request's cached blocks, stage lower-tier ones through host slots (and
+keep them there: promoted), and apply the load's result. A block that is no longer cached, or
+has no host slot to stage through, is in the job with source None so the worker reports it
+failed; a lower-tier copy that turns out lost or bad is forgotten."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flexkv_py.coordinator.eviction import HostEviction
+from flexkv_py.coordinator.jobs import (
+    CORRUPT,
+    IO_ERROR,
+    IO_TIMEOUT,
+    NOT_FOUND,
+    JobResult,
+    LoadJob,
+)
+from flexkv_py.coordinator.manager_state import LoadPlan
+from flexkv_py.index.entry import IndexStateError, Victim
+from flexkv_py.index.tier_names import Tier
+
+# Lower-tier read failures that mean "this copy is gone or bad": the index forgets the copy.
+# A timed-out read (a stuck device, see late_io.py) too: kept, every lookup would promise it
+# again and every retry fail at once on fenced slots, a loop of load errors; forgotten, the
+# block is recomputed and stored again.
+_COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
+
+
+class LoadPlanner(HostEviction):
+    def prepare_load(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+    ) -> LoadJob | None:
+        """A job loading `keys` into `gpu_block_ids`. Blocks are pinned until `complete`. A block
+        that is no longer cached (or has no host slot to stage through) is in the job with
+        source None so the worker reports it failed; None only for an empty request."""
+        if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
+        if not keys:
+            return None
+        with self._lock:
+            acquired = self.index.acquire(keys, count_hits=True)
+            host = Tier.HOST
+            if len(acquired) == len(keys) and all(a.tier is host for a in acquired):
+                # The common case, in one pass: every block is in host memory.
+                return self._new_load_job(
+                    keys,
+                    gpu_block_ids,
+                    [a.host_slot for a in acquired],  # type: ignore[misc]
+                    (host,) * len(keys),
+                    [False] * len(keys),
+                    [],
+                )
+            n_lower = sum(t.tier is not host for t in acquired)
+            chained: list[Victim] = []
+            staging = self._take_slots(n_lower, chained) if n_lower else []
+            sources: list[Tier | None] = []
+            slots: list[int] = []
+            promoted: list[bool] = []
+            for i, key in enumerate(keys):
+                src: Tier | None = None
+                slot, promote = -1, False
+                if i < len(acquired):
+                    got = acquired[i]
+                    if got.tier is host:
+                        assert got.host_slot is not None
+                        src, slot = host, got.host_slot
+                    elif staging:
+                        src, slot = got.tier, staging.pop()
+                        try:
+                            self.index.begin_host_fill(key, slot, count_access=False)
+                            promote = True
+                        except IndexStateError:
+                            promote = False  # another job is filling its host copy: stage only
+                    else:  # no staging slot: cannot load
+                        self.index.unpin([key])
+                        self._stats["load_no_slot_blocks"] += 1
+                sources.append(src)
+                slots.append(slot)
+                promoted.append(promote)
+            assert not staging, "every staging slot goes to a lower-tier block of this job"
+            self._stats["load_missing_blocks"] += len(keys) - len(acquired)
+            return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
+
+    def prepare_load_parts(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        bounds: Sequence[tuple[int, int]],
+    ) -> list[LoadJob]:
+        """`prepare_load`, split at `bounds` into jobs the caller submits one after the other
+        (their copies queue while the next is submitted, their completions overlap the next
+        copies). Every block is pinned before the first part runs. Only a load served wholly
+        from host memory is split: lower-tier blocks stage through slots whose spills must come
+        first."""
+        with self._lock:
+            job = self.prepare_load(keys, gpu_block_ids)
+            if job is None:
+                return []
+            if len(bounds) < 2 or job.spill_keys or not job.all_from_host:
+                return [job]
+            del self._inflight[job.job_id]
+            del self._load_plans[job.job_id]
+            ids = job.gpu_block_ids
+            parts = []
+            for start, end in bounds:
+                part = LoadJob(
+                    job_id=next(self._ids),
+                    keys=job.keys[start:end],
+                    gpu_block_ids=None if ids is None else ids[start:end],
+                    host_slots=job.host_slots[start:end],
+                    sources=job.sources[start:end],
+                )
+                self._inflight[part.job_id] = part
+                self._load_plans[part.job_id] = LoadPlan([False] * (end - start))
+                parts.append(part)
+            return parts
+
+    def _new_load_job(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        slots: Sequence[int],
+        sources: Sequence[Tier | None],
+        promoted: list[bool],
+        chained: list[Victim],
+    ) -> LoadJob:
+        """Register a load job whose blocks are pinned (lock held)."""
+        job = LoadJob(
+            job_id=next(self._ids),
+            keys=tuple(keys),
+            gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
+            host_slots=tuple(slots),
+            sources=tuple(sources),
+            spill_keys=tuple(v.key for v in chained),
+            spill_slots=tuple(v.host_slot for v in chained),
+            spill_tier=self.spill_tier or Tier.SSD,
+        )
+        self._inflight[job.job_id] = job
+        self._load_plans[job.job_id] = LoadPlan(promoted)
+        self._keep_reserve()
+        return job
+
+    def _complete_load(self, job: LoadJob, result: JobResult, plan: LoadPlan) -> None:
+        failed = result.failed
+        if not failed and job.all_from_host:
+            # The common case, in one pass: every block came from host memory and loaded.
+            self.index.unpin(job.keys)
+            self._stats["load_host_blocks"] += len(job.keys)
+            self._stats["load_host_bytes"] += self.page_bytes * len(job.keys)
+            return
+        for i, key in enumerate(job.keys):
+            src = job.sources[i]
+            if src is None:
+                self._stats["load_failed_blocks"] += 1
+                continue
+            reason = failed.get(key)
+            if src is not Tier.HOST:
+                if plan.promoted[i]:
+                    if self.index.commit_host_fill(key, reason is None):
+                        self._event("stored", key, Tier.HOST)
+                else:
+                    self.index.release_slots([job.host_slots[i]])
+                if reason in _COPY_LOST:
+                    # Never trust this copy again (not found, corrupt or unreadable).
+                    if self.index.set_present([key], src, False):
+                        self._event("removed", key, src)
+                    self._stats[f"{src.value}_read_{reason}_blocks"] += 1
+            self.index.unpin([key])
+            if reason is None:
+                self._stats[f"load_{src.value}_blocks"] += 1
+                self._stats[f"load_{src.value}_bytes"] += self.page_bytes
+            else:
+                self._stats["load_failed_blocks"] += 1

@@ -1,0 +1,97 @@
+"""The scheduler-side manager's shared state and its KV events (the parts every planner uses).
+
+`CacheManager` (manager.py) is assembled from one planner per job: stores (stores.py), loads
+(loads.py), host eviction and spills (eviction.py); each reads and changes only this state, under
+its one re-entrant lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Literal
+
+from flexkv_py.config import FlexKVConfig
+from flexkv_py.coordinator.jobs import Job
+from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.index.entry import Victim
+from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
+from flexkv_py.index.tier_index import TierIndex
+from flexkv_py.index.tier_names import Tier
+
+Medium = Literal["CPU", "SSD", "OBJECT"]
+# The medium each tier's KV events name (vLLM's "CPU" for host memory).
+MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
+
+
+@dataclass(frozen=True)
+class KVEvent:
+    """A block appeared in / left a tier (vLLM BlockStored / BlockRemoved for Dynamo's router)."""
+
+    kind: Literal["stored", "removed"]
+    block_hash: bytes
+    medium: Medium
+
+
+@dataclass
+class LoadPlan:
+    promoted: list[bool]  # block i: a host fill was begun (a lower-tier block stays in host)
+
+
+class ManagerState:
+    def __init__(
+        self,
+        config: FlexKVConfig,
+        namespace: Namespace,
+        page_bytes: int,
+        *,
+        num_host_slots: int | None = None,
+        usable_host_slots: int | None = None,
+        free_target: float = 0.05,
+        max_events: int = 100_000,
+    ) -> None:
+        """`page_bytes`: one block of one rank (all layers, K and V). `num_host_slots` overrides
+        the count planned from cpu_cache_gb (it must equal every worker's pool).
+        `usable_host_slots`: slots usable now (default all); the rest arrive through
+        `grow_host_slots` as the workers' pools are prepared in the background."""
+        self.config = config
+        self.namespace = namespace
+        self.page_bytes = page_bytes
+        slots = (
+            num_host_slots
+            if num_host_slots is not None
+            else (host_slots_for(config, namespace, page_bytes))
+        )
+        self.index = TierIndex(
+            slots, make_eviction_policy(config.eviction_policy), usable_host_slots=usable_host_slots
+        )
+        self.admission = AdmissionPolicy(config.admission_spec)
+        # The lower tier that blocks leaving the host tier are written to (None: none exists).
+        self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
+        self._free_target = min(slots, math.ceil(free_target * slots))
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._inflight: dict[int, Job] = {}
+        self._load_plans: dict[int, LoadPlan] = {}
+        self._spilling = 0  # slots held by in-flight spills
+        self._spill_batch: list[Victim] = []
+        self._background: list[Job] = []
+        self._events: deque[KVEvent] = deque(maxlen=max_events)
+        self._stats: Counter[str] = Counter()
+
+    @property
+    def num_host_slots(self) -> int:
+        return self.index.num_host_slots
+
+    def _event(self, kind: Literal["stored", "removed"], key: bytes, tier: Tier) -> None:
+        self._events.append(KVEvent(kind, self.namespace.block_hash(key), MEDIUM[tier]))
+
+    def take_events(self) -> list[KVEvent]:
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+            return events

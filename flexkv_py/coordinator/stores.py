@@ -1,0 +1,88 @@
+"""Store planning: which blocks of a request get fresh host slots, and which lower tiers they are
+copied to at store time (write-through, per the admission policy); applying the store's result.
+Keys already cached or in flight are skipped; when every slot is pinned, a store is cut at the
+end (the earliest blocks of a prefix are the valuable ones)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flexkv_py.coordinator.eviction import HostEviction
+from flexkv_py.coordinator.jobs import JobResult, StoreJob
+from flexkv_py.index.entry import Victim
+from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+
+
+class StorePlanner(HostEviction):
+    def prepare_store(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+    ) -> StoreJob | None:
+        """A job copying the not-yet-cached blocks into fresh host slots (and, write-through, to
+        the spill tier). Keys already cached or in flight are skipped; None when nothing is left
+        to do."""
+        if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
+        with self._lock:
+            todo: list[int] = []
+            seen: set[bytes] = set()
+            for i, key in enumerate(keys):
+                if key in seen or self.index.known(key):
+                    self._stats["store_skipped_cached"] += 1
+                    continue
+                seen.add(key)
+                todo.append(i)
+            chained: list[Victim] = []
+            slots = self._take_slots(len(todo), chained) if todo else []
+            if len(slots) < len(todo):
+                self._stats["store_skipped_no_slot"] += len(todo) - len(slots)
+                todo = todo[: len(slots)]
+            job = None
+            if todo:
+                self.index.begin_host_fills([keys[i] for i in todo], slots)
+                job = StoreJob(
+                    job_id=next(self._ids),
+                    keys=tuple(keys[i] for i in todo),
+                    gpu_block_ids=(
+                        None if gpu_block_ids is None else tuple(gpu_block_ids[i] for i in todo)
+                    ),
+                    host_slots=tuple(slots),
+                    write_tiers=tuple(self._write_tiers(keys[i]) for i in todo),
+                    spill_keys=tuple(v.key for v in chained),
+                    spill_slots=tuple(v.host_slot for v in chained),
+                )
+                self._inflight[job.job_id] = job
+            self._keep_reserve()
+            return job
+
+    def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
+        """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""
+        tier = self.spill_tier
+        if (
+            tier is not None
+            and self.admission.admit_on_store(self.index.hits(key))
+            and self.index.begin_write(key, tier)
+        ):
+            return (tier,)
+        return ()
+
+    def _complete_store(self, job: StoreJob, result: JobResult) -> None:
+        failed = result.failed
+        for tier in [t for t in LOWER_TIERS if any(t in ts for ts in job.write_tiers)]:
+            tier_failed = result.write_failed_on(tier)
+            for key in (job.keys[i] for i in job.writes_to(tier)):
+                ok = key not in failed and key not in tier_failed
+                self.index.commit_write(key, tier, ok)
+                if ok:
+                    self._stats[f"{tier.value}_written_blocks"] += 1
+                    if self.index.readable_on(key, tier):  # not reset while it was written
+                        self._event("stored", key, tier)
+                else:
+                    self._stats[f"{tier.value}_write_failed_blocks"] += 1
+        oks = [key not in failed for key in job.keys]
+        # Announced: the blocks readable now (not those reset while they were stored).
+        readable = self.index.commit_host_fills(job.keys, oks)
+        for key in readable:
+            self._event("stored", key, Tier.HOST)
+        num_ok = sum(oks)
+        self._stats["stored_blocks"] += num_ok
+        self._stats["store_failed_blocks"] += len(job.keys) - num_ok
