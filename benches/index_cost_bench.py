@@ -8,7 +8,8 @@ Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N (def
              (capacities) and the process RSS delta when filled at once (a restart's adoption:
              sized once), and `nbytes()` when grown 32 keys at a time (stores arriving).
   tier_index today's `TierIndex` holding N SSD-only blocks, adopted as at restart
-             (`set_present(keys, Tier.SSD, True)`): tracemalloc delta, the keys included (the index holds them).
+             (`set_present(keys, Tier.SSD, True)`): tracemalloc delta, the keys included (the
+             index holds them).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on
              disk): `index_nbytes()` where the native module has it, else the RSS delta of
              opening the store in a fresh process, less that of opening an empty store.
