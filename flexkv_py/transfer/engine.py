@@ -126,6 +126,14 @@ class TransferHandle:
                 block_ids=tuple(int(b) for b in self.gpu_block_ids),
             ) from self._error
 
+    def make_current_stream_wait(self) -> None:
+        """Order the caller's current CUDA stream after this batch without blocking the host
+        (a consumer that reads a load's blocks on its own stream); CPU tensors: `wait()`."""
+        if self._event is None:
+            self.wait()
+            return
+        torch.cuda.current_stream().wait_event(self._event)
+
     def _poll_until(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         pause = 20e-6
