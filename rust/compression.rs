@@ -11,6 +11,9 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// The names `parse` accepts (aliases aside), exported to Python as `COMPRESSIONS`.
+    pub const NAMES: &'static [&'static str] = &["none", "zstd"];
+
     pub fn parse(name: &str, level: i32) -> Result<Self> {
         match name {
             "none" | "" | "off" => Ok(Compression::None),
@@ -38,12 +41,12 @@ impl Compression {
 /// Decompress into `out`, which must be exactly the block's raw length.
 pub fn decompress_into(packed: &[u8], out: &mut [u8]) -> Result<()> {
     let n = zstd::bulk::decompress_to_buffer(packed, out)
-        .map_err(|e| StoreError::Corrupt(format!("zstd payload does not decode: {e}")))?;
+        .map_err(|e| StoreError::corrupt("zstd payload", format!("does not decode: {e}")))?;
     if n != out.len() {
-        return Err(StoreError::Corrupt(format!(
-            "zstd payload decoded to {n} bytes, expected {}",
-            out.len()
-        )));
+        return Err(StoreError::corrupt(
+            "zstd payload",
+            format!("decoded to {n} bytes, expected {}", out.len()),
+        ));
     }
     Ok(())
 }
@@ -71,6 +74,6 @@ mod tests {
     #[test]
     fn garbage_is_reported_corrupt() {
         let mut out = vec![0u8; 4096];
-        assert!(matches!(decompress_into(b"not zstd", &mut out), Err(StoreError::Corrupt(_))));
+        assert!(matches!(decompress_into(b"not zstd", &mut out), Err(StoreError::Corrupt { .. })));
     }
 }

@@ -15,6 +15,9 @@ pub enum HashAlgo {
 }
 
 impl HashAlgo {
+    /// The names `parse` accepts (aliases aside), exported to Python as `CONTENT_HASHES`.
+    pub const NAMES: &'static [&'static str] = &["xxh3-128", "blake3"];
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "xxh3-128" | "xxh3" => Ok(HashAlgo::Xxh3_128),

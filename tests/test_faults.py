@@ -11,6 +11,7 @@ from store_util import block
 from test_coordinator import _config, _engine, _keys, _ns, _pages
 
 from flexkv_py import BlockStore, ConfigError
+from flexkv_py._native import StoreClosedError
 
 MiB = 1 << 20
 
@@ -118,9 +119,9 @@ def test_closed_handle_never_touches_the_journal(tmp_path: Path) -> None:
         for i in range(10):
             assert b.put(b"new%d" % i, block(b"new%d" % i, 4096)).ok
         for call in (lambda: a.delete(b"old"), a.clear, a.checkpoint, a.verify):
-            with pytest.raises(ConfigError, match="closed"):
+            with pytest.raises(StoreClosedError, match="closed"):
                 call()
-        with pytest.raises(ConfigError, match="closed"):
+        with pytest.raises(StoreClosedError, match="closed"):
             a.put(b"late", b"x")
     with BlockStore(str(tmp_path), 16 * MiB) as c:
         assert {b"old", *(b"new%d" % i for i in range(10))} <= set(c.keys())

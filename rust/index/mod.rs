@@ -23,6 +23,9 @@ pub enum EvictionPolicy {
 }
 
 impl EvictionPolicy {
+    /// The names `parse` accepts, exported to Python as `EVICTIONS`.
+    pub const NAMES: &'static [&'static str] = &["lru", "fifo"];
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "lru" => Ok(EvictionPolicy::Lru),

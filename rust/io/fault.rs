@@ -8,6 +8,7 @@
 //! (timeouts, recompute) and never into a hung step. `set_delays_enabled(false)` makes the device
 //! fast again at run time (delayed ops are released at once), for "and then it recovers" tests.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,11 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
+    /// What a plan can target and the errnos it can inject (exported to Python as
+    /// `FAULT_TARGETS` / `FAULT_ERRNOS`; slow mode is `DELAY<ms>` in the errno's place).
+    pub const TARGETS: &'static [&'static str] = &["read", "write", "any", "journal"];
+    pub const ERRNOS: &'static [&'static str] = &["EIO", "ENOSPC"];
+
     /// `"<read|write|any|journal>:<EIO|ENOSPC|DELAY<ms>>:<every>"`, e.g. `"write:EIO:2"` or
     /// `"read:DELAY5000:1"` (journal faults are errno only).
     pub fn parse(spec: &str) -> Result<Self> {
@@ -78,6 +84,7 @@ impl FaultPlan {
 /// An op held back by slow mode: pushed to the real engine once `due` (or delays are off).
 struct Held {
     due: Instant,
+    fd: RawFd,
     op: *const IoOp,
     tag: u64,
 }
@@ -110,7 +117,7 @@ impl FaultyEngine {
             if all || h.due <= now {
                 // SAFETY: see `Held`: the op is alive and unmoved until it is reaped.
                 let op = unsafe { &*h.op };
-                if !self.inner.push(op, h.tag) {
+                if !self.inner.push(h.fd, op, h.tag) {
                     return; // the real engine is full: the rest waits for the next reap
                 }
                 self.held.remove(i);
@@ -130,20 +137,20 @@ impl IoEngine for FaultyEngine {
         self.inner.capacity()
     }
 
-    fn push(&mut self, op: &IoOp, tag: u64) -> bool {
+    fn push(&mut self, fd: RawFd, op: &IoOp, tag: u64) -> bool {
         if (op.write && self.plan.writes) || (!op.write && self.plan.reads) {
             self.seen += 1;
             if (self.seen - 1) % self.plan.every == 0 {
                 if self.plan.delay_ms > 0 {
                     let due = Instant::now() + Duration::from_millis(self.plan.delay_ms);
-                    self.held.push(Held { due, op: op as *const IoOp, tag });
+                    self.held.push(Held { due, fd, op: op as *const IoOp, tag });
                     return true;
                 }
                 self.injected.push((tag, Err(IoFailure::Errno(self.plan.errno))));
                 return true;
             }
         }
-        self.inner.push(op, tag)
+        self.inner.push(fd, op, tag)
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {

@@ -31,10 +31,10 @@ impl std::fmt::Display for IoFailure {
     }
 }
 
-/// One positioned, vectored read or write. The iovecs point into memory that the submitter
-/// keeps alive until the op comes back.
+/// One positioned, vectored read or write on the file of the queue it is submitted to (the
+/// device layer picks the queue; an op names no file itself). The iovecs point into memory
+/// that the submitter keeps alive until the op comes back.
 pub struct IoOp {
-    pub fd: RawFd,
     pub offset: u64,
     pub iov: Vec<libc::iovec>,
     pub write: bool,
@@ -45,8 +45,8 @@ pub struct IoOp {
 unsafe impl Send for IoOp {}
 
 impl IoOp {
-    pub fn new(fd: RawFd, offset: u64, iov: Vec<libc::iovec>, write: bool) -> Self {
-        IoOp { fd, offset, iov, write, result: Err(IoFailure::Errno(libc::ECANCELED)) }
+    pub fn new(offset: u64, iov: Vec<libc::iovec>, write: bool) -> Self {
+        IoOp { offset, iov, write, result: Err(IoFailure::Errno(libc::ECANCELED)) }
     }
 
     pub fn expected_len(&self) -> usize {
@@ -66,8 +66,9 @@ pub type Completion = (u64, std::result::Result<(), IoFailure>);
 pub trait IoEngine: Send {
     fn name(&self) -> &'static str;
     fn capacity(&self) -> usize;
-    /// Start `op` (it must stay put until its completion is reaped). False when full.
-    fn push(&mut self, op: &IoOp, tag: u64) -> bool;
+    /// Start `op` on file `fd` (the op must stay put until its completion is reaped). False
+    /// when full.
+    fn push(&mut self, fd: RawFd, op: &IoOp, tag: u64) -> bool;
     /// Submit what was pushed and wait for at least `min` completions.
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>);
 }
@@ -80,6 +81,9 @@ pub enum EngineChoice {
 }
 
 impl EngineChoice {
+    /// The names `parse` accepts (aliases aside), exported to Python as `IO_ENGINES`.
+    pub const NAMES: &'static [&'static str] = &["auto", "io_uring", "psync"];
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "auto" | "" => Ok(EngineChoice::Auto),
@@ -159,18 +163,16 @@ impl MergedOp {
     }
 }
 
-/// Merge ops on adjacent byte ranges of one file into single vectored ops: blocks allocated
-/// back to back then move in a few large I/Os instead of many small ones.
+/// Merge ops on adjacent byte ranges of one file (all `ops` target the same one) into single
+/// vectored ops: blocks allocated back to back then move in a few large I/Os, not many small.
 pub fn coalesce(mut ops: Vec<(usize, IoOp)>) -> Vec<MergedOp> {
-    ops.sort_by_key(|(_, op)| (op.fd, op.offset));
+    ops.sort_by_key(|(_, op)| op.offset);
     let mut out: Vec<MergedOp> = Vec::new();
     for (id, op) in ops {
         let len = op.expected_len();
         if let Some(last) = out.last_mut() {
             let last_len = last.op.expected_len();
-            let adjacent = last.op.fd == op.fd
-                && last.op.write == op.write
-                && last.op.offset + last_len as u64 == op.offset;
+            let adjacent = last.op.write == op.write && last.op.offset + last_len as u64 == op.offset;
             if adjacent
                 && last_len + len <= MAX_MERGED_BYTES
                 && last.op.iov.len() + op.iov.len() <= MAX_IOVECS
@@ -191,7 +193,7 @@ mod tests {
     use super::*;
 
     fn op(offset: u64, len: usize) -> IoOp {
-        IoOp::new(3, offset, vec![iovec(std::ptr::null_mut(), len)], true)
+        IoOp::new(offset, vec![iovec(std::ptr::null_mut(), len)], true)
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::{Completion, IoEngine, IoFailure, IoOp};
 
 /// A pointer to an op owned by the device queue, valid until its completion is reaped.
-struct OpRef(*const IoOp, u64);
+struct OpRef(RawFd, *const IoOp, u64);
 
 // SAFETY: the device queue keeps the op alive and unmoved until the completion comes back.
 unsafe impl Send for OpRef {}
@@ -31,9 +31,9 @@ impl PsyncEngine {
                 let rx = rx.clone();
                 let done_tx = done_tx.clone();
                 std::thread::Builder::new().name(format!("flexkv-psync-{i}")).spawn(move || {
-                    while let Ok(OpRef(op, tag)) = rx.recv() {
+                    while let Ok(OpRef(fd, op, tag)) = rx.recv() {
                         // SAFETY: see OpRef.
-                        let result = run_one(unsafe { &*op });
+                        let result = run_one(fd, unsafe { &*op });
                         if done_tx.send((tag, result)).is_err() {
                             return;
                         }
@@ -54,9 +54,9 @@ impl IoEngine for PsyncEngine {
         self.threads.len()
     }
 
-    fn push(&mut self, op: &IoOp, tag: u64) -> bool {
+    fn push(&mut self, fd: RawFd, op: &IoOp, tag: u64) -> bool {
         let Some(tx) = &self.tx else { return false };
-        if tx.send(OpRef(op as *const IoOp, tag)).is_err() {
+        if tx.send(OpRef(fd, op as *const IoOp, tag)).is_err() {
             return false;
         }
         self.inflight += 1;
@@ -91,7 +91,7 @@ impl Drop for PsyncEngine {
     }
 }
 
-fn run_one(op: &IoOp) -> Result<(), IoFailure> {
+fn run_one(fd: RawFd, op: &IoOp) -> Result<(), IoFailure> {
     let expected = op.expected_len();
     let mut offset = op.offset;
     let mut done_total = 0usize;
@@ -100,7 +100,7 @@ fn run_one(op: &IoOp) -> Result<(), IoFailure> {
         while done < v.iov_len {
             // SAFETY: iov_base is valid for iov_len bytes while the op is in flight.
             let ptr = unsafe { (v.iov_base as *mut u8).add(done) };
-            let n = transfer(op.fd, op.write, ptr, v.iov_len - done, offset);
+            let n = transfer(fd, op.write, ptr, v.iov_len - done, offset);
             if n < 0 {
                 let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
                 if errno == libc::EINTR {

@@ -3,6 +3,7 @@
 //! completes, so the device stays busy across batch boundaries.
 
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -42,7 +43,7 @@ fn untag(tag: u64) -> (usize, usize) {
     ((tag >> 32) as usize, (tag & 0xffff_ffff) as usize)
 }
 
-fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsize>) {
+fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, fd: RawFd, gauge: Arc<AtomicUsize>) {
     let mut slots: Vec<Option<Active>> = Vec::new();
     let mut backlog: VecDeque<(usize, usize)> = VecDeque::new();
     let mut inflight = 0usize;
@@ -91,7 +92,7 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
                 continue;
             };
             let io = &active.job.ops[op];
-            if !engine.push(io, tag(slot, op)) {
+            if !engine.push(fd, io, tag(slot, op)) {
                 break;
             }
             backlog.pop_front();
@@ -135,12 +136,14 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, gauge: Arc<AtomicUsiz
 }
 
 impl DeviceQueue {
-    pub fn spawn(name: String, engine: Box<dyn IoEngine>) -> std::io::Result<Self> {
+    /// Start the queue's thread; every op submitted runs on `fd`, which must stay open until
+    /// the queue is dropped.
+    pub fn spawn(name: String, engine: Box<dyn IoEngine>, fd: RawFd) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let inflight = Arc::new(AtomicUsize::new(0));
         let engine_name = engine.name();
         let gauge = inflight.clone();
-        let thread = std::thread::Builder::new().name(name).spawn(move || serve(rx, engine, gauge))?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || serve(rx, engine, fd, gauge))?;
         Ok(DeviceQueue { tx: Some(tx), thread: Some(thread), inflight, engine_name })
     }
 

@@ -1,6 +1,8 @@
 //! io_uring engine: up to `depth` vectored ops in flight, one submit syscall per refill, which
 //! is what lets a single thread drive an NVMe at full speed.
 
+use std::os::fd::RawFd;
+
 use io_uring::{opcode, types, IoUring};
 
 use super::{Completion, IoEngine, IoFailure, IoOp};
@@ -28,8 +30,8 @@ impl IoEngine for UringEngine {
         self.depth
     }
 
-    fn push(&mut self, op: &IoOp, tag: u64) -> bool {
-        let fd = types::Fd(op.fd);
+    fn push(&mut self, fd: RawFd, op: &IoOp, tag: u64) -> bool {
+        let fd = types::Fd(fd);
         let entry = if op.write {
             opcode::Writev::new(fd, op.iov.as_ptr(), op.iov.len() as u32).offset(op.offset).build()
         } else {

@@ -1,5 +1,7 @@
 //! The Python exception hierarchy. Classes are created once at import (so they can also
-//! inherit from ValueError / OSError / KeyError) and each StoreError variant maps to one.
+//! inherit from ValueError / OSError / KeyError) and each StoreError variant maps to one. An
+//! error with an OS error behind it carries that error (as the matching `OSError` subclass) as
+//! the exception's `__cause__`.
 
 use std::sync::OnceLock;
 
@@ -17,6 +19,7 @@ struct Classes {
     io: Py<PyType>,
     locked: Py<PyType>,
     not_found: Py<PyType>,
+    closed: Py<PyType>,
 }
 
 static CLASSES: OnceLock<Classes> = OnceLock::new();
@@ -56,6 +59,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             vec![b.clone(), py.get_type::<PyKeyError>()],
             "The key is not stored.",
         )?,
+        closed: make(
+            py,
+            "StoreClosedError",
+            vec![b.clone()],
+            "The store was closed; open it again to submit more work.",
+        )?,
         base,
     };
     for (name, cls) in [
@@ -66,6 +75,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("IoEngineError", &classes.io),
         ("StoreLockedError", &classes.locked),
         ("BlockNotFoundError", &classes.not_found),
+        ("StoreClosedError", &classes.closed),
     ] {
         m.add(name, cls.clone_ref(py))?;
     }
@@ -76,14 +86,35 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 pub fn to_py(err: StoreError) -> PyErr {
     let msg = err.to_string();
     let Some(c) = CLASSES.get() else { return PyException::new_err(msg) };
-    let cls = match err {
-        StoreError::Config(_) => &c.config,
-        StoreError::Full(_) => &c.full,
-        StoreError::Corrupt(_) => &c.corrupt,
-        StoreError::Io(_) => &c.io,
-        StoreError::Locked(_) => &c.locked,
-        StoreError::NotFound(_) => &c.not_found,
+    let (cls, source) = match err {
+        StoreError::Config(_) => (&c.config, None),
+        StoreError::Closed => (&c.closed, None),
+        StoreError::Full(_) => (&c.full, None),
+        StoreError::Corrupt { .. } | StoreError::Foreign { .. } => (&c.corrupt, None),
+        StoreError::Io { source, .. } => (&c.io, Some(source)),
+        StoreError::Device(_) => (&c.io, None),
+        StoreError::Locked(_) => (&c.locked, None),
+        StoreError::NotFound(_) => (&c.not_found, None),
         StoreError::Timeout(_) => return PyTimeoutError::new_err(msg),
     };
-    Python::attach(|py| PyErr::from_type(cls.bind(py).clone(), msg))
+    Python::attach(|py| {
+        let err = PyErr::from_type(cls.bind(py).clone(), msg);
+        if let Some(source) = source {
+            err.set_cause(py, Some(os_error(source)));
+        }
+        err
+    })
+}
+
+/// `OSError(errno, strerror)`: Python picks the matching subclass (FileNotFoundError, ...) and
+/// keeps `errno`, which pyo3's own conversion leaves unset.
+fn os_error(source: std::io::Error) -> PyErr {
+    match source.raw_os_error() {
+        Some(code) => {
+            let text = std::io::Error::from_raw_os_error(code).to_string();
+            let text = text.split(" (os error").next().unwrap_or_default().to_string();
+            PyOSError::new_err((code, text))
+        }
+        None => PyErr::from(source),
+    }
 }

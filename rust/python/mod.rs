@@ -4,6 +4,7 @@
 mod buffers;
 mod errors;
 mod log_bridge;
+mod names;
 mod pool;
 mod store;
 
@@ -16,6 +17,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log_bridge::init();
     log_bridge::register_atexit(m)?;
     errors::register(m)?;
+    names::register(m)?;
     m.add_class::<store::PyBlockStore>()?;
     m.add_class::<store::PyBatchHandle>()?;
     m.add_class::<store::PyBlockResult>()?;

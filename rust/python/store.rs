@@ -119,7 +119,7 @@ impl PyBlockStore {
         let handle = if put { self.submit_put(py, &items)? } else { self.submit_get(py, &items)? };
         let batch = handle.batch.clone();
         let mut results = py.detach(move || batch.wait(None)).map_err(to_py)?;
-        let inner = results.pop().ok_or_else(|| to_py(StoreError::Io("empty batch result".into())))?;
+        let inner = results.pop().ok_or_else(|| to_py(StoreError::Device("empty batch result".into())))?;
         Ok(PyBlockResult { inner })
     }
 }
@@ -220,7 +220,8 @@ impl PyBlockStore {
                 let mut buf = AlignedBuf::zeroed(len);
                 let raw = RawBuf { ptr: buf.as_mut_slice().as_mut_ptr(), len: buf.len() };
                 let batch = store.submit_get(vec![(k, raw)], None)?;
-                let r = batch.wait(None)?.pop().ok_or_else(|| StoreError::Io("empty batch result".into()))?;
+                let r =
+                    batch.wait(None)?.pop().ok_or_else(|| StoreError::Device("empty batch result".into()))?;
                 Ok((r, buf.as_slice()[..len].to_vec()))
             })
             .map_err(to_py)?;
@@ -229,9 +230,11 @@ impl PyBlockStore {
             Status::Ok => Ok(PyBytes::new(py, &buf)),
             Status::NotFound => Err(to_py(StoreError::NotFound(format!("key {name:?} is not stored")))),
             Status::Corrupt => {
-                Err(to_py(StoreError::Corrupt(format!("key {name:?}: {}", result.error.unwrap_or_default()))))
+                Err(to_py(StoreError::corrupt(format!("key {name:?}"), result.error.unwrap_or_default())))
             }
-            _ => Err(to_py(StoreError::Io(format!("key {name:?}: {}", result.error.unwrap_or_default())))),
+            _ => {
+                Err(to_py(StoreError::Device(format!("key {name:?}: {}", result.error.unwrap_or_default()))))
+            }
         }
     }
 

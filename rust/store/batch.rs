@@ -20,6 +20,18 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in declaration order (exported to Python as `STATUSES` by name).
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::Deduped,
+        Status::NotFound,
+        Status::Corrupt,
+        Status::IoError,
+        Status::Rejected,
+        Status::NoSpace,
+        Status::BadBuffer,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Status::Ok => "ok",

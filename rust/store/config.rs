@@ -20,6 +20,9 @@ pub enum Durability {
 }
 
 impl Durability {
+    /// The names `parse` accepts, exported to Python as `DURABILITIES`.
+    pub const NAMES: &'static [&'static str] = &["process", "power"];
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "process" => Ok(Durability::Process),
@@ -112,5 +115,35 @@ impl StoreConfig {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::fault::FaultPlan;
+
+    #[test]
+    fn every_exported_name_parses() {
+        for n in EngineChoice::NAMES {
+            EngineChoice::parse(n).unwrap();
+        }
+        for n in Compression::NAMES {
+            Compression::parse(n, 1).unwrap();
+        }
+        for n in EvictionPolicy::NAMES {
+            EvictionPolicy::parse(n).unwrap();
+        }
+        for n in HashAlgo::NAMES {
+            assert_eq!(HashAlgo::parse(n).unwrap().name(), *n);
+        }
+        for n in Durability::NAMES {
+            Durability::parse(n).unwrap();
+        }
+        for t in FaultPlan::TARGETS {
+            for e in FaultPlan::ERRNOS {
+                FaultPlan::parse(&format!("{t}:{e}:3")).unwrap();
+            }
+        }
     }
 }

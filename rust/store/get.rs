@@ -49,7 +49,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
         }
     }
 
-    let mut per_dir: Vec<Vec<(usize, IoOp)>> = (0..shared.dirs.len()).map(|_| Vec::new()).collect();
+    let mut ops: Vec<(usize, u16, IoOp)> = Vec::with_capacity(pending.len());
     for (p_idx, p) in pending.iter_mut().enumerate() {
         let buf = items[p.item].1;
         let mut iov = vec![iovec(p.header.as_ptr(), PAGE)];
@@ -63,10 +63,9 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 p.bounce = Some(bounce);
             }
         }
-        let dir = &shared.dirs[p.loc.dir as usize];
-        per_dir[p.loc.dir as usize].push((p_idx, IoOp::new(dir.data.fd(), p.loc.offset, iov, false)));
+        ops.push((p_idx, p.loc.dir, IoOp::new(p.loc.offset, iov, false)));
     }
-    let mut io_results = shared.run_ops(per_dir);
+    let mut io_results = shared.devices.run(ops);
 
     let mut corrupt: Vec<(ContentHash, Location)> = Vec::new();
     for (p_idx, p) in pending.iter().enumerate() {
@@ -75,10 +74,9 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             Err(IoFailure::Short { done, expected }) => {
                 Err((Status::Corrupt, format!("block truncated on disk: read {done} of {expected} bytes")))
             }
-            Err(f) => Err((
-                Status::IoError,
-                format!("read from {}: {f}", shared.dirs[p.loc.dir as usize].path.display()),
-            )),
+            Err(f) => {
+                Err((Status::IoError, format!("read from {}: {f}", shared.devices.path(p.loc.dir).display())))
+            }
             Ok(()) => verify(shared, p, buf),
         };
         results[p.item] = Some(match outcome {

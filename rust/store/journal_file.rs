@@ -37,7 +37,7 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
-        StoreError::Corrupt(format!("{}: not a flexkv journal (bad header)", path.display()))
+        StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;
     let body = &buf[FILE_HEADER_LEN..];
     let decoded = decode_all(body);
@@ -102,7 +102,7 @@ impl JournalFile {
     /// part of the write reached the file is cut off again: a torn record left in the middle
     /// would make replay drop every later (acknowledged) record.
     pub fn append(&mut self, encoded: &[u8], count: u64) -> Result<()> {
-        let file = self.file.as_mut().ok_or_else(|| StoreError::Io("journal is closed".into()))?;
+        let file = self.file.as_mut().ok_or_else(|| StoreError::Device("journal is closed".into()))?;
         if let Err(e) = file.write_all(encoded) {
             self.cut_back();
             return Err(StoreError::io(format!("appending to {}", self.path.display()), e));

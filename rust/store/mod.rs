@@ -12,23 +12,19 @@ mod get;
 mod open;
 mod put;
 
-use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::device::allocator::ExtentAllocator;
-use crate::device::data_file::DataFile;
-use crate::device::dir_lock::DirLock;
+use crate::device::set::DeviceSet;
 use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::{MAX_KEY_LEN, PAGE};
 use crate::index::admission::FrequencySketch;
 use crate::index::{FreedExtent, Index};
-use crate::io::queue::DeviceQueue;
-use crate::io::{coalesce, IoFailure, IoOp, MergedOp};
 
 pub use batch::{Batch, BlockResult, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
@@ -39,13 +35,6 @@ const HEAL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Keys evicted but not yet drained by the owner; older ones are dropped past this.
 const MAX_PENDING_EVICTED: usize = 1 << 20;
-
-pub(crate) struct DirDevice {
-    pub path: PathBuf,
-    pub data: DataFile,
-    pub queue: DeviceQueue,
-    pub lock: Mutex<Option<DirLock>>,
-}
 
 pub(crate) struct State {
     pub index: Index,
@@ -64,7 +53,7 @@ pub(crate) struct State {
 
 pub(crate) struct Shared {
     pub cfg: StoreConfig,
-    pub dirs: Vec<DirDevice>,
+    pub devices: DeviceSet,
     pub state: Mutex<State>,
     pub counters: Counters,
     inflight: Mutex<usize>,
@@ -90,12 +79,13 @@ impl Shared {
     pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
         if state.closed {
             // A closed handle must never rewrite the journal: another process may own it now.
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         if count == 0 && !state.journal_broken {
             return Ok(());
         }
-        let journal = state.journal.as_mut().ok_or_else(|| StoreError::Io("store is read-only".into()))?;
+        let journal =
+            state.journal.as_mut().ok_or_else(|| StoreError::Device("store is read-only".into()))?;
         if !state.journal_broken {
             let appended = match self.injected_journal_fault() {
                 Some(errno) => journal.append_torn(encoded, errno),
@@ -117,7 +107,9 @@ impl Shared {
         // Broken: rewrite from memory, at most once per HEAL_INTERVAL (a full disk would
         // otherwise make every batch rewrite the whole journal under the lock).
         if state.last_heal.is_some_and(|t| t.elapsed() < HEAL_INTERVAL) {
-            return Err(StoreError::Io("journal is unwritable (a rewrite is retried every second)".into()));
+            return Err(StoreError::Device(
+                "journal is unwritable (a rewrite is retried every second)".into(),
+            ));
         }
         state.last_heal = Some(std::time::Instant::now());
         self.compact(state)?;
@@ -164,7 +156,7 @@ impl Shared {
                 Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
             })
             .collect();
-        let fresh = journal_file::JournalFile::rewrite(&self.dirs[0].path, header, &records)?;
+        let fresh = journal_file::JournalFile::rewrite(&self.cfg.dirs[0], header, &records)?;
         state.journal = Some(fresh);
         Ok(())
     }
@@ -180,36 +172,6 @@ impl Shared {
                 tracing::error!(error = %e, "journal compaction failed; keeping the old journal");
             }
         }
-    }
-
-    /// Run ops grouped by directory: merge adjacent ones, submit every directory's queue, wait,
-    /// and give each op (by the caller's id) its own outcome.
-    pub fn run_ops(
-        &self,
-        per_dir: Vec<Vec<(usize, IoOp)>>,
-    ) -> HashMap<usize, std::result::Result<(), IoFailure>> {
-        let mut pending = Vec::new();
-        for (d, ops) in per_dir.into_iter().enumerate() {
-            if !ops.is_empty() {
-                let merged = coalesce(ops);
-                let (meta, ops): (Vec<_>, Vec<IoOp>) =
-                    merged.into_iter().map(|m| ((m.ids, m.lens), m.op)).unzip();
-                pending.push((meta, self.dirs[d].queue.submit(ops)));
-            }
-        }
-        let mut outcomes = HashMap::new();
-        for (meta, rx) in pending {
-            let mut done = rx.recv().unwrap_or_default().into_iter();
-            for (ids, lens) in meta {
-                let op = done.next().unwrap_or_else(|| {
-                    let mut failed = IoOp::new(-1, 0, Vec::new(), false);
-                    failed.result = Err(IoFailure::Errno(libc::EIO));
-                    failed
-                });
-                outcomes.extend(MergedOp { ids, lens, op }.split_result());
-            }
-        }
-        outcomes
     }
 
     fn begin(&self) {
@@ -244,11 +206,11 @@ impl BlockStore {
     }
 
     pub fn io_engine(&self) -> &'static str {
-        self.shared.dirs[0].queue.engine_name()
+        self.shared.devices.engine_name()
     }
 
     pub fn capacity_bytes(&self) -> u64 {
-        self.shared.dirs.iter().map(|d| d.data.len).sum()
+        self.shared.devices.capacity_bytes()
     }
 
     fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<()> {
@@ -274,7 +236,7 @@ impl BlockStore {
             // closed under it before waiting for in-flight batches) cannot miss this batch.
             let state = shared.state.lock();
             if state.closed {
-                return Err(StoreError::Config("store is closed".into()));
+                return Err(StoreError::Closed);
             }
             shared.begin();
         }
@@ -286,11 +248,11 @@ impl BlockStore {
         let guard = self.executor.lock();
         let Some(executor) = guard.as_ref() else {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         };
         if executor.spawn(task).is_err() {
             self.shared.end();
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         Ok(())
     }
@@ -357,7 +319,7 @@ impl BlockStore {
         }
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let mut buf = Vec::new();
         let mut removed = 0u64;
@@ -391,7 +353,7 @@ impl BlockStore {
     /// Read every block; returns keys whose data failed verification or could not be read.
     pub fn verify(&self) -> Result<Vec<Vec<u8>>> {
         if self.shared.state.lock().closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         let keys = self.keys();
         let mut bad = Vec::new();
@@ -417,7 +379,7 @@ impl BlockStore {
     pub fn checkpoint(&self) -> Result<()> {
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(StoreError::Config("store is closed".into()));
+            return Err(StoreError::Closed);
         }
         self.shared.compact(&mut state)
     }
@@ -445,7 +407,7 @@ impl BlockStore {
                 let mut buf = Vec::new();
                 Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
                 let journal =
-                    state.journal.as_mut().ok_or_else(|| StoreError::Io("journal missing".into()))?;
+                    state.journal.as_mut().ok_or_else(|| StoreError::Device("journal missing".into()))?;
                 journal.append(&buf, 1)?;
                 journal.sync()
             });
@@ -455,9 +417,7 @@ impl BlockStore {
         }
         drop(state);
         self.executor.lock().take();
-        for d in &self.shared.dirs {
-            d.lock.lock().take();
-        }
+        self.shared.devices.release_locks();
         result
     }
 
@@ -494,19 +454,16 @@ impl BlockStore {
             ("bytes_read", StatValue::Int(g(&c.bytes_read))),
             ("bytes_written", StatValue::Int(g(&c.bytes_written))),
             ("compressed_blocks", StatValue::Int(g(&c.compressed_blocks))),
-            (
-                "inflight_ios",
-                StatValue::Int(self.shared.dirs.iter().map(|d| d.queue.inflight() as u64).sum()),
-            ),
+            ("inflight_ios", StatValue::Int(self.shared.devices.inflight() as u64)),
             ("queue_depth", StatValue::Int(self.shared.cfg.queue_depth as u64)),
             ("io_engine", StatValue::Text(self.io_engine().to_string())),
-            ("direct_io", StatValue::Int(self.shared.dirs.iter().all(|d| d.data.direct) as u64)),
+            ("direct_io", StatValue::Int(self.shared.devices.all_direct() as u64)),
             ("content_hash", StatValue::Text(self.shared.cfg.hash.name().to_string())),
             ("journal_bytes", StatValue::Int(journal_bytes)),
             ("recovery_seconds", StatValue::Float(self.shared.recovery_seconds)),
             ("torn_journal_bytes", StatValue::Int(self.shared.torn_journal_bytes)),
             ("last_clean_shutdown_unix", StatValue::Int(self.shared.last_clean_shutdown.unwrap_or(0))),
-            ("directories", StatValue::Int(self.shared.dirs.len() as u64)),
+            ("directories", StatValue::Int(self.shared.devices.len() as u64)),
         ]
     }
 }

@@ -10,19 +10,19 @@ use parking_lot::{Condvar, Mutex};
 
 use super::journal_file::{self, JournalFile};
 use super::stats::Counters;
-use super::{DirDevice, Shared, State, StoreConfig};
+use super::{Shared, State, StoreConfig};
 use crate::device::allocator::ExtentAllocator;
 use crate::device::data_file::DataFile;
 use crate::device::dir_lock::DirLock;
+use crate::device::set::{Device, DeviceSet};
 use crate::error::{Result, StoreError};
 use crate::format::journal::{FileHeader, Record};
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
 use crate::index::admission::FrequencySketch;
 use crate::index::{extent_pages, Index};
-use crate::io::fault::{FaultPlan, FaultyEngine};
-use crate::io::queue::DeviceQueue;
-use crate::io::{build_engine, EngineChoice};
+use crate::io::fault::FaultPlan;
+use crate::io::EngineChoice;
 
 fn new_store_id() -> u64 {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
@@ -194,23 +194,19 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         (None, Ok(spec)) if !spec.is_empty() => Some(FaultPlan::parse(&spec)?),
         _ => None,
     };
-    let mut dirs = Vec::with_capacity(ndirs);
+    let mut devices = Vec::with_capacity(ndirs);
     for ((path, data), lock) in cfg.dirs.iter().zip(files).zip(locks) {
         let choice = if cfg.read_only { EngineChoice::Psync } else { cfg.io_engine };
-        let mut engine = build_engine(choice, cfg.queue_depth)?;
-        if let Some(plan) = fault_plan.filter(|p| p.reads || p.writes) {
-            engine = Box::new(FaultyEngine::new(engine, plan));
-        }
-        let name = format!("flexkv-io-{}", dirs.len());
-        let queue = DeviceQueue::spawn(name, engine).map_err(|e| StoreError::io("starting I/O thread", e))?;
-        dirs.push(DirDevice { path: path.clone(), data, queue, lock: Mutex::new(lock) });
+        let name = format!("flexkv-io-{}", devices.len());
+        devices.push(Device::start(path.clone(), data, lock, choice, cfg.queue_depth, fault_plan, name)?);
     }
+    let devices = DeviceSet::new(devices);
 
     let recovery_seconds = started.elapsed().as_secs_f64();
     tracing::info!(
         blocks = index.len(),
         seconds = recovery_seconds,
-        engine = dirs[0].queue.engine_name(),
+        engine = devices.engine_name(),
         "block store opened"
     );
     Ok(Shared {
@@ -227,7 +223,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
             last_heal: None,
         }),
         cfg,
-        dirs,
+        devices,
         counters: Counters::default(),
         inflight: Mutex::new(0),
         idle: Condvar::new(),

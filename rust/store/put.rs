@@ -174,7 +174,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
 
     // Phase 3: build one vectored write per block and run them on the directory queues.
     let mut owned: Vec<AlignedBuf> = Vec::new();
-    let mut per_dir: Vec<Vec<(usize, IoOp)>> = (0..shared.dirs.len()).map(|_| Vec::new()).collect();
+    let mut ops: Vec<(usize, u16, IoOp)> = Vec::new();
     for (i, plan) in plans.iter().enumerate() {
         let Plan::Write { hash, loc } = plan else { continue };
         let (key, buf) = &items[i];
@@ -206,30 +206,32 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             }
         }
         owned.push(header_page);
-        let dir = &shared.dirs[loc.dir as usize];
-        per_dir[loc.dir as usize].push((i, IoOp::new(dir.data.fd(), loc.offset, iov, true)));
+        ops.push((i, loc.dir, IoOp::new(loc.offset, iov, true)));
     }
-    let touched_dirs: Vec<usize> = (0..per_dir.len()).filter(|&d| !per_dir[d].is_empty()).collect();
+    let mut touched_dirs: Vec<u16> = ops.iter().map(|(_, d, _)| *d).collect();
+    touched_dirs.sort_unstable();
+    touched_dirs.dedup();
     let mut outcomes: HashMap<usize, Result<(), String>> = shared
-        .run_ops(per_dir)
+        .devices
+        .run(ops)
         .into_iter()
         .map(|(i, r)| {
             let dir = plans.get(i).and_then(|p| match p {
-                Plan::Write { loc, .. } => Some(loc.dir as usize),
+                Plan::Write { loc, .. } => Some(loc.dir),
                 _ => None,
             });
-            let path = dir.map(|d| shared.dirs[d].path.display().to_string()).unwrap_or_default();
+            let path = dir.map(|d| shared.devices.path(d).display().to_string()).unwrap_or_default();
             (i, r.map_err(|f| format!("write to {path}: {f}")))
         })
         .collect();
     drop(owned);
     if cfg.durability == Durability::Power {
         for d in touched_dirs {
-            if let Err(e) = shared.dirs[d].data.file.sync_data() {
+            if let Err(e) = shared.devices.sync_data(d) {
                 tracing::error!(error = %e, "fdatasync of data file failed");
                 for (i, plan) in plans.iter().enumerate() {
-                    if matches!(plan, Plan::Write { loc, .. } if loc.dir as usize == d) {
-                        outcomes.insert(i, Err(format!("fdatasync: {e}")));
+                    if matches!(plan, Plan::Write { loc, .. } if loc.dir == d) {
+                        outcomes.insert(i, Err(e.to_string()));
                     }
                 }
             }

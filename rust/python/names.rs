@@ -1,0 +1,31 @@
+//! The names Rust accepts for its string options, as module constants (`IO_ENGINES`,
+//! `COMPRESSIONS`, ...), so the Python schema's `Literal`s can be checked against the parsers
+//! instead of being kept in step by hand.
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::compression::Compression;
+use crate::hashing::HashAlgo;
+use crate::index::EvictionPolicy;
+use crate::io::fault::FaultPlan;
+use crate::io::EngineChoice;
+use crate::store::{Durability, Status};
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let statuses: Vec<&str> = Status::ALL.iter().map(|s| s.name()).collect();
+    for (name, values) in [
+        ("IO_ENGINES", EngineChoice::NAMES),
+        ("COMPRESSIONS", Compression::NAMES),
+        ("EVICTIONS", EvictionPolicy::NAMES),
+        ("CONTENT_HASHES", HashAlgo::NAMES),
+        ("DURABILITIES", Durability::NAMES),
+        ("FAULT_TARGETS", FaultPlan::TARGETS),
+        ("FAULT_ERRNOS", FaultPlan::ERRNOS),
+        ("STATUSES", statuses.as_slice()),
+    ] {
+        m.add(name, PyTuple::new(py, values)?)?;
+    }
+    Ok(())
+}
