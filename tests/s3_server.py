@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,13 @@ class CountingProxy:
         except OSError:
             pass
 
+    def _count_body(self, method: str) -> Callable[[int], None]:
+        def add(n: int) -> None:
+            with self._lock:
+                self.body_bytes[method] += n
+
+        return add
+
     def _accept_loop(self) -> None:
         while not self._closed:
             try:
@@ -284,11 +291,12 @@ class CountingProxy:
                 if head is None:
                     break
                 method, length, chunked = _parse_head(head)
-                upstream.sendall(head)
-                sent = _relay_body(reader, upstream, length, chunked)
+                # Count before forwarding: the reply can reach the client before this thread
+                # runs again, and a caller reading the counters then must see this request.
                 with self._lock:
                     self.requests[method] += 1
-                    self.body_bytes[method] += sent
+                upstream.sendall(head)
+                _relay_body(reader, upstream, length, chunked, self._count_body(method))
         except OSError:
             pass
         finally:
@@ -337,18 +345,21 @@ def _parse_head(head: bytes) -> tuple[str, int, bool]:
     return method, length, chunked
 
 
-def _relay_body(reader: Any, upstream: socket.socket, length: int, chunked: bool) -> int:
-    """Forward one request body; returns its payload bytes (chunk framing not counted)."""
+def _relay_body(
+    reader: Any, upstream: socket.socket, length: int, chunked: bool, count: Callable[[int], None]
+) -> None:
+    """Forward one request body, counting its payload bytes (chunk framing not counted) before
+    each piece is sent on."""
     if not chunked:
         left = length
         while left > 0:
             chunk = reader.read(min(left, 1 << 16))
             if not chunk:
                 raise OSError("client closed mid-body")
+            count(len(chunk))
             upstream.sendall(chunk)
             left -= len(chunk)
-        return length
-    total = 0
+        return
     while True:
         size_line = reader.readline(1 << 12)
         upstream.sendall(size_line)
@@ -359,10 +370,10 @@ def _relay_body(reader: Any, upstream: socket.socket, length: int, chunked: bool
                 line = reader.readline(1 << 12)
                 upstream.sendall(line)
                 if line in (b"\r\n", b"\n", b""):
-                    return total
+                    return
         data = reader.read(size + 2)
+        count(size)
         upstream.sendall(data)
-        total += size
 
 
 def http_ok(port: int) -> bool:
