@@ -150,6 +150,9 @@ DURABILITIES: tuple[str, ...]
 FAULT_TARGETS: tuple[str, ...]
 FAULT_ERRNOS: tuple[str, ...]
 STATUSES: tuple[BlockStatus, ...]
+# The journal format this build writes. Opening (not read-only) a store written by another
+# version moves its files to ``<dir>/set-aside/v<old>-<unix secs>/`` (one WARNING) and starts empty.
+JOURNAL_FORMAT_VERSION: int
 
 def content_hash(data: Buffer, algorithm: Literal["xxh3-128", "blake3"] = "xxh3-128") -> bytes: ...
 def io_uring_available() -> bool: ...

@@ -25,6 +25,11 @@ pub enum StoreError {
     /// never overwritten (maps to `CorruptBlockError`).
     #[error("{}: not a flexkv {kind} ({reason})", path.display())]
     Foreign { path: PathBuf, kind: &'static str, reason: String },
+    /// A flexkv store written by another on-disk format version: opened for writing, it is
+    /// set aside and the store starts empty; a read-only view refuses it (maps to
+    /// `CorruptBlockError`).
+    #[error("{}: written by flexkv format v{found}, this build reads v{expected}", path.display())]
+    FormatVersion { path: PathBuf, found: u32, expected: u32 },
     /// An operating-system call failed: what was being done (`context`, naming the path) and
     /// the error itself (maps to `IoEngineError`, with an `OSError` as its cause).
     #[error("{context}: {source}")]

@@ -13,9 +13,11 @@ pub mod index;
 pub mod io;
 pub mod object;
 pub mod store;
+pub mod tier;
 
 #[cfg(feature = "python")]
 mod python;
 
 pub use error::{Result, StoreError};
 pub use store::{BlockResult, BlockStore, RawBuf, Status, StoreConfig};
+pub use tier::BlockTier;

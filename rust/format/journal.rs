@@ -55,6 +55,15 @@ impl FileHeader {
         w
     }
 
+    /// The format version of a header with flexkv's journal magic (None: not a flexkv journal).
+    pub fn version_of(buf: &[u8]) -> Option<u32> {
+        let mut r = Reader::new(buf);
+        if r.bytes(8)? != FILE_MAGIC {
+            return None;
+        }
+        r.u32()
+    }
+
     pub fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         if r.bytes(8)? != FILE_MAGIC || r.u32()? != FILE_VERSION {

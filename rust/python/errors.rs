@@ -90,7 +90,9 @@ pub fn to_py(err: StoreError) -> PyErr {
         StoreError::Config(_) => (&c.config, None),
         StoreError::Closed => (&c.closed, None),
         StoreError::Full(_) => (&c.full, None),
-        StoreError::Corrupt { .. } | StoreError::Foreign { .. } => (&c.corrupt, None),
+        StoreError::Corrupt { .. } | StoreError::Foreign { .. } | StoreError::FormatVersion { .. } => {
+            (&c.corrupt, None)
+        }
         StoreError::Io { source, .. } => (&c.io, Some(source)),
         StoreError::Device(_) => (&c.io, None),
         StoreError::Locked(_) => (&c.locked, None),

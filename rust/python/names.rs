@@ -27,5 +27,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.add(name, PyTuple::new(py, values)?)?;
     }
+    // The journal format this build writes; a store of another version is set aside.
+    m.add("JOURNAL_FORMAT_VERSION", crate::format::journal::FILE_VERSION)?;
     Ok(())
 }

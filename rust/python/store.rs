@@ -15,7 +15,8 @@ use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
 use crate::store::stats::StatValue;
-use crate::store::{Batch, BlockResult, BlockStore, Durability, RawBuf, Status, StoreConfig};
+use crate::store::{Batch, BlockResult, BlockStore, Durability, Keepalive, RawBuf, Status, StoreConfig};
+use crate::tier::BlockTier;
 
 #[pyclass(name = "BlockResult", module = "flexkv_py._native", frozen)]
 pub struct PyBlockResult {
@@ -90,8 +91,12 @@ impl PyBatchHandle {
     }
 }
 
+/// The SSD block store for Python. The calls every block tier has go through the `BlockTier`
+/// trait (`tier`); the SSD-only ones (verify, checkpoint, keys, io engine) use `store`. Both
+/// are the same object.
 #[pyclass(name = "BlockStore", module = "flexkv_py._native", frozen)]
 pub struct PyBlockStore {
+    tier: Arc<dyn BlockTier>,
     store: Arc<BlockStore>,
 }
 
@@ -164,8 +169,8 @@ impl PyBlockStore {
         cfg.preallocate = preallocate;
         cfg.read_only = read_only;
         cfg.batch_threads = batch_threads.max(1);
-        let store = py.detach(move || BlockStore::open(cfg)).map_err(to_py)?;
-        Ok(PyBlockStore { store: Arc::new(store) })
+        let store = Arc::new(py.detach(move || BlockStore::open(cfg)).map_err(to_py)?);
+        Ok(PyBlockStore { tier: store.clone(), store })
     }
 
     #[getter]
@@ -185,19 +190,19 @@ impl PyBlockStore {
 
     fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, false)?;
-        let store = self.store.clone();
-        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let tier = self.tier.clone();
+        let owners: Keepalive = Box::new(ex.owners);
         let items = ex.items;
-        let batch = py.detach(move || store.submit_put(items, Some(owners))).map_err(to_py)?;
+        let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
         Ok(PyBatchHandle { batch })
     }
 
     fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, true)?;
-        let store = self.store.clone();
-        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let tier = self.tier.clone();
+        let owners: Keepalive = Box::new(ex.owners);
         let items = ex.items;
-        let batch = py.detach(move || store.submit_get(items, Some(owners))).map_err(to_py)?;
+        let batch = py.detach(move || tier.submit_get(items, Some(owners))).map_err(to_py)?;
         Ok(PyBatchHandle { batch })
     }
 
@@ -241,7 +246,7 @@ impl PyBlockStore {
     // Every method that takes the store's lock first releases the GIL: a store thread may hold
     // that lock while it needs the GIL (releasing a caller's buffer).
     fn contains(&self, py: Python<'_>, key: Vec<u8>) -> bool {
-        py.detach(|| self.store.contains(&key))
+        py.detach(|| self.tier.contains(&key))
     }
 
     fn __contains__(&self, py: Python<'_>, key: Vec<u8>) -> bool {
@@ -249,7 +254,7 @@ impl PyBlockStore {
     }
 
     fn match_prefix(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> usize {
-        py.detach(|| self.store.match_prefix(keys.iter().map(Vec::as_slice)))
+        py.detach(|| self.tier.match_prefix(&mut keys.iter().map(Vec::as_slice)))
     }
 
     fn block_len(&self, py: Python<'_>, key: Vec<u8>) -> Option<u64> {
@@ -257,8 +262,8 @@ impl PyBlockStore {
     }
 
     fn delete(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
-        let store = self.store.clone();
-        py.detach(move || store.delete(&key)).map_err(to_py)
+        let tier = self.tier.clone();
+        py.detach(move || tier.delete_many(&[key])).map(|n| n == 1).map_err(to_py)
     }
 
     fn clear(&self, py: Python<'_>) -> PyResult<usize> {
@@ -272,7 +277,7 @@ impl PyBlockStore {
     }
 
     fn drain_evicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys = py.detach(|| self.store.drain_evicted());
+        let keys = py.detach(|| self.tier.drain_evicted());
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
@@ -284,7 +289,7 @@ impl PyBlockStore {
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (name, value) in py.detach(|| self.store.stats()) {
+        for (name, value) in py.detach(|| self.tier.stats()) {
             match value {
                 StatValue::Int(v) => d.set_item(name, v)?,
                 StatValue::Float(v) => d.set_item(name, v)?,
@@ -300,8 +305,8 @@ impl PyBlockStore {
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let store = self.store.clone();
-        py.detach(move || store.close()).map_err(to_py)
+        let tier = self.tier.clone();
+        py.detach(move || tier.close()).map_err(to_py)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -322,9 +327,9 @@ impl Drop for PyBlockStore {
     fn drop(&mut self) {
         // Garbage collection may run with the GIL held; closing waits for batch threads that
         // may need the GIL (logging, releasing buffers), so finish closing on a thread of its own.
-        let store = self.store.clone();
+        let tier = self.tier.clone();
         let spawned = std::thread::Builder::new().name("flexkv-close".into()).spawn(move || {
-            if let Err(e) = store.close() {
+            if let Err(e) = tier.close() {
                 tracing::error!("closing a dropped block store: {e}");
             }
         });

@@ -91,16 +91,20 @@ impl RawBuf {
     }
 }
 
+/// Whatever owns the caller memory behind a batch's `RawBuf`s (e.g. Python buffer views);
+/// dropped when the batch completes.
+pub type Keepalive = Box<dyn Any + Send>;
+
 pub struct Batch {
     len: usize,
     state: Mutex<Option<Vec<BlockResult>>>,
     cond: Condvar,
     /// Owner of the caller's buffers (e.g. Python buffer views), dropped at completion.
-    keepalive: Mutex<Option<Box<dyn Any + Send>>>,
+    keepalive: Mutex<Option<Keepalive>>,
 }
 
 impl Batch {
-    pub fn new(len: usize, keepalive: Option<Box<dyn Any + Send>>) -> Self {
+    pub fn new(len: usize, keepalive: Option<Keepalive>) -> Self {
         Batch { len, state: Mutex::new(None), cond: Condvar::new(), keepalive: Mutex::new(keepalive) }
     }
 

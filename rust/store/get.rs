@@ -104,7 +104,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             let released = state.index.unpin(&p.hash);
             Shared::free_extent(&mut state, released);
         }
-        if !corrupt.is_empty() && state.journal.is_some() {
+        if !corrupt.is_empty() && state.journal.is_open() {
             drop_content(shared, &mut state, &corrupt);
         }
     }

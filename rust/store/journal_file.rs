@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
-use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN};
+use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN, FILE_VERSION};
 
 pub const JOURNAL_FILE: &str = "flexkv-journal.log";
 
@@ -36,6 +36,9 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };
+    if let Some(found) = FileHeader::version_of(&buf).filter(|v| *v != FILE_VERSION) {
+        return Err(StoreError::FormatVersion { path, found, expected: FILE_VERSION });
+    }
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
         StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;
@@ -48,19 +51,27 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
     }))
 }
 
-impl JournalFile {
-    /// Write a fresh journal holding `records` (atomically replacing any old one) and open it
-    /// for appends.
-    pub fn rewrite(dir: &Path, header: FileHeader, records: &[Record]) -> Result<Self> {
+/// A new journal written to a temp file and synced, not yet current: `install` makes it so.
+/// Until then the old journal stays the current one (a crash leaves only a stray temp file).
+pub struct Prepared {
+    dir: PathBuf,
+    tmp: PathBuf,
+    /// Taken by `install`; a `Prepared` dropped without it removes its temp file.
+    file: Option<File>,
+    header: FileHeader,
+    records: u64,
+    bytes: u64,
+}
+
+impl Prepared {
+    /// Write `header` and `records` to `<journal><tmp_suffix>` (a fresh 0600 file) and sync it.
+    pub fn write(dir: &Path, tmp_suffix: &str, header: FileHeader, records: &[Record]) -> Result<Self> {
         let path = dir.join(JOURNAL_FILE);
-        let tmp = dir.join(format!("{JOURNAL_FILE}.tmp"));
+        let tmp = dir.join(format!("{JOURNAL_FILE}{tmp_suffix}"));
         let mut buf = header.encode();
         for r in records {
             r.encode_into(&mut buf);
         }
-        let ctx = |e| StoreError::io(format!("rewriting {}", path.display()), e);
-        // Everything that can fail happens before the rename: until it, the old journal stays
-        // the current one; after it, this handle already points at the new file.
         let prepared = (|| -> std::io::Result<File> {
             // A temp file left by a crash may predate private files: start from a new 0600 one
             // (create_new: the mode applies, and a planted file or link is never written).
@@ -74,24 +85,68 @@ impl JournalFile {
             f.sync_all()?;
             OpenOptions::new().append(true).open(&tmp)
         })();
-        let file = match prepared.and_then(|file| std::fs::rename(&tmp, &path).map(|_| file)) {
-            Ok(file) => file,
+        match prepared {
+            Ok(file) => Ok(Prepared {
+                dir: dir.to_path_buf(),
+                tmp,
+                file: Some(file),
+                header,
+                records: records.len() as u64,
+                bytes: buf.len() as u64,
+            }),
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(ctx(e));
+                Err(StoreError::io(format!("rewriting {}", path.display()), e))
             }
+        }
+    }
+
+    /// Append `catch_up` (records the current journal received since `write` began), sync,
+    /// and rename over the current journal; from here on this file is the journal.
+    pub fn install(mut self, catch_up: &[u8], catch_up_records: u64) -> Result<JournalFile> {
+        let path = self.dir.join(JOURNAL_FILE);
+        let tmp = self.tmp.clone();
+        let Some(mut file) = self.file.take() else {
+            return Err(StoreError::Device(format!("{} was already installed", tmp.display())));
         };
-        if let Err(e) = sync_dir(dir) {
+        let mut run = || -> std::io::Result<()> {
+            if !catch_up.is_empty() {
+                file.write_all(catch_up)?;
+                file.sync_data()?;
+            }
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = run() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StoreError::io(format!("rewriting {}", path.display()), e));
+        }
+        if let Err(e) = sync_dir(&self.dir) {
             // The rename is visible to every process; only its survival of a power cut is open.
-            tracing::warn!("fsync of {} after the journal rewrite failed: {e}", dir.display());
+            tracing::warn!("fsync of {} after the journal rewrite failed: {e}", self.dir.display());
         }
         Ok(JournalFile {
             path,
             file: Some(file),
-            header,
-            records: records.len() as u64,
-            bytes: buf.len() as u64,
+            header: self.header,
+            records: self.records + catch_up_records,
+            bytes: self.bytes + catch_up.len() as u64,
         })
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+impl JournalFile {
+    /// Write a fresh journal holding `records` (atomically replacing any old one) and open it
+    /// for appends.
+    pub fn rewrite(dir: &Path, header: FileHeader, records: &[Record]) -> Result<Self> {
+        Prepared::write(dir, ".tmp", header, records)?.install(&[], 0)
     }
 
     pub fn header(&self) -> FileHeader {

@@ -9,183 +9,25 @@ pub mod stats;
 
 mod executor;
 mod get;
+mod journal;
 mod open;
 mod put;
+mod set_aside;
+mod shared;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
-use crate::device::allocator::ExtentAllocator;
-use crate::device::set::DeviceSet;
 use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::{MAX_KEY_LEN, PAGE};
-use crate::index::admission::FrequencySketch;
-use crate::index::{FreedExtent, Index};
 
-pub use batch::{Batch, BlockResult, RawBuf, Status};
+pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
+pub(crate) use shared::{Shared, State};
 use stats::{Counters, StatValue, StatsSnapshot};
-
-/// Least time between two attempts to rewrite a broken journal.
-const HEAL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Keys evicted but not yet drained by the owner; older ones are dropped past this.
-const MAX_PENDING_EVICTED: usize = 1 << 20;
-
-pub(crate) struct State {
-    pub index: Index,
-    pub allocators: Vec<ExtentAllocator>,
-    pub journal: Option<journal_file::JournalFile>,
-    pub sketch: FrequencySketch,
-    pub next_seq: u64,
-    pub next_dir: usize,
-    pub evicted: VecDeque<Vec<u8>>,
-    pub closed: bool,
-    /// The last journal append failed and no rewrite has succeeded since.
-    pub journal_broken: bool,
-    /// When the last rewrite of a broken journal was attempted.
-    pub last_heal: Option<std::time::Instant>,
-}
-
-pub(crate) struct Shared {
-    pub cfg: StoreConfig,
-    pub devices: DeviceSet,
-    pub state: Mutex<State>,
-    pub counters: Counters,
-    inflight: Mutex<usize>,
-    idle: Condvar,
-    pub recovery_seconds: f64,
-    pub last_clean_shutdown: Option<u64>,
-    pub torn_journal_bytes: u64,
-    /// Testing: journal writes to fail (see `io::fault`), and how many were made.
-    pub journal_fault: Option<crate::io::fault::FaultPlan>,
-    pub journal_writes: std::sync::atomic::AtomicU64,
-}
-
-impl Shared {
-    pub fn free_extent(state: &mut State, f: Option<FreedExtent>) {
-        if let Some(f) = f {
-            state.allocators[f.dir as usize].free(f.first_page, f.pages);
-        }
-    }
-
-    /// Make `encoded` durable (as `durability` defines). When an append fails, the journal is
-    /// rewritten from the in-memory index instead (which already holds these changes); until
-    /// one such rewrite succeeds the journal is "broken" and nothing is acknowledged.
-    pub fn journal_append(&self, state: &mut State, encoded: &[u8], count: u64) -> Result<()> {
-        if state.closed {
-            // A closed handle must never rewrite the journal: another process may own it now.
-            return Err(StoreError::Closed);
-        }
-        if count == 0 && !state.journal_broken {
-            return Ok(());
-        }
-        let journal =
-            state.journal.as_mut().ok_or_else(|| StoreError::Device("store is read-only".into()))?;
-        if !state.journal_broken {
-            let appended = match self.injected_journal_fault() {
-                Some(errno) => journal.append_torn(encoded, errno),
-                None => journal.append(encoded, count),
-            };
-            let synced = appended.and_then(|_| match self.cfg.durability {
-                Durability::Power => journal.sync(),
-                Durability::Process => Ok(()),
-            });
-            match synced {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    tracing::error!("journal append failed ({e}); nothing is acknowledged until a rewrite of the journal succeeds");
-                    state.journal_broken = true;
-                    state.last_heal = None;
-                }
-            }
-        }
-        // Broken: rewrite from memory, at most once per HEAL_INTERVAL (a full disk would
-        // otherwise make every batch rewrite the whole journal under the lock).
-        if state.last_heal.is_some_and(|t| t.elapsed() < HEAL_INTERVAL) {
-            return Err(StoreError::Device(
-                "journal is unwritable (a rewrite is retried every second)".into(),
-            ));
-        }
-        state.last_heal = Some(std::time::Instant::now());
-        self.compact(state)?;
-        state.journal_broken = false;
-        tracing::warn!("journal rewritten from memory; writes are acknowledged again");
-        Ok(())
-    }
-
-    /// Testing: the errno to fail this journal write with, per the fault plan.
-    fn injected_journal_fault(&self) -> Option<i32> {
-        let plan = self.journal_fault?;
-        let n = self.journal_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        (n % plan.every == 0).then_some(plan.errno)
-    }
-
-    /// Evict the coldest key; false when there is nothing left to evict.
-    pub fn evict_one(&self, state: &mut State, journal_buf: &mut Vec<u8>, count: &mut u64) -> bool {
-        let Some(victim) = state.index.victim() else { return false };
-        let released = state.index.remove(&victim);
-        Self::free_extent(state, released);
-        Record::Delete { key: victim.clone() }.encode_into(journal_buf);
-        *count += 1;
-        if state.evicted.len() >= MAX_PENDING_EVICTED {
-            state.evicted.pop_front();
-        }
-        state.evicted.push_back(victim);
-        Counters::add(&self.counters.evictions, 1);
-        true
-    }
-
-    /// Rewrite the journal as one Put per live key, coldest first (replay restores the order).
-    pub fn compact(&self, state: &mut State) -> Result<()> {
-        let Some(journal) = state.journal.as_ref() else { return Ok(()) };
-        if let Some(errno) = self.injected_journal_fault() {
-            let err = std::io::Error::from_raw_os_error(errno);
-            return Err(StoreError::io("rewriting the journal (injected fault)", err));
-        }
-        let header = journal.header();
-        let records: Vec<Record> = state
-            .index
-            .keys_in_order()
-            .filter_map(|(key, hash)| {
-                let c = state.index.content(hash)?;
-                Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
-            })
-            .collect();
-        let fresh = journal_file::JournalFile::rewrite(&self.cfg.dirs[0], header, &records)?;
-        state.journal = Some(fresh);
-        Ok(())
-    }
-
-    pub fn maybe_compact(&self, state: &mut State) {
-        if state.closed || state.journal_broken {
-            return;
-        }
-        let live = state.index.len() as u64;
-        let grown = state.journal.as_ref().is_some_and(|j| j.records > 2 * live + 65_536);
-        if grown {
-            if let Err(e) = self.compact(state) {
-                tracing::error!(error = %e, "journal compaction failed; keeping the old journal");
-            }
-        }
-    }
-
-    fn begin(&self) {
-        *self.inflight.lock() += 1;
-    }
-
-    fn end(&self) {
-        let mut n = self.inflight.lock();
-        *n -= 1;
-        if *n == 0 {
-            self.idle.notify_all();
-        }
-    }
-}
 
 pub struct BlockStore {
     shared: Arc<Shared>,
@@ -261,7 +103,7 @@ impl BlockStore {
     pub fn submit_put(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         if self.shared.cfg.read_only {
             return Err(StoreError::Config("store was opened read-only".into()));
@@ -276,7 +118,7 @@ impl BlockStore {
     pub fn submit_get(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
@@ -332,7 +174,8 @@ impl BlockStore {
             }
         }
         self.shared.journal_append(&mut state, &buf, removed)?;
-        self.shared.maybe_compact(&mut state);
+        drop(state);
+        self.shared.maybe_compact();
         Ok(removed as usize)
     }
 
@@ -376,12 +219,9 @@ impl BlockStore {
         Ok(bad)
     }
 
+    /// Compact the journal now; batches keep running while the new journal is written.
     pub fn checkpoint(&self) -> Result<()> {
-        let mut state = self.shared.state.lock();
-        if state.closed {
-            return Err(StoreError::Closed);
-        }
-        self.shared.compact(&mut state)
+        self.shared.compact_unlocked()
     }
 
     /// Wait for in-flight batches, compact, mark a clean shutdown, release the locks.
@@ -400,21 +240,16 @@ impl BlockStore {
             }
         }
         let mut state = self.shared.state.lock();
-        let mut result = Ok(());
-        if state.journal.is_some() {
-            result = self.shared.compact(&mut state).and_then(|_| {
+        let result = match state.compact_now() {
+            Ok(()) => {
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-                let mut buf = Vec::new();
-                Record::CleanShutdown { unix_secs: now }.encode_into(&mut buf);
-                let journal =
-                    state.journal.as_mut().ok_or_else(|| StoreError::Device("journal missing".into()))?;
-                journal.append(&buf, 1)?;
-                journal.sync()
-            });
-            if let Some(j) = state.journal.as_mut() {
-                j.close();
+                state.journal.close(now)
             }
-        }
+            Err(e) => {
+                state.journal.abandon();
+                Err(e)
+            }
+        };
         drop(state);
         self.executor.lock().take();
         self.shared.devices.release_locks();
@@ -429,7 +264,7 @@ impl BlockStore {
             (ix.len() as u64, ix.content_count() as u64, ix.logical_bytes(), ix.physical_bytes());
         let (content_raw, content_stored) = ix.content_totals();
         let free_pages: u64 = state.allocators.iter().map(|a| a.free_pages()).sum();
-        let journal_bytes = state.journal.as_ref().map_or(0, |j| j.bytes);
+        let (journal_bytes, compacting) = (state.journal.bytes(), state.journal.compacting());
         drop(state);
         let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
         let g = Counters::get;
@@ -460,11 +295,43 @@ impl BlockStore {
             ("direct_io", StatValue::Int(self.shared.devices.all_direct() as u64)),
             ("content_hash", StatValue::Text(self.shared.cfg.hash.name().to_string())),
             ("journal_bytes", StatValue::Int(journal_bytes)),
+            ("journal_compacting", StatValue::Int(compacting as u64)),
             ("recovery_seconds", StatValue::Float(self.shared.recovery_seconds)),
             ("torn_journal_bytes", StatValue::Int(self.shared.torn_journal_bytes)),
             ("last_clean_shutdown_unix", StatValue::Int(self.shared.last_clean_shutdown.unwrap_or(0))),
             ("directories", StatValue::Int(self.shared.devices.len() as u64)),
         ]
+    }
+}
+
+impl crate::tier::BlockTier for BlockStore {
+    fn tier_name(&self) -> &'static str {
+        "ssd"
+    }
+    fn submit_put(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_put(self, items, keepalive)
+    }
+    fn submit_get(&self, items: Vec<(Vec<u8>, RawBuf)>, keepalive: Option<Keepalive>) -> Result<Arc<Batch>> {
+        BlockStore::submit_get(self, items, keepalive)
+    }
+    fn delete_many(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        BlockStore::delete_many(self, keys)
+    }
+    fn contains(&self, key: &[u8]) -> bool {
+        BlockStore::contains(self, key)
+    }
+    fn match_prefix(&self, keys: &mut dyn Iterator<Item = &[u8]>) -> usize {
+        // One lock for the whole prefix, not one per key.
+        BlockStore::match_prefix(self, keys)
+    }
+    fn drain_evicted(&self) -> Vec<Vec<u8>> {
+        BlockStore::drain_evicted(self)
+    }
+    fn stats(&self) -> StatsSnapshot {
+        BlockStore::stats(self)
+    }
+    fn close(&self) -> Result<()> {
+        BlockStore::close(self)
     }
 }
 

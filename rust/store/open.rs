@@ -8,7 +8,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::journal::Journal;
 use super::journal_file::{self, JournalFile};
+use super::set_aside::set_aside;
 use super::stats::Counters;
 use super::{Shared, State, StoreConfig};
 use crate::device::allocator::ExtentAllocator;
@@ -40,7 +42,13 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     };
 
     let journal_dir = cfg.dirs[0].as_path();
-    let replayed = journal_file::read(journal_dir)?;
+    let replayed = match journal_file::read(journal_dir) {
+        Err(StoreError::FormatVersion { found, expected, .. }) if !cfg.read_only => {
+            set_aside(&cfg.dirs, found, expected)?;
+            None
+        }
+        other => other?,
+    };
     if cfg.read_only && replayed.is_none() {
         return Err(StoreError::Config(format!(
             "{} holds no flexkv store (no {})",
@@ -213,14 +221,18 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         state: Mutex::new(State {
             index,
             allocators,
-            journal,
+            journal: Journal::new(
+                journal_dir,
+                journal,
+                header,
+                cfg.durability,
+                fault_plan.filter(|p| p.journal),
+            ),
             sketch: FrequencySketch::new(cfg.admit_min_hits),
             next_seq,
             next_dir: 0,
             evicted: VecDeque::new(),
             closed: false,
-            journal_broken: false,
-            last_heal: None,
         }),
         cfg,
         devices,
@@ -230,8 +242,6 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         recovery_seconds,
         last_clean_shutdown: last_clean,
         torn_journal_bytes: torn,
-        journal_fault: fault_plan.filter(|p| p.journal),
-        journal_writes: std::sync::atomic::AtomicU64::new(0),
     })
 }
 

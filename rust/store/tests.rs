@@ -143,3 +143,103 @@ fn store_files_are_private_and_old_ones_are_tightened() {
     }
     assert_eq!(read(&store, b"k").unwrap(), data(b"k", 5_000));
 }
+
+/// Wait (bounded) until `cond` holds; panics after 10 s.
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn batches_complete_while_compaction_runs_and_a_crash_mid_compaction_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 8 << 20);
+    // The first background compaction spends 3 s before writing its new journal.
+    cfg.fault_injection = Some(crate::io::fault::FaultPlan::parse("journal:DELAY3000:1000").unwrap());
+    let store = Arc::new(BlockStore::open(cfg).unwrap());
+    let old: Vec<Vec<u8>> = (0..20).map(|i| format!("old{i}").into_bytes()).collect();
+    assert!(put_all(&store, &old, 9000).iter().all(|r| r.status == Status::Ok));
+    let compacting = || store.shared.state.lock().journal.compacting();
+
+    let background = {
+        let store = store.clone();
+        std::thread::spawn(move || store.checkpoint())
+    };
+    wait_until("the compaction to start", compacting);
+    // A batch and a delete complete while the rewrite is still running: they do not wait for it.
+    let new: Vec<Vec<u8>> = (0..5).map(|i| format!("new{i}").into_bytes()).collect();
+    let bufs: Vec<Vec<u8>> = new.iter().map(|k| data(k, 9000)).collect();
+    let items =
+        new.iter().zip(&bufs).map(|(k, b)| (k.clone(), RawBuf { ptr: b.as_ptr() as *mut u8, len: b.len() }));
+    let batch = store.submit_put(items.collect(), None).unwrap();
+    let results = batch.wait(Some(Duration::from_secs(1))).unwrap();
+    assert!(results.iter().all(|r| r.status == Status::Ok));
+    assert!(store.delete(b"old3").unwrap());
+    assert!(compacting(), "the batch should not have waited for the compaction");
+
+    // A crash now (old journal current, the new one half done) keeps every acknowledged block.
+    let crashed = tempfile::tempdir().unwrap();
+    snapshot(dir.path(), crashed.path());
+    let expect: Vec<&Vec<u8>> = old.iter().chain(&new).filter(|k| k.as_slice() != b"old3").collect();
+    {
+        let recovered = open(crashed.path());
+        assert_eq!(recovered.len(), expect.len());
+        assert!(!recovered.contains(b"old3"));
+        for k in &expect {
+            assert_eq!(read(&recovered, k).unwrap(), data(k, 9000));
+        }
+    }
+
+    background.join().unwrap().unwrap();
+    assert!(!compacting());
+    // The new journal holds the snapshot and what was appended meanwhile.
+    let after = tempfile::tempdir().unwrap();
+    snapshot(dir.path(), after.path());
+    let recovered = open(after.path());
+    assert_eq!(recovered.len(), expect.len());
+    assert!(!recovered.contains(b"old3"));
+    for k in &expect {
+        assert_eq!(read(&recovered, k).unwrap(), data(k, 9000));
+    }
+    let stray = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().ends_with(".compact"));
+    assert!(!stray, "the compaction's temp file was installed, not left behind");
+}
+
+/// The calls the layers above make, through the trait only (what an object tier must pass too).
+#[test]
+fn the_ssd_store_serves_through_the_block_tier_trait() {
+    use crate::tier::BlockTier;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 64 << 10);
+    cfg.preallocate = false;
+    let tier: Arc<dyn BlockTier> = Arc::new(BlockStore::open(cfg).unwrap());
+    assert_eq!(tier.tier_name(), "ssd");
+    let keys: Vec<Vec<u8>> = (0..6).map(|i| format!("t{i}").into_bytes()).collect();
+    let bufs: Vec<Vec<u8>> = keys.iter().map(|k| data(k, 8192)).collect();
+    for range in [0..5, 5..6] {
+        let items = range.map(|i| (keys[i].clone(), RawBuf { ptr: bufs[i].as_ptr() as *mut u8, len: 8192 }));
+        let put = tier.submit_put(items.collect(), None).unwrap().wait(None).unwrap();
+        assert!(put.iter().all(|r| r.status == Status::Ok), "{put:?}");
+    }
+    // 64 KiB hold 5 blocks of 3 pages beside the superblock: the first one was evicted.
+    let evicted = tier.drain_evicted();
+    assert_eq!(evicted, vec![keys[0].clone()]);
+    assert!(!tier.contains(&keys[0]) && tier.contains(&keys[5]));
+    assert_eq!(tier.match_prefix(&mut keys[1..].iter().map(Vec::as_slice)), 5);
+    let mut out = vec![0u8; 8192];
+    let get =
+        tier.submit_get(vec![(keys[5].clone(), RawBuf { ptr: out.as_mut_ptr(), len: out.len() })], None);
+    assert_eq!(get.unwrap().wait(None).unwrap()[0].status, Status::Ok);
+    assert_eq!(out, bufs[5]);
+    assert_eq!(tier.delete_many(&[keys[5].clone(), keys[0].clone()]).unwrap(), 1);
+    let stats = tier.stats();
+    assert!(stats.contains(&("blocks", stats::StatValue::Int(4))));
+    tier.close().unwrap();
+    assert!(matches!(tier.submit_put(Vec::new(), None), Err(StoreError::Closed)));
+}

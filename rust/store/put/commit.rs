@@ -1,0 +1,123 @@
+//! Put phase 4, under the state lock: index what was written (keeping content another batch
+//! stored meanwhile), map followers onto their leader's content, free what failed, and
+//! journal the new mappings. Only a journaled mapping is acknowledged: if the append fails
+//! the batch's blocks are withdrawn again.
+
+use super::write::Outcomes;
+use super::{extent_of, Plan};
+use crate::format::journal::Location;
+use crate::format::journal::Record;
+use crate::format::PAGE;
+use crate::hashing::ContentHash;
+use crate::index::extent_pages;
+use crate::store::batch::{BlockResult, RawBuf, Status};
+use crate::store::stats::Counters;
+use crate::store::{Shared, State};
+
+const POISONED: &str = "identical content failed verification and is being dropped; store it again later";
+
+/// Changes to journal, and which items they acknowledge.
+#[derive(Default)]
+struct Pending {
+    journal: Vec<u8>,
+    count: u64,
+    acknowledged: Vec<usize>,
+}
+
+impl Pending {
+    /// Map `key` to `hash` at `loc` in the index and queue its journal record.
+    fn map(&mut self, state: &mut State, i: usize, key: &[u8], hash: ContentHash, loc: &Location) {
+        let released = state.index.insert(key, hash, loc);
+        Shared::free_extent(state, released);
+        Record::Put { key: key.to_vec(), hash, loc: loc.clone() }.encode_into(&mut self.journal);
+        self.count += 1;
+        self.acknowledged.push(i);
+    }
+}
+
+/// The result for a block whose write finished (`outcome`).
+fn written(
+    shared: &Shared,
+    state: &mut State,
+    pending: &mut Pending,
+    i: usize,
+    key: &[u8],
+    (hash, loc): (&ContentHash, &Location),
+    outcome: Result<(), String>,
+) -> BlockResult {
+    if let Err(msg) = outcome {
+        Shared::free_extent(state, Some(extent_of(loc)));
+        Counters::add(&shared.counters.io_errors, 1);
+        return BlockResult::failed(Status::IoError, msg);
+    }
+    let ours = Some(extent_of(loc));
+    // Another batch may have stored the same content meanwhile: keep theirs.
+    let loc = match state.index.content(hash).map(|c| (c.loc.clone(), c.poisoned)) {
+        Some((_, true)) => {
+            Shared::free_extent(state, ours);
+            return BlockResult::failed(Status::IoError, POISONED);
+        }
+        Some((existing, false)) => {
+            Shared::free_extent(state, ours);
+            existing
+        }
+        None => loc.clone(),
+    };
+    pending.map(state, i, key, *hash, &loc);
+    Counters::add(&shared.counters.puts, 1);
+    Counters::add(&shared.counters.bytes_written, extent_pages(loc.stored_len) * PAGE as u64);
+    if loc.compressed {
+        Counters::add(&shared.counters.compressed_blocks, 1);
+    }
+    BlockResult::new(Status::Ok, loc.raw_len)
+}
+
+pub(super) fn commit(
+    shared: &Shared,
+    items: &[(Vec<u8>, RawBuf)],
+    plans: &[Plan],
+    mut outcomes: Outcomes,
+) -> Vec<Option<BlockResult>> {
+    let mut state = shared.state.lock();
+    let mut pending = Pending::default();
+    let mut results: Vec<Option<BlockResult>> = Vec::with_capacity(items.len());
+    for (i, plan) in plans.iter().enumerate() {
+        let key = &items[i].0;
+        let result = match plan {
+            Plan::Done(r) => r.clone(),
+            // Filled in by the reply, once the winning occurrence has its result.
+            Plan::Superseded { .. } => BlockResult::new(Status::Ok, 0),
+            Plan::Write { hash, loc } => {
+                let outcome = outcomes.remove(&i).unwrap_or(Err("not submitted".into()));
+                written(shared, &mut state, &mut pending, i, key, (hash, loc), outcome)
+            }
+            Plan::Follow { leader, hash } => {
+                let leader_ok =
+                    results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
+                match state.index.content(hash).map(|c| c.loc.clone()) {
+                    Some(loc) if leader_ok => {
+                        pending.map(&mut state, i, key, *hash, &loc);
+                        Counters::add(&shared.counters.deduped, 1);
+                        BlockResult::new(Status::Deduped, loc.raw_len)
+                    }
+                    _ => BlockResult::failed(
+                        Status::IoError,
+                        "the identical block earlier in this batch failed",
+                    ),
+                }
+            }
+        };
+        results.push(Some(result));
+    }
+    if let Err(e) = shared.journal_append(&mut state, &pending.journal, pending.count) {
+        // Not journaled means not durable: withdraw the blocks instead of acknowledging them.
+        tracing::error!(error = %e, "journal append failed; withdrawing the batch");
+        Counters::add(&shared.counters.io_errors, 1);
+        for i in pending.acknowledged {
+            let released = state.index.remove(&items[i].0);
+            Shared::free_extent(&mut state, released);
+            results[i] = Some(BlockResult::failed(Status::IoError, format!("journal: {e}")));
+        }
+    }
+    results
+}

@@ -1,0 +1,125 @@
+"""Format versions: a store written by another on-disk format version is set aside (its files
+moved to ``<dir>/set-aside/v<old>-<secs>/``, one WARNING, started empty), never a crash loop;
+a directory holding foreign files is still refused and left untouched."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from store_util import block
+
+from flexkv_py import _native
+from flexkv_py._native import BlockStore, CorruptBlockError
+
+MiB = 1 << 20
+V1 = Path(__file__).parent / "data" / "store-v1"  # written by the v1 code, 3 blocks of 8000 B
+V1_KEYS = (b"v1/a", b"v1/b", b"v1/c")
+JOURNAL = "flexkv-journal.log"
+DATA = "flexkv-blocks.dat"
+
+
+def _copy_v1(dst: Path, version: int | None = None) -> Path:
+    shutil.copytree(V1, dst)
+    if version is not None:  # fabricate another version: same bytes, other version field
+        with open(dst / JOURNAL, "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<I", version))
+    return dst
+
+
+def _set_aside_warning(caplog: pytest.LogCaptureFixture, directory: Path) -> list[str]:
+    # Rust records reach Python logging through a forwarding thread: wait (bounded) for it.
+    deadline = time.monotonic() + 10
+    while True:
+        found = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "set-aside" in r.getMessage()
+        ]
+        if found or time.monotonic() > deadline:
+            return [m for m in found if str(directory) in m]
+        time.sleep(0.01)
+
+
+def _assert_set_aside(directory: Path, version: int, original: bytes) -> None:
+    (aside,) = (directory / "set-aside").iterdir()
+    assert aside.name.startswith(f"v{version}-")
+    assert (aside / JOURNAL).read_bytes() == original  # moved as it was, not rewritten
+    assert (aside / DATA).exists()
+
+
+def test_v1_store_opens_or_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = _copy_v1(tmp_path / "v1")
+    original = (d / JOURNAL).read_bytes()
+    with caplog.at_level(logging.WARNING), BlockStore(str(d), 16 * MiB) as store:
+        if _native.JOURNAL_FORMAT_VERSION == 1:
+            assert sorted(store.keys()) == sorted(V1_KEYS)
+            for k in V1_KEYS:
+                assert store.read(k) == block(k, 8000)
+            return
+        assert len(store) == 0
+        assert store.put(b"new", block(b"new", 8000)).ok
+    _assert_set_aside(d, 1, original)
+    (msg,) = _set_aside_warning(caplog, d)
+    assert f"v1; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+
+
+@pytest.mark.parametrize("delta", [-1, +1], ids=["older", "newer"])
+def test_other_version_is_set_aside_logged_once_and_started_empty(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, delta: int
+) -> None:
+    version = _native.JOURNAL_FORMAT_VERSION + delta
+    d = _copy_v1(tmp_path / "store", version=version)
+    original = (d / JOURNAL).read_bytes()
+    with caplog.at_level(logging.WARNING):
+        with BlockStore(str(d), 16 * MiB) as store:
+            assert len(store) == 0
+            assert store.put(b"new", block(b"new", 8000)).ok
+        # A restart opens the new store: no second set-aside, the new block is there.
+        with BlockStore(str(d), 16 * MiB) as store:
+            assert store.keys() == [b"new"]
+            assert store.read(b"new") == block(b"new", 8000)
+    _assert_set_aside(d, version, original)
+    (msg,) = _set_aside_warning(caplog, d)
+    assert f"format v{version}; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+
+
+def test_other_version_spanning_two_directories_sets_both_aside(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    with BlockStore([str(d) for d in dirs], 16 * MiB) as store:
+        for k in (b"x", b"y", b"z"):
+            assert store.put(k, block(k, 8000)).ok
+    with open(dirs[0] / JOURNAL, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", _native.JOURNAL_FORMAT_VERSION + 7))
+    with BlockStore([str(d) for d in dirs], 16 * MiB) as store:
+        assert len(store) == 0
+        assert store.put(b"new", block(b"new", 8000)).ok
+    for d in dirs:
+        (aside,) = (d / "set-aside").iterdir()
+        assert (aside / DATA).exists()
+
+
+def test_read_only_view_refuses_another_version_and_moves_nothing(tmp_path: Path) -> None:
+    version = _native.JOURNAL_FORMAT_VERSION + 1
+    d = _copy_v1(tmp_path / "store", version=version)
+    with pytest.raises(CorruptBlockError, match=f"format v{version}, this build reads"):
+        BlockStore(str(d), 16 * MiB, read_only=True)
+    assert not (d / "set-aside").exists() and (d / JOURNAL).exists()
+
+
+def test_foreign_files_are_refused_and_left_alone(tmp_path: Path) -> None:
+    for name in (JOURNAL, DATA):
+        (tmp_path / name).write_bytes(b"not a flexkv file " * 100)
+    for _ in range(2):  # the same clear error every time, nothing moved or rewritten
+        with pytest.raises(CorruptBlockError, match="not a flexkv journal"):
+            BlockStore(str(tmp_path), 16 * MiB)
+    assert (tmp_path / JOURNAL).read_bytes() == b"not a flexkv file " * 100
+    assert not (tmp_path / "set-aside").exists()
