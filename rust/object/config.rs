@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -174,17 +174,33 @@ pub fn build(cfg: &ObjectConfig) -> Result<Built> {
     let (backend, store, prefix): (Backend, Arc<dyn ObjectStore>, String) = match parsed.scheme() {
         "s3" | "s3a" => (Backend::S3, Arc::new(build_s3(cfg, &parsed)?), trimmed),
         "gs" => {
-            let b = GoogleCloudStorageBuilder::from_env()
-                .with_url(cfg.url.as_str())
-                .with_retry(cfg.retry())
-                .with_client_options(cfg.client_options(cfg.allow_http));
+            let b = GoogleCloudStorageBuilder::from_env().with_url(cfg.url.as_str());
+            let keys = [GoogleConfigKey::ServiceAccount, GoogleConfigKey::ServiceAccountKey];
+            let adc = std::env::var_os("HOME").map(|h| {
+                std::path::Path::new(&h).join(".config/gcloud/application_default_credentials.json")
+            });
+            let has_own = keys.iter().any(|k| b.get_config_value(k).is_some())
+                || b.get_config_value(&GoogleConfigKey::ApplicationCredentials).is_some()
+                || adc.is_some_and(|p| p.exists());
+            refuse_metadata(cfg, has_own, "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS")?;
+            let b = b.with_retry(cfg.retry()).with_client_options(cfg.client_options(cfg.allow_http));
             (Backend::Gcs, Arc::new(b.build().map_err(config_err)?), trimmed)
         }
         "az" | "azure" | "abfs" | "abfss" => {
-            let b = MicrosoftAzureBuilder::from_env()
-                .with_url(cfg.url.as_str())
-                .with_retry(cfg.retry())
-                .with_client_options(cfg.client_options(cfg.allow_http));
+            let b = MicrosoftAzureBuilder::from_env().with_url(cfg.url.as_str());
+            let keys = [
+                AzureConfigKey::AccessKey,
+                AzureConfigKey::SasKey,
+                AzureConfigKey::Token,
+                AzureConfigKey::ClientSecret,
+                AzureConfigKey::FederatedTokenFile,
+            ];
+            let flags =
+                [AzureConfigKey::UseEmulator, AzureConfigKey::UseAzureCli, AzureConfigKey::SkipSignature];
+            let has_own = keys.iter().any(|k| b.get_config_value(k).is_some())
+                || flags.iter().any(|k| b.get_config_value(k).is_some_and(|v| v == "true"));
+            refuse_metadata(cfg, has_own, "AZURE_STORAGE_ACCOUNT_KEY, a SAS token or a client secret")?;
+            let b = b.with_retry(cfg.retry()).with_client_options(cfg.client_options(cfg.allow_http));
             (Backend::Azure, Arc::new(b.build().map_err(config_err)?), trimmed)
         }
         "file" => {
@@ -211,6 +227,19 @@ fn env_flag(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Without credentials of its own, a cloud client asks the instance-metadata address: only when
+/// the operator said so.
+fn refuse_metadata(cfg: &ObjectConfig, has_own: bool, how: &str) -> Result<()> {
+    if has_own || cfg.allow_instance_metadata {
+        return Ok(());
+    }
+    Err(StoreError::Config(format!(
+        "{}: no credentials (give {how}); the cloud metadata address is only asked with \
+         allow_instance_metadata",
+        cfg.target()
+    )))
+}
+
 fn build_s3(cfg: &ObjectConfig, url: &url::Url) -> Result<object_store::aws::AmazonS3> {
     let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad_url(cfg, "no bucket name"))?;
     // The usual AWS_* environment first; explicit arguments override it.
@@ -234,13 +263,11 @@ fn build_s3(cfg: &ObjectConfig, url: &url::Url) -> Result<object_store::aws::Ama
     }
     let has_static = b.get_config_value(&AmazonS3ConfigKey::AccessKeyId).is_some()
         && b.get_config_value(&AmazonS3ConfigKey::SecretAccessKey).is_some();
-    if !has_static && !cfg.allow_instance_metadata {
-        return Err(StoreError::Config(format!(
-            "{}: no S3 credentials (pass access_key_id/secret_access_key or set AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY); the cloud metadata address is only asked with allow_instance_metadata",
-            cfg.target()
-        )));
-    }
+    refuse_metadata(
+        cfg,
+        has_static,
+        "access_key_id/secret_access_key, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    )?;
     let allow_http = cfg.allow_http || env_flag("AWS_ALLOW_HTTP");
     b = b.with_retry(cfg.retry()).with_client_options(cfg.client_options(allow_http));
     b.build().map_err(|e| StoreError::Config(cfg.scrub(format!("{}: {e}", cfg.target()))))

@@ -4,6 +4,7 @@
 //! (`runtime`), at most `concurrency` requests at once. The first writer of a key wins
 //! (conditional create); a key the tier already knows exists is not uploaded again.
 
+mod block_tier;
 pub mod codec;
 pub mod config;
 mod known;
@@ -13,7 +14,6 @@ pub mod stats;
 #[cfg(test)]
 mod tests;
 
-use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -31,6 +31,7 @@ use self::stats::{bump, ObjectStats};
 use crate::error::{Result, StoreError};
 use crate::format::MAX_KEY_LEN;
 use crate::hashing::HashAlgo;
+use crate::store::batch::Keepalive;
 use crate::store::stats::{StatValue, StatsSnapshot};
 use crate::store::{Batch, BlockResult, RawBuf, Status};
 
@@ -98,6 +99,7 @@ impl ObjectTier {
             budget: self.cfg.block_budget(),
             target: self.cfg.target().into(),
             secret: self.cfg.secret_access_key.as_deref().map(Arc::from),
+            inflight: Arc::default(),
         };
         Ok(Client { pid: std::process::id(), rt, ctx })
     }
@@ -174,7 +176,7 @@ impl ObjectTier {
     pub fn submit_put(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         let (rt, ctx) = self.client()?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
@@ -197,6 +199,7 @@ impl ObjectTier {
         let prefix = self.prefix.clone();
         let done = batch.clone();
         let learned = self.known.clone();
+        let running = ctx.inflight.enter();
         rt.spawn(async move {
             let puts = stream::iter(todo).map(|(i, key, buf)| {
                 let ctx = ctx.clone();
@@ -217,6 +220,7 @@ impl ObjectTier {
                 results[i] = Some(r);
             }
             done.complete(finish(results));
+            drop(running);
         });
         Ok(batch)
     }
@@ -225,7 +229,7 @@ impl ObjectTier {
     pub fn submit_get(
         &self,
         items: Vec<(Vec<u8>, RawBuf)>,
-        keepalive: Option<Box<dyn Any + Send>>,
+        keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         let (rt, ctx) = self.client()?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
@@ -233,6 +237,7 @@ impl ObjectTier {
         let width = self.cfg.concurrency;
         let done = batch.clone();
         let learned = self.known.clone();
+        let running = ctx.inflight.enter();
         rt.spawn(async move {
             let n = items.len();
             let gets = stream::iter(items.into_iter().enumerate()).map(|(i, (key, buf))| {
@@ -255,6 +260,7 @@ impl ObjectTier {
                 results[i] = Some(r);
             }
             done.complete(finish(results));
+            drop(running);
         });
         Ok(batch)
     }
@@ -340,9 +346,19 @@ impl ObjectTier {
         out
     }
 
-    /// No more batches; those in flight finish.
+    /// No more batches; returns once this process's batches in flight have finished (each
+    /// request is bounded by the block budget).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        let inflight = self
+            .client
+            .lock()
+            .as_ref()
+            .filter(|c| c.pid == std::process::id())
+            .map(|c| c.ctx.inflight.clone());
+        if let Some(inflight) = inflight {
+            inflight.wait_idle();
+        }
     }
 
     pub fn is_closed(&self) -> bool {

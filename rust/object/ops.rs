@@ -23,6 +23,40 @@ pub struct Ctx {
     /// Where requests go, for messages (no credentials).
     pub target: Arc<str>,
     pub secret: Option<Arc<str>>,
+    pub inflight: Arc<InFlight>,
+}
+
+/// Batches of this process still running: `close` waits for them (each request is bounded).
+#[derive(Default)]
+pub struct InFlight {
+    count: parking_lot::Mutex<usize>,
+    idle: parking_lot::Condvar,
+}
+
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl InFlight {
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+        *self.count.lock() += 1;
+        InFlightGuard(self.clone())
+    }
+
+    pub fn wait_idle(&self) {
+        let mut n = self.count.lock();
+        while *n > 0 {
+            self.idle.wait(&mut n);
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut n = self.0.count.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 pub enum Outcome<T> {

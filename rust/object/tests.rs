@@ -116,4 +116,42 @@ fn bad_urls_and_missing_credentials_are_config_errors() {
     cfg.access_key_id = Some("id".into());
     let err = ObjectTier::open(cfg).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("both or neither"), "{err}");
+    // No credentials anywhere: refused rather than asking the cloud's metadata address.
+    let env_has = |names: &[&str]| names.iter().any(|n| std::env::var_os(n).is_some());
+    if !env_has(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]) {
+        let err = ObjectTier::open(ObjectConfig::new("s3://bucket/p")).err().map(|e| e.to_string());
+        assert!(err.unwrap_or_default().contains("allow_instance_metadata"));
+    }
+    let gcloud =
+        std::env::var_os("HOME").is_some_and(|h| std::path::Path::new(&h).join(".config/gcloud").exists());
+    if !gcloud
+        && !env_has(&[
+            "GOOGLE_SERVICE_ACCOUNT",
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ])
+    {
+        let err = ObjectTier::open(ObjectConfig::new("gs://bucket/p")).err().map(|e| e.to_string());
+        assert!(err.unwrap_or_default().contains("allow_instance_metadata"));
+    }
+}
+
+#[test]
+fn driven_through_the_block_tier_seam() {
+    use crate::tier::BlockTier;
+    let tier: Arc<dyn BlockTier> = Arc::new(ObjectTier::open(ObjectConfig::new("memory://")).unwrap());
+    assert_eq!(tier.tier_name(), "object");
+    let mut data = blocks(10, 3000);
+    let items = data.iter_mut().map(|(k, v)| (k.clone(), raw(v))).collect();
+    let put = tier.submit_put(items, None).unwrap().wait(None).unwrap();
+    assert!(put.iter().all(|r| r.status == Status::Ok));
+    let mut keys: Vec<Vec<u8>> = data.iter().map(|(k, _)| k.clone()).collect();
+    assert!(tier.contains(&keys[3]) && !tier.contains(b"ns/none"));
+    keys.insert(7, b"ns/gap".to_vec());
+    assert_eq!(tier.match_prefix(&mut keys.iter().map(Vec::as_slice)), 7);
+    assert_eq!(tier.delete_many(&keys[..1]).unwrap(), 1);
+    assert!(!tier.contains(&keys[0]));
+    assert!(tier.drain_evicted().is_empty());
+    tier.close().unwrap();
+    assert!(matches!(tier.submit_get(Vec::new(), None), Err(StoreError::Closed)));
 }

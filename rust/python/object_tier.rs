@@ -191,8 +191,9 @@ impl PyObjectTier {
         Ok(d)
     }
 
-    fn close(&self) {
-        self.tier.close();
+    fn close(&self, py: Python<'_>) {
+        let tier = self.tier.clone();
+        py.detach(move || tier.close());
     }
 
     #[getter]
@@ -205,8 +206,8 @@ impl PyObjectTier {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) {
-        self.close();
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) {
+        self.close(py);
     }
 
     /// URL, endpoint and backend only: never a credential.
