@@ -223,6 +223,12 @@ def main() -> None:
                 name: {"up": [], "down": []} for name in runners
             }
             skipped: dict[str, str] = {}
+            # Warm-up, untimed: the server allocates its first volumes on the first writes.
+            for run in runners.values():
+                try:
+                    run(s3, blocks[:16], args.concurrency)
+                except ImportError:
+                    pass
             for _ in range(args.runs):
                 for name, run in runners.items():  # paired: every client once per run
                     if name in skipped:
