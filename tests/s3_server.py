@@ -226,8 +226,12 @@ class CountingProxy:
     them. Responses are relayed as bytes (no parsing needed: the client frames them).
     """
 
-    def __init__(self, upstream_port: int, cut_replies_after: int | None = None) -> None:
+    def __init__(
+        self, upstream_port: int, cut_replies_after: int | None = None, delay_replies_s: float = 0.0
+    ) -> None:
         self.upstream_port = upstream_port
+        # Fault mode: hold every reply this long before forwarding it (a slow server).
+        self.delay_replies_s = delay_replies_s
         # Fault mode: forward only this many bytes of each connection's replies, then close it
         # (a truncated body as a client sees it).
         self.cut_replies_after = cut_replies_after
@@ -287,7 +291,8 @@ class CountingProxy:
             client.close()
             return
         cut = self.cut_replies_after
-        threading.Thread(target=_pump, args=(upstream, client, cut), daemon=True).start()
+        args = (upstream, client, cut, lambda: self.delay_replies_s)
+        threading.Thread(target=_pump, args=args, daemon=True).start()
         reader = client.makefile("rb")
         try:
             while True:
@@ -311,10 +316,17 @@ class CountingProxy:
                     pass
 
 
-def _pump(src: socket.socket, dst: socket.socket, limit: int | None = None) -> None:
+def _pump(
+    src: socket.socket,
+    dst: socket.socket,
+    limit: int | None = None,
+    delay_s: Callable[[], float] = lambda: 0.0,
+) -> None:
     left = limit
     try:
         while chunk := src.recv(1 << 16):
+            if (delay := delay_s()) > 0:
+                time.sleep(delay)
             if left is not None:
                 chunk = chunk[:left]
                 left -= len(chunk)

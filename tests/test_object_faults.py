@@ -95,3 +95,38 @@ def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
         assert all(o == bytearray(BLOCK) for o in outs)
     finally:
         proxy.close()
+
+
+def test_slow_replies_time_out_per_block(s3: S3Server) -> None:
+    """Replies held longer than the tier's budget: io_error after about (retries + 1) *
+    timeout_s, not after the server finally answers."""
+    prefix = f"slow-{uuid.uuid4().hex[:8]}"
+    common = {
+        "region": s3.region,
+        "access_key_id": s3.access_key_id,
+        "secret_access_key": s3.secret_access_key,
+        "allow_http": True,
+    }
+    writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
+    stored = [(f"ns/slow/{i}".encode(), bytearray([i + 3]) * BLOCK) for i in range(4)]
+    assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    proxy = CountingProxy(s3.ports["s3"])
+    try:
+        reader = _native.ObjectTier(
+            f"s3://{s3.bucket}/{prefix}",
+            endpoint=proxy.endpoint,
+            timeout_s=1.0,
+            retries=0,
+            **common,
+        )
+        proxy.delay_replies_s = 6.0  # after the open's probe
+        outs = [bytearray(BLOCK) for _ in stored]
+        start = time.monotonic()
+        results = reader.submit_get(list(zip([k for k, _ in stored], outs, strict=True))).wait(30)
+        elapsed = time.monotonic() - start
+        assert [r.status for r in results] == ["io_error"] * 4, results
+        assert elapsed < 4.0, f"{elapsed:.1f}s: the per-request timeout did not fire"
+        assert all(o == bytearray(BLOCK) for o in outs)
+        assert reader.stats()["io_errors"] == 4
+    finally:
+        proxy.close()

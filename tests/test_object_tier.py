@@ -4,7 +4,10 @@ credentials; plus `file://` and `memory://`."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -109,6 +112,69 @@ def test_first_writer_wins_under_racing_writers(s3: S3Server) -> None:
         assert len(won) == 1, f"key {i}: {statuses[0][i]} / {statuses[1][i]}"
         assert {statuses[0][i], statuses[1][i]} == {"ok", "deduped"}
         assert out == bytearray([won[0] + 1]) * 8192, "the winner's bytes are what is stored"
+
+
+WRITER = """
+import json, sys
+from flexkv_py import _native
+args = json.loads(sys.argv[1])
+tier = _native.ObjectTier(args["url"], endpoint=args["endpoint"], region=args["region"],
+    access_key_id=args["id"], secret_access_key=args["secret"], allow_http=True)
+items = [(k.encode(), bytearray([args["byte"]]) * 8192) for k in args["keys"]]
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps([r.status for r in tier.submit_put(items).wait(120)]), flush=True)
+"""
+
+
+@needs_weed
+def test_two_processes_race_and_share(s3: S3Server) -> None:
+    """Two OS processes store the same keys at once: one winner per key, and a third process
+    (this one) reads the winner's bytes."""
+    prefix = f"procs-{uuid.uuid4().hex[:8]}"
+    keys = [f"ns/procs/{i}" for i in range(40)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = []
+    for byte in (11, 22):
+        args = {
+            "url": f"s3://{s3.bucket}/{prefix}",
+            "endpoint": s3.endpoint,
+            "region": s3.region,
+            "id": s3.access_key_id,
+            "secret": s3.secret_access_key,
+            "byte": byte,
+            "keys": keys,
+        }
+        p = subprocess.Popen(
+            [sys.executable, "-c", WRITER, json.dumps(args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        procs.append(p)
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for p in procs:  # both released together
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outcomes = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0
+            outcomes.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    results, outs = get(make_tier(s3, prefix), [k.encode() for k in keys], 8192)
+    assert all(r.status == "ok" for r in results)
+    for i, out in enumerate(outs):
+        assert sorted([outcomes[0][i], outcomes[1][i]]) == ["deduped", "ok"], i
+        winner = 11 if outcomes[0][i] == "ok" else 22
+        assert out == bytearray([winner]) * 8192
 
 
 @needs_weed
