@@ -33,6 +33,7 @@ class CorruptBlockError(FlexKVError): ...
 class IoEngineError(FlexKVError, OSError): ...
 class StoreLockedError(FlexKVError): ...
 class BlockNotFoundError(FlexKVError, KeyError): ...
+
 class StoreClosedError(FlexKVError):
     """The store was closed (``close()``, or the tier shut down); nothing more can be submitted."""
 
@@ -104,7 +105,9 @@ class BlockStore:
         byte budget, split evenly across directories. `read_only=True` opens an existing store
         (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
         `fault_injection` (testing only; also the FLEXKV_FAULT_INJECTION environment variable):
-        "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O."""
+        "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O,
+        "<read|write|any>:DELAY<ms>:<N>" delays it, "journal:<EIO|ENOSPC>:<N>" fails every Nth
+        journal write and "journal:DELAY<ms>:<N>" slows every Nth background compaction."""
     @property
     def io_engine(self) -> str:
         """The engine actually in use ("io_uring" or "psync")."""
@@ -140,6 +143,9 @@ class BlockStore:
     def __enter__(self) -> BlockStore: ...
     def __exit__(self, *exc: object) -> None: ...
     def __len__(self) -> int: ...
+    def index_nbytes(self) -> int:
+        """Bytes the in-memory index holds (keys, contents, eviction order), estimated from
+        its allocations; ``index_nbytes() / len(store)`` is the index cost per block."""
 
 # The names the native parsers accept for each string option (aliases aside), in their order.
 IO_ENGINES: tuple[str, ...]

@@ -88,3 +88,12 @@ def test_option_names_are_exported_and_accepted(tmp_path: Path) -> None:
                 store.close()
     with pytest.raises(ConfigError, match="io_engine"):
         BlockStore(str(tmp_path), 16 * MiB, io_engine="spdk")
+
+
+def test_index_nbytes_grows_with_the_blocks(tmp_path: Path) -> None:
+    with BlockStore(str(tmp_path), 16 * MiB) as store:
+        empty = store.index_nbytes()
+        store.submit_put([(b"key-%04d" % i, b"%04d" % i * 1024) for i in range(200)]).wait(30)
+        assert len(store) == 200
+        per_block = (store.index_nbytes() - empty) / 200
+        assert 16 < per_block < 1024

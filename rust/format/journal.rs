@@ -33,6 +33,27 @@ pub enum Record {
     CleanShutdown { unix_secs: u64 },
 }
 
+/// A decoded record borrowing its key from the journal buffer: replay walks a whole journal
+/// without one allocation per record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordRef<'a> {
+    Put { key: &'a [u8], hash: ContentHash, loc: Location },
+    Delete { key: &'a [u8] },
+    CleanShutdown { unix_secs: u64 },
+}
+
+impl RecordRef<'_> {
+    pub fn to_owned(&self) -> Record {
+        match self {
+            RecordRef::Put { key, hash, loc } => {
+                Record::Put { key: key.to_vec(), hash: *hash, loc: loc.clone() }
+            }
+            RecordRef::Delete { key } => Record::Delete { key: key.to_vec() },
+            RecordRef::CleanShutdown { unix_secs } => Record::CleanShutdown { unix_secs: *unix_secs },
+        }
+    }
+}
+
 const TAG_PUT: u8 = 1;
 const TAG_DELETE: u8 = 2;
 const TAG_CLEAN: u8 = 3;
@@ -101,8 +122,10 @@ impl Record {
         out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
         out.extend_from_slice(&body);
     }
+}
 
-    fn decode_body(body: &[u8]) -> Option<Self> {
+impl<'a> RecordRef<'a> {
+    fn decode_body(body: &'a [u8]) -> Option<Self> {
         let mut r = Reader::new(body);
         let record = match r.u8()? {
             TAG_PUT => {
@@ -116,10 +139,10 @@ impl Record {
                     compressed: r.u8()? != 0,
                     seq: r.u64()?,
                 };
-                Record::Put { key, hash, loc }
+                RecordRef::Put { key, hash, loc }
             }
-            TAG_DELETE => Record::Delete { key: get_key(&mut r)? },
-            TAG_CLEAN => Record::CleanShutdown { unix_secs: r.u64()? },
+            TAG_DELETE => RecordRef::Delete { key: get_key(&mut r)? },
+            TAG_CLEAN => RecordRef::CleanShutdown { unix_secs: r.u64()? },
             _ => return None,
         };
         (r.pos() == body.len()).then_some(record)
@@ -131,12 +154,12 @@ fn put_key(body: &mut Vec<u8>, key: &[u8]) {
     body.extend_from_slice(key);
 }
 
-fn get_key(r: &mut Reader) -> Option<Vec<u8>> {
+fn get_key<'a>(r: &mut Reader<'a>) -> Option<&'a [u8]> {
     let n = r.u16()? as usize;
     if n > MAX_KEY_LEN {
         return None;
     }
-    r.bytes(n).map(<[u8]>::to_vec)
+    r.bytes(n)
 }
 
 /// Result of decoding a journal body (everything after the file header).
@@ -148,6 +171,13 @@ pub struct Decoded {
 
 pub fn decode_all(buf: &[u8]) -> Decoded {
     let mut records = Vec::new();
+    let valid_len = visit_all(buf, |_, r| records.push(r.to_owned()));
+    Decoded { records, valid_len }
+}
+
+/// Call `f` on every whole record of a journal body, in order, with the byte position of its
+/// frame; returns the bytes of valid frames (anything after is a torn or corrupt tail).
+pub fn visit_all<'a>(buf: &'a [u8], mut f: impl FnMut(usize, RecordRef<'a>)) -> usize {
     let mut pos = 0usize;
     while let Some(frame) = buf.get(pos..pos + 8) {
         let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
@@ -156,11 +186,11 @@ pub fn decode_all(buf: &[u8]) -> Decoded {
         if crc32fast::hash(body) != crc {
             break;
         }
-        let Some(record) = Record::decode_body(body) else { break };
-        records.push(record);
+        let Some(record) = RecordRef::decode_body(body) else { break };
+        f(pos, record);
         pos += 8 + len;
     }
-    Decoded { records, valid_len: pos }
+    pos
 }
 
 #[cfg(test)]

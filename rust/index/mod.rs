@@ -86,12 +86,31 @@ impl Index {
         }
     }
 
+    /// Make room for `additional` more keys (and as many contents) at once, so that a replay
+    /// does not rehash its way up.
+    pub fn reserve(&mut self, additional: usize) {
+        self.keys.reserve(additional);
+        self.contents.reserve(additional);
+    }
+
     pub fn len(&self) -> usize {
         self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Bytes held (estimated from capacities and allocation sizes, allocator overhead included).
+    pub fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        // A heap allocation costs its size rounded up to 16 plus about 16 bytes of bookkeeping.
+        let heap = |n: usize| n.div_ceil(16) * 16 + 16;
+        let key_node = heap(size_of::<Box<[u8]>>() + size_of::<ContentHash>() + 2 * size_of::<usize>());
+        let key_bytes: usize = self.keys.keys().map(|k| heap(k.len())).sum();
+        let keys = self.keys.capacity() * (size_of::<usize>() + 1) + self.keys.len() * key_node + key_bytes;
+        let contents = self.contents.capacity() * (size_of::<(ContentHash, ContentEntry)>() + 1);
+        keys + contents
     }
 
     pub fn content_count(&self) -> usize {

@@ -321,6 +321,11 @@ impl PyBlockStore {
     fn __len__(&self, py: Python<'_>) -> usize {
         py.detach(|| self.store.len())
     }
+
+    /// Bytes the in-memory index holds (for benches: divide by `len()` for bytes per block).
+    fn index_nbytes(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.store.index_nbytes())
+    }
 }
 
 impl Drop for PyBlockStore {

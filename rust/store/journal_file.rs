@@ -8,15 +8,29 @@ use std::path::{Path, PathBuf};
 
 use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
-use crate::format::journal::{decode_all, FileHeader, Record, FILE_HEADER_LEN, FILE_VERSION};
+use crate::format::journal::{visit_all, FileHeader, Record, RecordRef, FILE_HEADER_LEN, FILE_VERSION};
 
 pub const JOURNAL_FILE: &str = "flexkv-journal.log";
 
+/// A journal read whole; `visit` walks its records borrowing from the buffer.
 pub struct Replayed {
     pub header: FileHeader,
-    pub records: Vec<Record>,
-    /// Bytes cut off the end (a torn append from a crash).
-    pub torn_bytes: u64,
+    buf: Vec<u8>,
+}
+
+impl Replayed {
+    /// Call `f` on every whole record with its frame's offset in the file; returns the bytes
+    /// of torn tail after them.
+    pub fn visit<'a>(&'a self, mut f: impl FnMut(u64, RecordRef<'a>)) -> u64 {
+        let body = &self.buf[FILE_HEADER_LEN..];
+        let valid = visit_all(body, |pos, r| f((FILE_HEADER_LEN + pos) as u64, r));
+        (body.len() - valid) as u64
+    }
+
+    /// Bytes of the whole file.
+    pub fn file_bytes(&self) -> u64 {
+        self.buf.len() as u64
+    }
 }
 
 pub struct JournalFile {
@@ -42,13 +56,7 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
         StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;
-    let body = &buf[FILE_HEADER_LEN..];
-    let decoded = decode_all(body);
-    Ok(Some(Replayed {
-        header,
-        records: decoded.records,
-        torn_bytes: (body.len() - decoded.valid_len) as u64,
-    }))
+    Ok(Some(Replayed { header, buf }))
 }
 
 /// A new journal written to a temp file and synced, not yet current: `install` makes it so.
@@ -143,6 +151,16 @@ impl Drop for Prepared {
 }
 
 impl JournalFile {
+    /// Open the existing journal for appends (it replayed whole: no torn tail), cut to
+    /// `bytes`, when rewriting it at open would only cost time.
+    pub fn reopen(dir: &Path, header: FileHeader, records: u64, bytes: u64) -> Result<Self> {
+        let path = dir.join(JOURNAL_FILE);
+        let ctx = |e| StoreError::io(format!("reopening {}", path.display()), e);
+        let file = OpenOptions::new().append(true).open(&path).map_err(ctx)?;
+        file.set_len(bytes).map_err(ctx)?;
+        Ok(JournalFile { path, file: Some(file), header, records, bytes })
+    }
+
     /// Write a fresh journal holding `records` (atomically replacing any old one) and open it
     /// for appends.
     pub fn rewrite(dir: &Path, header: FileHeader, records: &[Record]) -> Result<Self> {

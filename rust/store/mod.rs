@@ -12,6 +12,7 @@ mod get;
 mod journal;
 mod open;
 mod put;
+mod replay;
 mod set_aside;
 mod shared;
 
@@ -141,6 +142,11 @@ impl BlockStore {
 
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k.to_vec()).collect()
+    }
+
+    /// Bytes the in-memory index holds (keys, contents, eviction order), for benches.
+    pub fn index_nbytes(&self) -> usize {
+        self.shared.state.lock().index.nbytes()
     }
 
     pub fn len(&self) -> usize {
@@ -343,5 +349,7 @@ impl Drop for BlockStore {
     }
 }
 
+#[cfg(test)]
+mod reopen_bench;
 #[cfg(test)]
 mod tests;

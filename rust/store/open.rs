@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::journal::Journal;
 use super::journal_file::{self, JournalFile};
+use super::replay::Replay;
 use super::set_aside::set_aside;
 use super::stats::Counters;
 use super::{Shared, State, StoreConfig};
@@ -18,11 +19,11 @@ use crate::device::data_file::DataFile;
 use crate::device::dir_lock::DirLock;
 use crate::device::set::{Device, DeviceSet};
 use crate::error::{Result, StoreError};
-use crate::format::journal::{FileHeader, Record};
+use crate::format::journal::FileHeader;
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
 use crate::index::admission::FrequencySketch;
-use crate::index::{extent_pages, Index};
+use crate::index::Index;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
 
@@ -133,68 +134,39 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
     let mut allocators: Vec<ExtentAllocator> =
         files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
-    let mut last_clean = None;
-    let mut next_seq = 1u64;
-    let mut torn = 0u64;
-    let mut dropped = 0u64;
-    if let Some(r) = replayed {
-        torn = r.torn_bytes;
-        if torn > 0 {
-            tracing::warn!(bytes = torn, "journal had a torn tail (unclean shutdown); cut off");
-        }
-        for record in r.records {
-            match record {
-                Record::Put { key, hash, loc } => {
-                    last_clean = None;
-                    next_seq = next_seq.max(loc.seq + 1);
-                    let dir = loc.dir as usize;
-                    let known = index.content(&hash).is_some_and(|c| c.loc == loc);
-                    if !known {
-                        let pages = extent_pages(loc.stored_len);
-                        let first = loc.offset / PAGE as u64;
-                        let fits = dir < ndirs
-                            && !recreated[dir]
-                            && loc.offset % PAGE as u64 == 0
-                            && index.content(&hash).is_none()
-                            && allocators[dir].reserve(first, pages);
-                        if !fits {
-                            dropped += 1;
-                            continue;
-                        }
-                    }
-                    let released = index.insert(&key, hash, &loc);
-                    if let Some(f) = released {
-                        allocators[f.dir as usize].free(f.first_page, f.pages);
-                    }
-                }
-                Record::Delete { key } => {
-                    last_clean = None;
-                    if let Some(f) = index.remove(&key) {
-                        allocators[f.dir as usize].free(f.first_page, f.pages);
-                    }
-                }
-                Record::CleanShutdown { unix_secs } => last_clean = Some(unix_secs),
-            }
+    let mut replay = Replay { next_seq: 1, ..Replay::default() };
+    let mut journal_bytes = 0;
+    if let Some(r) = &replayed {
+        replay = super::replay::replay(r, &mut index, &mut allocators, &recreated);
+        journal_bytes = r.file_bytes();
+        if replay.torn > 0 {
+            tracing::warn!(bytes = replay.torn, "journal had a torn tail (unclean shutdown); cut off");
         }
     }
+    drop(replayed);
+    let Replay { last_clean, next_seq, torn, dropped, mut records, clean_from } = replay;
     if dropped > 0 {
         tracing::warn!(records = dropped, "journal records outside the data files were dropped");
     }
 
-    if !cfg.read_only {
-        make_private(&cfg.dirs, &files, &locks);
-    }
+    let journal_private = if cfg.read_only { true } else { make_private(&cfg.dirs, &files, &locks) };
+    // Rewritten at open only when that buys something: a torn tail or dropped records to cut
+    // off, a journal grown well past the live keys, or one that is not private yet. Otherwise
+    // it is reopened as it is (a rewrite of 1 M records costs seconds before the first hit).
+    let keep =
+        !fresh && torn == 0 && dropped == 0 && journal_private && records <= 2 * index.len() as u64 + 65_536;
     let journal = if cfg.read_only {
         None
+    } else if keep {
+        // Cut the clean-shutdown marks off: this session has not shut down cleanly yet.
+        let mut bytes = journal_bytes;
+        if let Some(at) = clean_from {
+            records = records.saturating_sub(1);
+            bytes = at;
+        }
+        Some(JournalFile::reopen(journal_dir, header, records, bytes)?)
     } else {
-        let records: Vec<Record> = index
-            .keys_in_order()
-            .filter_map(|(key, hash)| {
-                let c = index.content(hash)?;
-                Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
-            })
-            .collect();
-        Some(JournalFile::rewrite(journal_dir, header, &records)?)
+        Some(JournalFile::rewrite(journal_dir, header, &State::live_records(&index))?)
     };
 
     let fault_plan = match (cfg.fault_injection, std::env::var("FLEXKV_FAULT_INJECTION")) {
@@ -257,23 +229,27 @@ fn create_data_file(dir: &Path, len: u64, sb: Superblock, preallocate: bool) -> 
 
 /// Stores created before files were private hold 0644 files: take group/other access away
 /// from the files this opener owns (it holds their locks), with one log line for all of them.
-/// The journal needs nothing: its rewrite below replaces it with a new 0600 file.
-fn make_private(dirs: &[PathBuf], files: &[DataFile], locks: &[Option<DirLock>]) {
+/// The journal is not changed here: false when it is not private, so that the caller rewrites
+/// it (the rewrite is a new 0600 file).
+fn make_private(dirs: &[PathBuf], files: &[DataFile], locks: &[Option<DirLock>]) -> bool {
     let mut changed: Vec<String> = Vec::new();
     for ((dir, data), lock) in dirs.iter().zip(files).zip(locks) {
         changed.extend(crate::device::private::tighten(&data.file, &data.path));
         changed.extend(lock.as_ref().and_then(|l| l.make_private(dir)));
     }
     let journal = dirs[0].join(journal_file::JOURNAL_FILE);
+    let mut private = true;
     if let Ok(meta) = std::fs::metadata(&journal) {
         let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
         if mode & 0o077 != 0 {
             changed.push(format!("{} {mode:04o} -> 0600 (rewritten)", journal.display()));
+            private = false;
         }
     }
     if !changed.is_empty() {
         tracing::info!("cache files made private (group/other access removed): {}", changed.join(", "));
     }
+    private
 }
 
 fn remove_stale(dir: &Path) {

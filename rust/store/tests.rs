@@ -243,3 +243,39 @@ fn the_ssd_store_serves_through_the_block_tier_trait() {
     tier.close().unwrap();
     assert!(matches!(tier.submit_put(Vec::new(), None), Err(StoreError::Closed)));
 }
+
+/// A journal reopened as it is (no rewrite at open) loses its clean-shutdown mark, and what is
+/// appended to it survives a crash.
+#[test]
+fn journal_kept_at_open_reads_unclean_after_a_crash_and_keeps_new_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let first: Vec<Vec<u8>> = (0..10).map(|i| format!("a{i}").into_bytes()).collect();
+    let later: Vec<Vec<u8>> = (0..10).map(|i| format!("b{i}").into_bytes()).collect();
+    let store = open(dir.path());
+    assert!(put_all(&store, &first, 5000).iter().all(|r| r.status == Status::Ok));
+    store.close().unwrap();
+    drop(store);
+    let journal = dir.path().join(journal_file::JOURNAL_FILE);
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let before = inode(&journal);
+
+    let store = open(dir.path());
+    assert!(store.shared.last_clean_shutdown.is_some());
+    assert_eq!(inode(&journal), before, "a clean, compact journal is reopened, not rewritten");
+    let idle = tempfile::tempdir().unwrap();
+    snapshot(dir.path(), idle.path()); // a crash before any write of this session
+    assert!(put_all(&store, &later, 5000).iter().all(|r| r.status == Status::Ok));
+    assert!(store.delete(b"a0").unwrap());
+    let crashed = tempfile::tempdir().unwrap();
+    snapshot(dir.path(), crashed.path());
+
+    let recovered = open(idle.path());
+    assert!(recovered.shared.last_clean_shutdown.is_none(), "the crashed session was not clean");
+    assert_eq!(recovered.len(), 10);
+    let recovered = open(crashed.path());
+    assert!(recovered.shared.last_clean_shutdown.is_none());
+    assert_eq!(recovered.len(), 19);
+    for k in first.iter().skip(1).chain(&later) {
+        assert_eq!(read(&recovered, k).unwrap(), data(k, 5000));
+    }
+}

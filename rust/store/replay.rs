@@ -1,0 +1,79 @@
+//! Replay: rebuild the index and the allocators from a journal. Records borrow their keys
+//! from the journal buffer (no allocation per record); a record whose extent does not fit
+//! the data files as they are now (shrunk capacity, recreated file, overlap) is dropped.
+
+use super::journal_file::Replayed;
+use crate::device::allocator::ExtentAllocator;
+use crate::format::journal::RecordRef;
+use crate::format::PAGE;
+use crate::index::{extent_pages, Index};
+
+#[derive(Default)]
+pub struct Replay {
+    pub last_clean: Option<u64>,
+    pub next_seq: u64,
+    pub torn: u64,
+    pub dropped: u64,
+    /// Records the file holds (what the journal's compaction trigger counts).
+    pub records: u64,
+    /// Where the trailing clean-shutdown marks begin (file offset): a journal reopened as it
+    /// is is cut there, so that a crash of this session never reads as a clean shutdown.
+    pub clean_from: Option<u64>,
+}
+
+/// Apply every record of `replayed` to `index` and `allocators`. `recreated[d]`: directory
+/// `d`'s data file was just created, so records pointing there are void.
+pub fn replay(
+    replayed: &Replayed,
+    index: &mut Index,
+    allocators: &mut [ExtentAllocator],
+    recreated: &[bool],
+) -> Replay {
+    let ndirs = allocators.len();
+    // A first pass (frames and tags only, no index work) sizes the index once.
+    let mut puts = 0usize;
+    replayed.visit(|_, r| puts += matches!(r, RecordRef::Put { .. }) as usize);
+    index.reserve(puts);
+    let mut out = Replay { next_seq: 1, ..Replay::default() };
+    out.torn = replayed.visit(|pos, record| {
+        out.records += 1;
+        if !matches!(record, RecordRef::CleanShutdown { .. }) {
+            out.clean_from = None;
+        }
+        match record {
+            RecordRef::Put { key, hash, loc } => {
+                out.last_clean = None;
+                out.next_seq = out.next_seq.max(loc.seq + 1);
+                let dir = loc.dir as usize;
+                let known = index.content(&hash).is_some_and(|c| c.loc == loc);
+                if !known {
+                    let pages = extent_pages(loc.stored_len);
+                    let first = loc.offset / PAGE as u64;
+                    let fits = dir < ndirs
+                        && !recreated[dir]
+                        && loc.offset % PAGE as u64 == 0
+                        && index.content(&hash).is_none()
+                        && allocators[dir].reserve(first, pages);
+                    if !fits {
+                        out.dropped += 1;
+                        return;
+                    }
+                }
+                if let Some(f) = index.insert(key, hash, &loc) {
+                    allocators[f.dir as usize].free(f.first_page, f.pages);
+                }
+            }
+            RecordRef::Delete { key } => {
+                out.last_clean = None;
+                if let Some(f) = index.remove(key) {
+                    allocators[f.dir as usize].free(f.first_page, f.pages);
+                }
+            }
+            RecordRef::CleanShutdown { unix_secs } => {
+                out.last_clean = Some(unix_secs);
+                out.clean_from.get_or_insert(pos);
+            }
+        }
+    });
+    out
+}
