@@ -314,6 +314,21 @@ def test_wrong_secret_is_a_clear_error_without_the_secret(s3: S3Server) -> None:
     assert s3.secret_access_key not in str(tier.stats())
 
 
+@needs_weed
+def test_plain_http_needs_allow_http(s3: S3Server) -> None:
+    """allow_http reaches the client (it lives in the one ClientOptions the builder keeps)."""
+    with pytest.raises(_native.ConfigError) as info:
+        _native.ObjectTier(
+            f"s3://{s3.bucket}/http",
+            endpoint=s3.endpoint,
+            access_key_id=s3.access_key_id,
+            secret_access_key=s3.secret_access_key,
+            retries=0,
+        )
+    assert s3.endpoint in str(info.value) and "allow_http" in str(info.value)
+    assert make_tier(s3, "http").contains_many([b"ns/x"]) == [False]
+
+
 def test_no_credentials_refused_without_metadata_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)

@@ -269,6 +269,13 @@ fn build_s3(cfg: &ObjectConfig, url: &url::Url) -> Result<object_store::aws::Ama
         "access_key_id/secret_access_key, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
     )?;
     let allow_http = cfg.allow_http || env_flag("AWS_ALLOW_HTTP");
+    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_default();
+    if !allow_http && endpoint.starts_with("http://") {
+        return Err(StoreError::Config(format!(
+            "{}: the endpoint is plain HTTP; pass allow_http=True (or set AWS_ALLOW_HTTP=true) to use it",
+            cfg.target()
+        )));
+    }
     b = b.with_retry(cfg.retry()).with_client_options(cfg.client_options(allow_http));
     b.build().map_err(|e| StoreError::Config(cfg.scrub(format!("{}: {e}", cfg.target()))))
 }
