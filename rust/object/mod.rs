@@ -28,6 +28,7 @@ pub use config::{Backend, ObjectConfig};
 use self::known::KnownKeys;
 use self::ops::Ctx;
 use self::stats::{bump, ObjectStats};
+use crate::compression::Compression;
 use crate::error::{Result, StoreError};
 use crate::format::MAX_KEY_LEN;
 use crate::hashing::HashAlgo;
@@ -205,10 +206,27 @@ impl ObjectTier {
                 let ctx = ctx.clone();
                 let path = object_path(&prefix, &key);
                 async move {
-                    // SAFETY: the submitter keeps the buffer valid until the batch completes
-                    // (an empty buffer may come with a null address: never made a slice).
-                    let raw: &[u8] = if buf.len == 0 { &[] } else { unsafe { buf.as_slice() } };
-                    let body = codec::encode(&key, raw, hash, compression);
+                    let encode = {
+                        let key = key.clone();
+                        move || {
+                            // SAFETY: the submitter keeps the buffer valid until the batch
+                            // completes, which waits for this encode (an empty buffer may come
+                            // with a null address: never made a slice).
+                            let raw: &[u8] = if buf.len == 0 { &[] } else { unsafe { buf.as_slice() } };
+                            codec::encode(&key, raw, hash, compression)
+                        }
+                    };
+                    // zstd is CPU work: off the runtime's workers, so one batch's blocks
+                    // compress in parallel and requests keep flowing meanwhile.
+                    let body = match compression {
+                        Compression::None => encode(),
+                        Compression::Zstd { .. } => match tokio::task::spawn_blocking(encode).await {
+                            Ok(body) => body,
+                            Err(e) => {
+                                return (i, key, BlockResult::failed(Status::IoError, format!("encode: {e}")))
+                            }
+                        },
+                    };
                     (i, key, ctx.put(path, body, buf.len as u64).await)
                 }
             });
