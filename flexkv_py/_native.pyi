@@ -227,3 +227,79 @@ def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ..
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""
+
+# --- The object-store tier (rust/object): blocks as objects in S3, GCS, Azure, files or memory.
+
+@final
+class ObjectBlockResult:
+    """One block's outcome in an object-tier batch (the attributes of `BlockResult`). put:
+    "ok" (created), "deduped" (the key already existed: known locally, no request; or another
+    writer's conditional create won), "io_error"; get: "ok" (verified), "not_found", "corrupt"
+    (wrong, truncated or undecodable object; the buffer is zeroed), "io_error", "bad_buffer"."""
+
+    @property
+    def status(self) -> BlockStatus: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def ok(self) -> bool: ...
+
+@final
+class ObjectBatchHandle:
+    """An in-flight object-tier batch (the methods of `BatchHandle`)."""
+
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> list[ObjectBlockResult]: ...
+    def __len__(self) -> int: ...
+
+@final
+class ObjectTier:
+    """KV blocks as objects, chosen by URL: ``s3://bucket/prefix``, ``gs://``, ``az://``,
+    ``file:///path``, ``memory://``. The first writer of a key wins (conditional create);
+    every read is verified (the SSD tier's block header + content hash). Requests run on the
+    tier's own per-process runtime (rebuilt in a forked child), at most `concurrency` at once;
+    each block gets ``(retries + 1) * timeout_s`` plus backoff. S3 credentials come from the
+    arguments or the ``AWS_*`` environment; the cloud metadata address is asked only with
+    `allow_instance_metadata`. Opening a remote store makes one listing request: a wrong
+    secret or a missing bucket is a `ConfigError` naming the endpoint (never the secret)."""
+
+    def __new__(
+        cls,
+        url: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        allow_http: bool = False,
+        allow_instance_metadata: bool = False,
+        concurrency: int = 32,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        compression: Literal["none", "zstd"] = "none",
+        zstd_level: int = 3,
+    ) -> ObjectTier: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def backend(self) -> Literal["s3", "gs", "az", "file", "memory"]: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def submit_put(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> ObjectBatchHandle: ...
+    def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> ObjectBatchHandle: ...
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Known keys answer locally, the rest with one HEAD each; unanswered lookups are False."""
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Delete the keys' objects (absent ones count as deleted); raises on the first failure."""
+    def drain_evicted(self) -> list[bytes]:
+        """Always empty: the tier evicts nothing by itself."""
+    def stats(self) -> dict[str, int | float | str]: ...
+    def close(self) -> None:
+        """No more batches (`StoreClosedError`); returns once this process's batches in flight
+        have finished (GIL released; every request is bounded by the tier's budget)."""
+    def __enter__(self) -> ObjectTier: ...
+    def __exit__(self, *exc: object) -> None: ...

@@ -11,6 +11,7 @@ pub mod hashing;
 pub mod host_pool;
 pub mod index;
 pub mod io;
+pub mod object;
 pub mod store;
 pub mod tier;
 

@@ -6,6 +6,7 @@ mod buffers;
 mod errors;
 mod log_bridge;
 mod names;
+mod object_tier;
 mod pool;
 mod store;
 
@@ -24,6 +25,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyBlockResult>()?;
     m.add_class::<pool::PyHostPool>()?;
     m.add_class::<block_set::PyBlockSet>()?;
+    object_tier::register(m)?;
     m.add_function(wrap_pyfunction!(store::content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(store::io_uring_available, m)?)?;
     m.add_function(wrap_pyfunction!(store::set_fault_delays, m)?)?;

@@ -1,0 +1,275 @@
+"""Object-tier bench: N blocks up and down through our `ObjectTier` vs a plain obstore loop and
+boto3, at the same concurrency, against the same local SeaweedFS (tests/s3_server.py), in the
+same run.
+
+  ours    `_native.ObjectTier.submit_put` / `submit_get` of all N blocks in one batch (header +
+          content hash per object, conditional create, verified reads).
+  obstore `obstore.put_async` / `get_async` of the raw blocks, N coroutines under an
+          asyncio.Semaphore(concurrency) (no header, no verification, plain puts).
+  boto3   `put_object` / `get_object` from a ThreadPoolExecutor(concurrency).
+
+Throughput is payload GB/s (block bytes, not object bytes). A second, counted pass goes through a
+counting proxy (tests/s3_server.py CountingProxy) to report requests per block for our put and
+get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
+matched block and the body bytes it uploads per deduplicated block (goal: 0).
+
+    python3 benches/object_bench.py [--quick] [--json] [--blocks 512] [--block-kib 256]
+        [--concurrency 32] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flexkv_py import _native
+from tests.s3_proxy import CountingProxy
+from tests.s3_server import S3Server, start_server
+
+
+def make_blocks(n: int, size: int) -> list[tuple[bytes, bytearray]]:
+    seed = os.urandom(size)
+    out = []
+    for i in range(n):
+        data = bytearray(seed)
+        data[:8] = i.to_bytes(8, "little")
+        out.append((f"bench/{i:06d}".encode(), data))
+    return out
+
+
+def our_tier(s3: S3Server, prefix: str, concurrency: int, endpoint: str | None = None) -> Any:
+    return _native.ObjectTier(
+        f"s3://{s3.bucket}/{prefix}",
+        endpoint=endpoint or s3.endpoint,
+        region=s3.region,
+        access_key_id=s3.access_key_id,
+        secret_access_key=s3.secret_access_key,
+        allow_http=True,
+        concurrency=concurrency,
+        timeout_s=30.0,
+    )
+
+
+def run_ours(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> tuple[float, float]:
+    tier = our_tier(s3, f"ours-{uuid.uuid4().hex[:8]}", conc)
+    t0 = time.perf_counter()
+    put = tier.submit_put(blocks).wait(600)
+    t1 = time.perf_counter()
+    outs = [bytearray(len(d)) for _, d in blocks]
+    got = tier.submit_get([(k, o) for (k, _), o in zip(blocks, outs, strict=True)]).wait(600)
+    t2 = time.perf_counter()
+    assert all(r.status == "ok" for r in put), put[:3]
+    assert all(r.status == "ok" for r in got) and outs[-1] == blocks[-1][1]
+    return t1 - t0, t2 - t1
+
+
+def run_obstore(
+    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
+) -> tuple[float, float]:
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        s3.bucket,
+        prefix=f"obstore-{uuid.uuid4().hex[:8]}",
+        endpoint=s3.endpoint,
+        region=s3.region,
+        access_key_id=s3.access_key_id,
+        secret_access_key=s3.secret_access_key,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True, "timeout": "30s"},
+    )
+
+    async def go() -> tuple[float, float, bytes]:
+        sem = asyncio.Semaphore(conc)
+
+        async def put(k: bytes, d: bytearray) -> None:
+            async with sem:
+                await obstore.put_async(store, k.decode(), bytes(d))
+
+        async def get(k: bytes) -> bytes:
+            async with sem:
+                r = await obstore.get_async(store, k.decode())
+                return bytes(await r.bytes_async())
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(put(k, d) for k, d in blocks))
+        t1 = time.perf_counter()
+        got = await asyncio.gather(*(get(k) for k, _ in blocks))
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1, got[-1]
+
+    up, down, last = asyncio.run(go())
+    assert last == blocks[-1][1]
+    return up, down
+
+
+def run_boto3(
+    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
+) -> tuple[float, float]:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret_access_key,
+        region_name=s3.region,
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=conc),
+    )
+    prefix = f"boto3-{uuid.uuid4().hex[:8]}"
+    with ThreadPoolExecutor(conc) as pool:
+        t0 = time.perf_counter()
+        list(
+            pool.map(
+                lambda kd: client.put_object(
+                    Bucket=s3.bucket, Key=f"{prefix}/{kd[0].decode()}", Body=bytes(kd[1])
+                ),
+                blocks,
+            )
+        )
+        t1 = time.perf_counter()
+        got = list(
+            pool.map(
+                lambda kd: client.get_object(Bucket=s3.bucket, Key=f"{prefix}/{kd[0].decode()}")[
+                    "Body"
+                ].read(),
+                blocks,
+            )
+        )
+        t2 = time.perf_counter()
+    assert got[-1] == blocks[-1][1]
+    return t1 - t0, t2 - t1
+
+
+def counted_pass(
+    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
+) -> dict[str, float]:
+    """Requests per block and body bytes per deduplicated block, measured at a proxy."""
+    n = len(blocks)
+    proxy = CountingProxy(s3.ports["s3"])
+    try:
+        prefix = f"counted-{uuid.uuid4().hex[:8]}"
+        first = our_tier(s3, prefix, conc, proxy.endpoint)
+        proxy.reset()
+        assert all(r.ok for r in first.submit_put(blocks).wait(600))
+        put_req, put_body = proxy.snapshot()
+        outs = [bytearray(len(d)) for _, d in blocks]
+        proxy.reset()
+        assert all(
+            r.ok
+            for r in first.submit_get(list(zip([k for k, _ in blocks], outs, strict=True))).wait(
+                600
+            )
+        )
+        get_req, _ = proxy.snapshot()
+        second = our_tier(s3, prefix, conc, proxy.endpoint)
+        proxy.reset()
+        found = second.contains_many([k for k, _ in blocks])
+        look_req, _ = proxy.snapshot()
+        proxy.reset()
+        dup = second.submit_put(blocks).wait(600)
+        dup_req, dup_body = proxy.snapshot()
+        assert all(found) and all(r.status == "deduped" for r in dup)
+        payload = sum(len(d) for _, d in blocks)
+        return {
+            "put_requests_per_block": sum(put_req.values()) / n,
+            "put_body_bytes_per_payload_byte": sum(put_body.values()) / payload,
+            "get_requests_per_block": sum(get_req.values()) / n,
+            "lookup_requests_per_matched_block": sum(look_req.values()) / n,
+            "dup_put_requests_per_block": sum(dup_req.values()) / n,
+            "dup_body_bytes_per_block": sum(dup_body.values()) / n,
+        }
+    finally:
+        proxy.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="64 blocks of 64 KiB, one run (CI)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("--blocks", type=int, default=512)
+    p.add_argument("--block-kib", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    if args.quick:
+        args.blocks, args.block_kib, args.runs = 64, 64, 1
+    blocks = make_blocks(args.blocks, args.block_kib * 1024)
+    payload = sum(len(d) for _, d in blocks)
+    runners: dict[str, Callable[..., tuple[float, float]]] = {
+        "ours": run_ours,
+        "obstore": run_obstore,
+        "boto3": run_boto3,
+    }
+    with tempfile.TemporaryDirectory(prefix="object-bench-") as tmp:
+        s3 = start_server(Path(tmp))
+        try:
+            times: dict[str, dict[str, list[float]]] = {
+                name: {"up": [], "down": []} for name in runners
+            }
+            skipped: dict[str, str] = {}
+            # Warm-up, untimed: the server allocates its first volumes on the first writes.
+            for run in runners.values():
+                try:
+                    run(s3, blocks[:16], args.concurrency)
+                except ImportError:
+                    pass
+            for _ in range(args.runs):
+                for name, run in runners.items():  # paired: every client once per run
+                    if name in skipped:
+                        continue
+                    try:
+                        up, down = run(s3, blocks, args.concurrency)
+                    except ImportError as e:
+                        skipped[name] = str(e)
+                        continue
+                    times[name]["up"].append(up)
+                    times[name]["down"].append(down)
+            counts = counted_pass(s3, blocks[: min(len(blocks), 256)], args.concurrency)
+        finally:
+            s3.stop()
+    rows = {}
+    for name, t in times.items():
+        if name in skipped:
+            continue
+        rows[name] = {
+            "put_gbps": payload / statistics.median(t["up"]) / 1e9,
+            "get_gbps": payload / statistics.median(t["down"]) / 1e9,
+        }
+    print(
+        f"{args.blocks} blocks x {args.block_kib} KiB, concurrency {args.concurrency}, "
+        f"{args.runs} run(s), median"
+    )
+    print(f"{'client':8} {'put GB/s':>9} {'get GB/s':>9}")
+    for name, r in rows.items():
+        print(f"{name:8} {r['put_gbps']:9.3f} {r['get_gbps']:9.3f}")
+    for name, why in skipped.items():
+        print(f"{name:8} skipped: {why}")
+    for k, v in counts.items():
+        print(f"{k}: {v:.3f}")
+    if args.json:
+        print(json.dumps({
+            "bench": "object", "blocks": args.blocks, "block_kib": args.block_kib,
+            "concurrency": args.concurrency, "runs": args.runs, "clients": rows, "skipped": skipped,
+            "counts": counts, "python": platform.python_version(),
+        }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

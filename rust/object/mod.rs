@@ -1,0 +1,392 @@
+//! The object-store tier: KV blocks as objects in S3-compatible storage, GCS, Azure, a local
+//! directory or memory, through the `object_store` crate. Batches have the block store's shape
+//! (`store::Batch` of per-block `BlockResult`s) and run on the tier's own per-process runtime
+//! (`runtime`), at most `concurrency` requests at once. The first writer of a key wins
+//! (conditional create); a key the tier already knows exists is not uploaded again.
+
+mod block_tier;
+pub mod codec;
+pub mod config;
+mod known;
+mod ops;
+pub mod runtime;
+pub mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::stream::{self, StreamExt};
+use object_store::path::Path;
+use parking_lot::Mutex;
+use tokio::runtime::Runtime;
+use tokio::sync::Semaphore;
+
+pub use config::{Backend, ObjectConfig};
+
+use self::known::KnownKeys;
+use self::ops::Ctx;
+use self::stats::{bump, ObjectStats};
+use crate::compression::Compression;
+use crate::error::{Result, StoreError};
+use crate::format::MAX_KEY_LEN;
+use crate::hashing::HashAlgo;
+use crate::store::batch::Keepalive;
+use crate::store::stats::{StatValue, StatsSnapshot};
+use crate::store::{Batch, BlockResult, RawBuf, Status};
+
+/// The client of one process: rebuilt when a forked child first uses the tier.
+struct Client {
+    pid: u32,
+    rt: Arc<Runtime>,
+    ctx: Ctx,
+}
+
+pub struct ObjectTier {
+    cfg: ObjectConfig,
+    backend: Backend,
+    prefix: Path,
+    client: Mutex<Option<Client>>,
+    known: Arc<Mutex<KnownKeys>>,
+    stats: Arc<ObjectStats>,
+    closed: AtomicBool,
+}
+
+/// Object names are the key in hex under `<prefix>/b/`: any byte string is a valid name.
+fn object_path(prefix: &Path, key: &[u8]) -> Path {
+    let mut name = String::with_capacity(key.len() * 2);
+    for b in key {
+        name.push_str(&format!("{b:02x}"));
+    }
+    prefix.clone().join("b").join(name)
+}
+
+impl ObjectTier {
+    /// Build the client and, for a remote store, prove with one request that the endpoint,
+    /// bucket and credentials work (a wrong secret fails here, naming the endpoint).
+    pub fn open(cfg: ObjectConfig) -> Result<Self> {
+        let built = config::build(&cfg)?;
+        let tier = ObjectTier {
+            backend: built.backend,
+            prefix: built.prefix,
+            cfg,
+            client: Mutex::new(None),
+            known: Arc::new(Mutex::new(KnownKeys::default())),
+            stats: Arc::new(ObjectStats::default()),
+            closed: AtomicBool::new(false),
+        };
+        *tier.client.lock() = Some(tier.make_client(Some(built.store))?);
+        if tier.backend.is_remote() {
+            tier.probe()?;
+        }
+        Ok(tier)
+    }
+
+    fn make_client(&self, store: Option<Arc<dyn object_store::ObjectStore>>) -> Result<Client> {
+        let (rt, fresh) = runtime::runtime()?;
+        if fresh {
+            bump(&self.stats.runtime_builds, 1);
+        }
+        let store = match store {
+            Some(s) => s,
+            // A memory store lives in this process only: a child keeps the parent's copy.
+            None => config::build(&self.cfg)?.store,
+        };
+        let ctx = Ctx {
+            store,
+            permits: Arc::new(Semaphore::new(self.cfg.concurrency)),
+            stats: self.stats.clone(),
+            budget: self.cfg.block_budget(),
+            target: self.cfg.target().into(),
+            secret: self.cfg.secret_access_key.as_deref().map(Arc::from),
+            inflight: Arc::default(),
+        };
+        Ok(Client { pid: std::process::id(), rt, ctx })
+    }
+
+    /// This process's runtime and request context (a forked child builds its own: sockets and
+    /// runtime threads are not shared across fork).
+    fn client(&self) -> Result<(Arc<Runtime>, Ctx)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let mut slot = self.client.lock();
+        let pid = std::process::id();
+        if slot.as_ref().is_some_and(|c| c.pid != pid) {
+            let inherited = slot.take();
+            let keep =
+                inherited.as_ref().filter(|_| self.backend == Backend::Memory).map(|c| c.ctx.store.clone());
+            // Leaked: its connection pool belongs to the parent's runtime.
+            std::mem::forget(inherited);
+            *slot = Some(self.make_client(keep)?);
+        }
+        let c = slot.as_ref().ok_or(StoreError::Closed)?;
+        Ok((c.rt.clone(), c.ctx.clone()))
+    }
+
+    fn probe(&self) -> Result<()> {
+        let (rt, ctx) = self.client()?;
+        let probe = self.prefix.clone().join("b");
+        rt.block_on(ctx.probe(probe)).map_err(|e| {
+            let text = e.to_string();
+            let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+            let why = match &e {
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. } => "the credentials were refused",
+                _ if has(&[
+                    "403 Forbidden",
+                    "401 Unauthorized",
+                    "SignatureDoesNotMatch",
+                    "InvalidAccessKeyId",
+                ]) =>
+                {
+                    "the credentials were refused"
+                }
+                object_store::Error::NotFound { .. } => "the bucket does not exist",
+                _ if has(&["NoSuchBucket", "404 Not Found"]) => "the bucket does not exist",
+                _ => "the store did not answer",
+            };
+            StoreError::Config(ctx.message(format!("{why}: {}", text.replace('\n', " "))))
+        })
+    }
+
+    pub fn config(&self) -> &ObjectConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn prefix(&self) -> &str {
+        self.prefix.as_ref()
+    }
+
+    fn check_key(key: &[u8]) -> Option<BlockResult> {
+        (key.is_empty() || key.len() > MAX_KEY_LEN).then(|| {
+            BlockResult::failed(
+                Status::Rejected,
+                format!("key of {} bytes (1..={MAX_KEY_LEN} accepted)", key.len()),
+            )
+        })
+    }
+
+    /// Upload the blocks; a key known to exist is "deduped" without a request, a key another
+    /// writer created first is "deduped" too (its conditional create was refused).
+    pub fn submit_put(
+        &self,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Arc<Batch>> {
+        let (rt, ctx) = self.client()?;
+        let batch = Arc::new(Batch::new(items.len(), keepalive));
+        let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
+        let mut todo = Vec::new();
+        {
+            let known = self.known.lock();
+            for (i, (key, buf)) in items.into_iter().enumerate() {
+                if let Some(r) = Self::check_key(&key) {
+                    results[i] = Some(r);
+                } else if known.contains(&key) {
+                    bump(&self.stats.puts_known, 1);
+                    results[i] = Some(BlockResult::new(Status::Deduped, buf.len as u64));
+                } else {
+                    todo.push((i, key, buf));
+                }
+            }
+        }
+        let (hash, compression, width) = (HashAlgo::Xxh3_128, self.cfg.compression, self.cfg.concurrency);
+        let prefix = self.prefix.clone();
+        let done = batch.clone();
+        let learned = self.known.clone();
+        let running = ctx.inflight.enter();
+        rt.spawn(async move {
+            let puts = stream::iter(todo).map(|(i, key, buf)| {
+                let ctx = ctx.clone();
+                let path = object_path(&prefix, &key);
+                async move {
+                    let encode = {
+                        let key = key.clone();
+                        move || {
+                            // SAFETY: the submitter keeps the buffer valid until the batch
+                            // completes, which waits for this encode (an empty buffer may come
+                            // with a null address: never made a slice).
+                            let raw: &[u8] = if buf.len == 0 { &[] } else { unsafe { buf.as_slice() } };
+                            codec::encode(&key, raw, hash, compression)
+                        }
+                    };
+                    // zstd is CPU work: off the runtime's workers, so one batch's blocks
+                    // compress in parallel and requests keep flowing meanwhile.
+                    let body = match compression {
+                        Compression::None => encode(),
+                        Compression::Zstd { .. } => match tokio::task::spawn_blocking(encode).await {
+                            Ok(body) => body,
+                            Err(e) => {
+                                return (i, key, BlockResult::failed(Status::IoError, format!("encode: {e}")))
+                            }
+                        },
+                    };
+                    (i, key, ctx.put(path, body, buf.len as u64).await)
+                }
+            });
+            let mut puts = puts.buffer_unordered(width);
+            while let Some((i, key, r)) = puts.next().await {
+                if r.status.is_ok() {
+                    learned.lock().insert(key);
+                }
+                results[i] = Some(r);
+            }
+            done.complete(finish(results));
+            drop(running);
+        });
+        Ok(batch)
+    }
+
+    /// Download, verify and copy the blocks into the caller's buffers.
+    pub fn submit_get(
+        &self,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Arc<Batch>> {
+        let (rt, ctx) = self.client()?;
+        let batch = Arc::new(Batch::new(items.len(), keepalive));
+        let prefix = self.prefix.clone();
+        let width = self.cfg.concurrency;
+        let done = batch.clone();
+        let learned = self.known.clone();
+        let running = ctx.inflight.enter();
+        rt.spawn(async move {
+            let n = items.len();
+            let gets = stream::iter(items.into_iter().enumerate()).map(|(i, (key, buf))| {
+                let ctx = ctx.clone();
+                let path = object_path(&prefix, &key);
+                async move {
+                    let r = match Self::check_key(&key) {
+                        Some(r) => r,
+                        None => ctx.get(path, &key, buf).await,
+                    };
+                    (i, key, r)
+                }
+            });
+            let mut gets = gets.buffer_unordered(width);
+            let mut results: Vec<Option<BlockResult>> = vec![None; n];
+            while let Some((i, key, r)) = gets.next().await {
+                if r.status == Status::Ok {
+                    learned.lock().insert(key);
+                }
+                results[i] = Some(r);
+            }
+            done.complete(finish(results));
+            drop(running);
+        });
+        Ok(batch)
+    }
+
+    /// Whether each key is stored: known keys answer locally, the rest with one HEAD each (at
+    /// most `concurrency` at once). A key that could not be checked counts as absent.
+    pub fn contains_many(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+        let (rt, ctx) = self.client()?;
+        let mut answers: Vec<Option<bool>> = {
+            let known = self.known.lock();
+            keys.iter().map(|k| known.contains(k).then_some(true)).collect()
+        };
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| answers[i].is_none()).collect();
+        let width = self.cfg.concurrency;
+        let prefix = &self.prefix;
+        let found: Vec<(usize, bool)> = rt.block_on(async {
+            stream::iter(ask)
+                .map(|i| {
+                    let ctx = ctx.clone();
+                    let path = object_path(prefix, &keys[i]);
+                    async move {
+                        match ctx.exists(path).await {
+                            Ok(b) => (i, b),
+                            Err(msg) => {
+                                bump(&ctx.stats.io_errors, 1);
+                                tracing::warn!("object tier lookup failed: {msg}");
+                                (i, false)
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(width)
+                .collect()
+                .await
+        });
+        let mut known = self.known.lock();
+        for (i, present) in found {
+            if present {
+                known.insert(keys[i].clone());
+            }
+            answers[i] = Some(present);
+        }
+        Ok(answers.into_iter().map(|a| a.unwrap_or(false)).collect())
+    }
+
+    /// Delete the objects of `keys` (absent ones are fine); returns how many were deleted or
+    /// already absent. The first failure is returned after every key was tried.
+    pub fn delete(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        let (rt, ctx) = self.client()?;
+        {
+            let mut known = self.known.lock();
+            for k in keys {
+                known.remove(k);
+            }
+        }
+        let width = self.cfg.concurrency;
+        let prefix = &self.prefix;
+        let outcomes: Vec<std::result::Result<(), String>> = rt.block_on(async {
+            stream::iter(keys.iter().map(|k| ctx.delete(object_path(prefix, k))))
+                .buffer_unordered(width)
+                .collect()
+                .await
+        });
+        let ok = outcomes.iter().filter(|o| o.is_ok()).count();
+        match outcomes.into_iter().find_map(|o| o.err()) {
+            Some(msg) => Err(StoreError::Device(msg)),
+            None => Ok(ok),
+        }
+    }
+
+    /// Nothing is evicted by the tier itself (collection is a separate pass).
+    pub fn drain_evicted(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut out = vec![
+            ("backend", StatValue::Text(self.backend.name().into())),
+            ("concurrency", StatValue::Int(self.cfg.concurrency as u64)),
+            ("known_keys", StatValue::Int(self.known.lock().len() as u64)),
+        ];
+        out.extend(self.stats.snapshot());
+        out
+    }
+
+    /// No more batches; returns once this process's batches in flight have finished (each
+    /// request is bounded by the block budget).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let inflight = self
+            .client
+            .lock()
+            .as_ref()
+            .filter(|c| c.pid == std::process::id())
+            .map(|c| c.ctx.inflight.clone());
+        if let Some(inflight) = inflight {
+            inflight.wait_idle();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+fn finish(results: Vec<Option<BlockResult>>) -> Vec<BlockResult> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "block was never run")))
+        .collect()
+}

@@ -1,0 +1,41 @@
+//! The object tier's counters: requests by kind, body bytes each way, outcomes per block.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::store::stats::{StatValue, StatsSnapshot};
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        #[derive(Default)]
+        pub struct ObjectStats { $(pub $name: AtomicU64,)* }
+
+        impl ObjectStats {
+            pub fn snapshot(&self) -> StatsSnapshot {
+                vec![$((stringify!($name), StatValue::Int(self.$name.load(Ordering::Relaxed))),)*]
+            }
+        }
+    };
+}
+
+counters!(
+    put_requests,
+    put_body_bytes,
+    puts_ok,
+    puts_known,
+    puts_exists,
+    get_requests,
+    get_body_bytes,
+    gets_ok,
+    gets_not_found,
+    gets_corrupt,
+    head_requests,
+    delete_requests,
+    list_requests,
+    io_errors,
+    timeouts,
+    runtime_builds,
+);
+
+pub fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}

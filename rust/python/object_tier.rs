@@ -1,0 +1,223 @@
+//! `ObjectTier`, its `ObjectBatchHandle` and `ObjectBlockResult` for Python (the same methods
+//! and attributes as `BatchHandle` / `BlockResult`). Every call runs with the GIL released.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::buffers::extract_items;
+use super::errors::to_py;
+use crate::compression::Compression;
+use crate::error::StoreError;
+use crate::object::{ObjectConfig, ObjectTier};
+use crate::store::stats::StatValue;
+use crate::store::{Batch, BlockResult};
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyObjectTier>()?;
+    m.add_class::<PyObjectBatchHandle>()?;
+    m.add_class::<PyObjectBlockResult>()?;
+    Ok(())
+}
+
+#[pyclass(name = "ObjectBlockResult", module = "flexkv_py._native", frozen)]
+pub struct PyObjectBlockResult {
+    inner: BlockResult,
+}
+
+#[pymethods]
+impl PyObjectBlockResult {
+    #[getter]
+    fn status(&self) -> &'static str {
+        self.inner.status.name()
+    }
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.nbytes
+    }
+    #[getter]
+    fn error(&self) -> Option<String> {
+        self.inner.error.clone()
+    }
+    #[getter]
+    fn ok(&self) -> bool {
+        self.inner.status.is_ok()
+    }
+    fn __repr__(&self) -> String {
+        let (status, n) = (self.inner.status.name(), self.inner.nbytes);
+        match &self.inner.error {
+            Some(e) => format!("BlockResult({status}, nbytes={n}, error={e:?})"),
+            None => format!("BlockResult({status}, nbytes={n})"),
+        }
+    }
+}
+
+#[pyclass(name = "ObjectBatchHandle", module = "flexkv_py._native", frozen)]
+pub struct PyObjectBatchHandle {
+    batch: Arc<Batch>,
+}
+
+#[pymethods]
+impl PyObjectBatchHandle {
+    fn done(&self) -> bool {
+        self.batch.done()
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
+        let timeout = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(PyValueError::new_err("timeout must be a finite number >= 0"))
+            }
+            Some(t) => Some(Duration::from_secs_f64(t)),
+            None => None,
+        };
+        let batch = self.batch.clone();
+        let results = py.detach(move || batch.wait(timeout)).map_err(to_py)?;
+        let objs = results
+            .into_iter()
+            .map(|inner| Py::new(py, PyObjectBlockResult { inner }))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, objs)
+    }
+
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+}
+
+#[pyclass(name = "ObjectTier", module = "flexkv_py._native", frozen)]
+pub struct PyObjectTier {
+    tier: Arc<ObjectTier>,
+}
+
+#[pymethods]
+impl PyObjectTier {
+    #[new]
+    #[pyo3(signature = (url, *, endpoint=None, region=None, access_key_id=None, secret_access_key=None,
+        allow_http=false, allow_instance_metadata=false, concurrency=32, timeout_s=10.0, retries=3,
+        compression="none", zstd_level=3))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: String,
+        endpoint: Option<String>,
+        region: Option<String>,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        allow_http: bool,
+        allow_instance_metadata: bool,
+        concurrency: usize,
+        timeout_s: f64,
+        retries: usize,
+        compression: &str,
+        zstd_level: i32,
+    ) -> PyResult<Self> {
+        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
+            return Err(to_py(StoreError::Config("timeout_s: must be a finite number > 0".into())));
+        }
+        let mut cfg = ObjectConfig::new(url);
+        cfg.endpoint = endpoint;
+        cfg.region = region;
+        cfg.access_key_id = access_key_id;
+        cfg.secret_access_key = secret_access_key;
+        cfg.allow_http = allow_http;
+        cfg.allow_instance_metadata = allow_instance_metadata;
+        cfg.concurrency = concurrency;
+        cfg.timeout = Duration::from_secs_f64(timeout_s);
+        cfg.retries = retries;
+        cfg.compression = Compression::parse(compression, zstd_level).map_err(to_py)?;
+        let tier = py.detach(move || ObjectTier::open(cfg)).map_err(to_py)?;
+        Ok(PyObjectTier { tier: Arc::new(tier) })
+    }
+
+    #[getter]
+    fn url(&self) -> String {
+        self.tier.config().url.clone()
+    }
+
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.tier.backend().name()
+    }
+
+    #[getter]
+    fn prefix(&self) -> String {
+        self.tier.prefix().to_string()
+    }
+
+    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyObjectBatchHandle> {
+        let ex = extract_items(py, items, false)?;
+        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let (tier, items) = (self.tier.clone(), ex.items);
+        let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
+        Ok(PyObjectBatchHandle { batch })
+    }
+
+    fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyObjectBatchHandle> {
+        let ex = extract_items(py, items, true)?;
+        let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
+        let (tier, items) = (self.tier.clone(), ex.items);
+        let batch = py.detach(move || tier.submit_get(items, Some(owners))).map_err(to_py)?;
+        Ok(PyObjectBatchHandle { batch })
+    }
+
+    fn contains_many(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<Vec<bool>> {
+        let tier = self.tier.clone();
+        py.detach(move || tier.contains_many(&keys)).map_err(to_py)
+    }
+
+    fn delete(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<usize> {
+        let tier = self.tier.clone();
+        py.detach(move || tier.delete(&keys)).map_err(to_py)
+    }
+
+    fn drain_evicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.tier.drain_evicted().iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, value) in py.detach(|| self.tier.stats()) {
+            match value {
+                StatValue::Int(v) => d.set_item(name, v)?,
+                StatValue::Float(v) => d.set_item(name, v)?,
+                StatValue::Text(v) => d.set_item(name, v)?,
+            }
+        }
+        Ok(d)
+    }
+
+    fn close(&self, py: Python<'_>) {
+        let tier = self.tier.clone();
+        py.detach(move || tier.close());
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.tier.is_closed()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    /// URL, endpoint and backend only: never a credential.
+    fn __repr__(&self) -> String {
+        let cfg = self.tier.config();
+        match &cfg.endpoint {
+            Some(ep) => {
+                format!("ObjectTier({:?}, endpoint={ep:?}, backend={})", cfg.url, self.tier.backend().name())
+            }
+            None => format!("ObjectTier({:?}, backend={})", cfg.url, self.tier.backend().name()),
+        }
+    }
+}

