@@ -299,31 +299,36 @@ class JobBodies:
         slot_nbytes = self.pool.slot_nbytes
         copies = LoadCopies(self.transfer, self.stats, job)
         copies.issue(job.reads_from(Tier.HOST))
-        spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
         failed: dict[bytes, str] = {
             k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
         }
         nbytes = 0
-        for tier in _in_order(set(job.sources)):
-            staged = job.reads_from(tier)
-            held = self.late_io.fenced(job.host_slots[i] for i in staged)
-            if held:  # a late I/O may still touch these slots: do not read into them
-                failed.update(
-                    (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
+        try:
+            spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+            for tier in _in_order(set(job.sources)):
+                staged = job.reads_from(tier)
+                held = self.late_io.fenced(job.host_slots[i] for i in staged)
+                if held:  # a late I/O may still touch these slots: do not read into them
+                    failed.update(
+                        (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
+                    )
+                    staged = [i for i in staged if job.host_slots[i] not in held]
+                keys = [job.keys[i] for i in staged]
+
+                def landed(
+                    lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
+                ) -> None:
+                    copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
+
+                tier_failed = self.read_in_sub_batches(
+                    tier, keys, [job.host_slots[i] for i in staged], landed
                 )
-                staged = [i for i in staged if job.host_slots[i] not in held]
-            keys = [job.keys[i] for i in staged]
-
-            def landed(
-                lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
-            ) -> None:
-                copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
-
-            tier_failed = self.read_in_sub_batches(
-                tier, keys, [job.host_slots[i] for i in staged], landed
-            )
-            failed.update(tier_failed)
-            nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
+                failed.update(tier_failed)
+                nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
+        except BaseException:
+            # The job fails whole and its GPU blocks get reused: no copy may still write them.
+            copies.finish({})
+            raise
         nbytes += copies.finish(failed) * slot_nbytes
         failed_gpu: frozenset[int] = frozenset()
         if job.gpu_block_ids is not None:
