@@ -5,6 +5,7 @@ leaves the worker serving from the host tier with a loud error and the `ssd_unav
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,15 +14,18 @@ from typing import Any
 import pytest
 import torch
 import vllm_harness as vh
+from store_util import DATA_FILE, PAGE, flip_byte, stored_blocks
 from test_coordinator import _config, _engine, _keys, _ns, _pages
 from vllm.v1.request import RequestStatus
 
 from flexkv_py import BlockStore, _native
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, LoadJob, StoreJob
+from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.ssd_tier import SsdTier
 from flexkv_py.transfer import describe_kv_caches
 
 TIMEOUT_S = 0.3
@@ -234,3 +238,147 @@ def test_slow_ssd_load_in_vllm_is_recomputed_not_hung(
     assert e2.outputs["B"] == e1.outputs["A"]  # recomputed
     _native.set_fault_delays(False)  # let the late reads finish before the pool is unmapped
     e2.shutdown()
+
+
+# ---------------------------------------------------------------- staged loads in sub-batches
+class _SubBatchTier:
+    """The real SSD tier, with the logical keys of each read recorded; the `hold`-th read
+    (0-based) reaches the store only once `gate` is set (a device stuck on that sub-batch)."""
+
+    def __init__(self, tier: Any, hold: int | None = None) -> None:
+        self.tier = tier
+        self.hold = hold
+        self.gate = threading.Event()
+        self.reads: list[list[bytes]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tier, name)
+
+    def submit_get(self, items: Any) -> Any:
+        items = list(items)
+        self.reads.append([k for k, _ in items])
+        if len(self.reads) - 1 == self.hold:
+            return _GatedBatch(self.tier, items, self.gate)
+        return self.tier.submit_get(items)
+
+
+class _GatedBatch:
+    def __init__(self, tier: Any, items: list[Any], gate: threading.Event) -> None:
+        self._tier, self._items, self._gate = tier, items, gate
+        self._batch: Any = None
+
+    def _started(self) -> Any:
+        if self._batch is None:
+            self._batch = self._tier.submit_get(self._items)
+        return self._batch
+
+    def done(self) -> bool:
+        return self._gate.is_set() and self._started().done()
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        if not self._gate.wait(timeout):
+            raise TimeoutError("held")
+        return self._started().wait(timeout)
+
+
+def _staged_setup(
+    tmp_path: Path, n: int, timeout_s: float = 5.0
+) -> tuple[dict[str, torch.Tensor], Namespace, Any, list[bytes]]:
+    """A CPU KV cache of 2n blocks and n blocks of it stored write-through to SSD (slots 0..n-1,
+    GPU blocks 0..n-1); the load side uses slots n..2n-1 and GPU blocks n..2n-1."""
+    caches = _caches(2 * n)
+    geom = describe_kv_caches(caches)
+    ns = Namespace("m", "r", "float16", geom.layout, 16, page_bytes=geom.page_nbytes)
+    (tmp_path / "ssd").mkdir(mode=0o700)
+    cfg = load_config(
+        {
+            "cpu_cache_gb": 2 * n * geom.slot_nbytes / (1 << 30),
+            "ssd_cache_gb": 4 * n * (geom.slot_nbytes + 4096) / (1 << 30),
+            "ssd_cache_dir": str(tmp_path / "ssd"),
+            "ssd_io_timeout_s": timeout_s,
+        },
+        env={},
+    )
+    keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(n)])
+    ex = JobExecutor.from_kv_caches(cfg, ns, caches)
+    res = ex.submit(StoreJob(1, tuple(keys), tuple(range(n)), tuple(range(n)), (WRITE_SSD,) * n))
+    assert res.wait(30).ok
+    assert ex.shutdown(timeout=30)
+    return caches, ns, cfg, keys
+
+
+def _staged_load(ex: JobExecutor, job_id: int, keys: list[bytes], first: int, n: int) -> Any:
+    """Load keys[first:] from SSD into slots/GPU blocks n+first.. (a restart: nothing in host)."""
+    pos = range(first, first + len(keys))
+    return ex.submit(
+        LoadJob(
+            job_id,
+            tuple(keys),
+            tuple(n + i for i in pos),
+            tuple(n + i for i in pos),
+            (Tier.SSD,) * len(keys),
+        )
+    )
+
+
+def _same_block(caches: dict[str, torch.Tensor], a: int, b: int) -> bool:
+    return all(torch.equal(t[:, a], t[:, b]) for t in caches.values())
+
+
+def test_staged_load_in_sub_batches_is_bit_exact_and_a_corrupt_block_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 20
+    caches, ns, cfg, keys = _staged_setup(tmp_path, n)
+    shard = tmp_path / "ssd" / ns.shard_dir_name
+    flip_byte(shard / DATA_FILE, stored_blocks(shard)[ns.storage_key(keys[10])] + PAGE + 123)
+    for t in caches.values():
+        t[:, n:] = 0
+    slot = describe_kv_caches(caches).slot_nbytes
+    monkeypatch.setattr(JobBodies, "read_batch_bytes", 3 * slot)  # 7 sub-batches of <= 3
+    tier = _SubBatchTier(SsdTier(cfg, ns))
+    ex = JobExecutor.from_kv_caches(
+        cfg, ns, caches, options=ExecutorOptions(tiers={Tier.SSD: tier})
+    )
+    res = _staged_load(ex, 2, keys, 0, n).wait(30)
+    assert [len(r) for r in tier.reads] == [3, 3, 3, 3, 3, 3, 2]
+    assert [k for r in tier.reads for k in r] == keys  # in order, each once
+    assert res.failed == {keys[10]: "corrupt"}
+    assert res.failed_gpu_block_ids == {n + 10}
+    assert all(_same_block(caches, i, n + i) for i in range(n) if i != 10)
+    assert all(not t[:, n + 10].any() for t in caches.values())  # never copied
+    assert ex.stats()["h2d_blocks"] == n - 1
+    assert ex.shutdown(timeout=30)
+
+
+def test_staged_load_sub_batch_timeout_fences_only_its_own_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 10
+    timeout_s = 1.0  # the other sub-batches (real reads of 2 small blocks) finish well within
+    caches, ns, cfg, keys = _staged_setup(tmp_path, n, timeout_s)
+    slot = describe_kv_caches(caches).slot_nbytes
+    monkeypatch.setattr(JobBodies, "read_batch_bytes", 2 * slot)  # 5 sub-batches of 2
+    tier = _SubBatchTier(SsdTier(cfg, ns), hold=1)  # blocks 2, 3 stuck on the device
+    ex = JobExecutor.from_kv_caches(
+        cfg, ns, caches, options=ExecutorOptions(tiers={Tier.SSD: tier})
+    )
+    started = time.monotonic()
+    res = _staged_load(ex, 2, keys, 0, n).wait(30)
+    assert time.monotonic() - started < timeout_s + MARGIN_S
+    # Sub-batches 0, 2, 3 landed; 1 timed out; 4 was never submitted (the device is stuck).
+    assert len(tier.reads) == 4
+    assert res.failed == dict.fromkeys([keys[2], keys[3], keys[8], keys[9]], "io_timeout")
+    assert res.failed_gpu_block_ids == {n + 2, n + 3, n + 8, n + 9}
+    assert all(_same_block(caches, i, n + i) for i in (0, 1, 4, 5, 6, 7))
+    stats = ex.stats()
+    assert stats["ssd_io_timeout_blocks"] == 2 and stats["ssd_read_skipped_blocks"] == 2
+    assert ex.late_io.fenced(range(2 * n)) == {n + 2, n + 3}  # sub-batch 1's slots only
+    # The device recovers: the late read lands, the fence lifts, the blocks load bit-exact.
+    tier.gate.set()
+    _until(lambda: ex.late_io.pending() == 0)
+    res = _staged_load(ex, 3, [keys[2], keys[3], keys[8], keys[9]][:2], 2, n).wait(30)
+    assert res.ok and _same_block(caches, 2, n + 2) and _same_block(caches, 3, n + 3)
+    res = _staged_load(ex, 4, keys[8:], 8, n).wait(30)
+    assert res.ok and _same_block(caches, 8, n + 8) and _same_block(caches, 9, n + 9)
+    assert ex.shutdown(timeout=30)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
@@ -38,8 +39,14 @@ from flexkv_py.coordinator.jobs import (
     reason_for_status,
 )
 from flexkv_py.coordinator.late_io import LateIo
+from flexkv_py.coordinator.staged_load import (
+    READ_BATCH_BYTES,
+    READS_IN_FLIGHT,
+    LoadCopies,
+    sub_batches,
+)
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
-from flexkv_py.tiers.protocol import LowerTier
+from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark, TransferHandleLike
 
 logger = logging.getLogger(__name__)
@@ -56,6 +63,10 @@ class SlotMemory(Protocol):
 
 
 class JobBodies:
+    # Sub-batches of a staged load (staged_load.py); tests make them small.
+    read_batch_bytes = READ_BATCH_BYTES
+    reads_in_flight = READS_IN_FLIGHT
+
     def __init__(
         self,
         pool: SlotMemory,
@@ -82,13 +93,32 @@ class JobBodies:
         lower = self.tiers.get(tier)
         if lower is None:
             return dict.fromkeys(keys, NOT_FOUND)
+        batch = self._submit(lower, put, keys, slots)
+        failed = self._collect(tier, put, batch, keys, slots)
+        return dict.fromkeys(keys, IO_TIMEOUT) if failed is None else failed
+
+    def _submit(
+        self, lower: LowerTier, put: bool, keys: Sequence[bytes], slots: Sequence[int]
+    ) -> BatchLike:
         addr, nbytes = self.pool.slot_address, self.pool.slot_nbytes
         items = [(k, (addr(s), nbytes)) for k, s in zip(keys, slots, strict=True)]
+        return lower.submit_put(items) if put else lower.submit_get(items)
+
+    def _collect(
+        self,
+        tier: Tier,
+        put: bool,
+        batch: BatchLike,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        timeout: float | None = None,
+    ) -> dict[bytes, str] | None:
+        """The failures of a submitted batch; None if it timed out (its slots are fenced)."""
         what = "write" if put else "read"
-        batch = lower.submit_put(items) if put else lower.submit_get(items)
-        results = self.late_io.wait(batch, slots, what, tier)
+        results = self.late_io.wait(batch, slots, what, tier, timeout)
         if results is None:  # a stuck device: the blocks fail, their slots stay fenced
-            return dict.fromkeys(keys, IO_TIMEOUT)
+            return None
+        nbytes = self.pool.slot_nbytes
         failed: dict[bytes, str] = {}
         for key, r in zip(keys, results, strict=True):
             if not r.ok:
@@ -112,6 +142,64 @@ class JobBodies:
                     nbytes,
                 )
         self.stats.add(f"{tier.value}_{what}_blocks", len(keys) - len(failed))
+        return failed
+
+    def read_in_sub_batches(
+        self,
+        tier: Tier,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        landed: Callable[[int, int, Mapping[bytes, str]], None],
+    ) -> dict[bytes, str]:
+        """Read `keys` from `tier` into `slots` in sub-batches (see sub_batches), up to
+        `reads_in_flight` outstanding; `landed(lo, hi, failed)` runs as each one completes, in
+        order, so its blocks can move on while later ones are still read. Returns the failures.
+
+        Late I/O (late_io.py): a sub-batch that times out fences its own slots; the device is
+        then stuck, so no further sub-batch is submitted (its blocks fail as IO_TIMEOUT,
+        touching no slot) and those in flight are checked without waiting."""
+        if not keys:
+            return {}
+        lower = self.tiers.get(tier)
+        if lower is None:
+            return dict.fromkeys(keys, NOT_FOUND)
+        bounds = iter(sub_batches(len(keys), self.pool.slot_nbytes, self.read_batch_bytes))
+        window: deque[tuple[int, int, BatchLike]] = deque()
+        failed: dict[bytes, str] = {}
+        stuck = False
+        try:
+            while True:
+                while not stuck and len(window) < self.reads_in_flight:
+                    bound = next(bounds, None)
+                    if bound is None:
+                        break
+                    lo, hi = bound
+                    window.append((lo, hi, self._submit(lower, False, keys[lo:hi], slots[lo:hi])))
+                if not window:
+                    break
+                lo, hi, batch = window.popleft()
+                part = self._collect(
+                    tier, False, batch, keys[lo:hi], slots[lo:hi], 0.0 if stuck else None
+                )
+                if part is None:
+                    stuck = True
+                    part = dict.fromkeys(keys[lo:hi], IO_TIMEOUT)
+                failed.update(part)
+                landed(lo, hi, part)
+        finally:
+            # A submit that raised: what is already in flight may still land in its slots, so it
+            # is waited for (or fenced) before the job fails.
+            for lo, hi, batch in window:
+                self.late_io.wait(batch, slots[lo:hi], "read", tier)
+        skipped = [k for lo, hi in bounds for k in keys[lo:hi]]
+        if skipped:
+            logger.error(
+                "%s read: %d blocks not submitted after a sub-batch timed out (io_timeout)",
+                tier.value,
+                len(skipped),
+            )
+            self.stats.add(f"{tier.value}_read_skipped_blocks", len(skipped))
+            failed.update(dict.fromkeys(skipped, IO_TIMEOUT))
         return failed
 
     def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
@@ -205,49 +293,52 @@ class JobBodies:
 
     # ------------------------------------------------------------------ load
     def load(self, job: LoadJob, started: float) -> JobResult:
+        """Blocks already in host memory are copied to the GPU at once; blocks staged from a
+        lower tier are read in sub-batches and each sub-batch is copied as soon as it lands, so
+        the host->GPU copies overlap the reads instead of following them."""
         slot_nbytes = self.pool.slot_nbytes
-        spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+        copies = LoadCopies(self.transfer, self.stats, job)
+        copies.issue(job.reads_from(Tier.HOST))
         failed: dict[bytes, str] = {
             k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
         }
         nbytes = 0
-        for tier in _in_order(set(job.sources)):
-            staged = job.reads_from(tier)
-            held = self.late_io.fenced(job.host_slots[i] for i in staged)
-            if held:  # a late I/O may still touch these slots: do not read into them
-                failed.update(
-                    (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
-                )
-                staged = [i for i in staged if job.host_slots[i] not in held]
-            tier_failed = self.tier_batch(
-                tier, False, [job.keys[i] for i in staged], [job.host_slots[i] for i in staged]
-            )
-            failed.update(tier_failed)
-            nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
-        failed_gpu: set[int] = set()
-        if job.gpu_block_ids is not None:
-            good = [i for i, k in enumerate(job.keys) if k not in failed]
-            failed_gpu = {job.gpu_block_ids[i] for i, k in enumerate(job.keys) if k in failed}
-            if good:
-                try:
-                    h2d = self.transfer.submit(
-                        "h2d",
-                        [job.gpu_block_ids[i] for i in good],
-                        [job.host_slots[i] for i in good],
+        try:
+            spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+            for tier in _in_order(set(job.sources)):
+                staged = job.reads_from(tier)
+                held = self.late_io.fenced(job.host_slots[i] for i in staged)
+                if held:  # a late I/O may still touch these slots: do not read into them
+                    failed.update(
+                        (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
                     )
-                    h2d.wait()
-                    nbytes += len(good) * slot_nbytes
-                    self.stats.add("h2d_blocks", len(good))
-                except Exception as e:
-                    logger.warning("load job %d: host->GPU copy failed: %s", job.job_id, e)
-                    for i in good:
-                        failed[job.keys[i]] = TRANSFER_ERROR
-                        failed_gpu.add(job.gpu_block_ids[i])
+                    staged = [i for i in staged if job.host_slots[i] not in held]
+                keys = [job.keys[i] for i in staged]
+
+                def landed(
+                    lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
+                ) -> None:
+                    copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
+
+                tier_failed = self.read_in_sub_batches(
+                    tier, keys, [job.host_slots[i] for i in staged], landed
+                )
+                failed.update(tier_failed)
+                nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
+        except BaseException:
+            # The job fails whole and its GPU blocks get reused: no copy may still write them.
+            copies.finish({})
+            raise
+        nbytes += copies.finish(failed) * slot_nbytes
+        failed_gpu: frozenset[int] = frozenset()
+        if job.gpu_block_ids is not None:
+            ids = job.gpu_block_ids
+            failed_gpu = frozenset(ids[i] for i, k in enumerate(job.keys) if k in failed)
         return JobResult(
             job.job_id,
             "load",
             failed=failed,
-            failed_gpu_block_ids=frozenset(failed_gpu),
+            failed_gpu_block_ids=failed_gpu,
             evicted=self.evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,

@@ -25,6 +25,13 @@ promised again by every lookup while the device is stuck (a loop of load errors)
 block is recomputed and stored again (the bytes on the device are untouched: a restart may adopt
 them).
 
+A load that stages many blocks reads them in sub-batches, several in flight
+(coordinator/job_bodies.py): each sub-batch is waited with the bound in turn, and a timeout
+fences that sub-batch's slots only. The device is then taken to be stuck: no further sub-batch
+is submitted (those blocks fail as IO_TIMEOUT, touching no slot), and the sub-batches already in
+flight, which have been running at least as long as the bound, are checked without waiting: those
+done count, the others are fenced too.
+
 Stats are labelled by tier (``ssd_io_timeouts``, ``ssd_io_timeout_blocks``, ``ssd_fenced_slots``).
 """
 
@@ -61,12 +68,19 @@ class LateIo:
         self._timeout_blocks = 0
 
     def wait(
-        self, batch: BatchLike, slots: Sequence[int], what: str, tier: Tier
+        self,
+        batch: BatchLike,
+        slots: Sequence[int],
+        what: str,
+        tier: Tier,
+        timeout: float | None = None,
     ) -> list[Any] | None:
-        """The batch's results, or None if it is not done within the bound: then its `slots`
-        are fenced until it completes (callers fail its blocks with IO_TIMEOUT)."""
+        """The batch's results, or None if it is not done within the bound (`timeout`, default
+        ssd_io_timeout_s): then its `slots` are fenced until it completes (callers fail its
+        blocks with IO_TIMEOUT)."""
+        bound = self.timeout_s if timeout is None else timeout
         try:
-            return batch.wait(self.timeout_s)
+            return batch.wait(bound)
         except TimeoutError:
             pass
         with self._lock:
@@ -82,7 +96,7 @@ class LateIo:
             tier.value,
             what,
             len(slots),
-            self.timeout_s,
+            bound,
         )
         return None
 

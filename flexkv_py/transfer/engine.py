@@ -293,8 +293,10 @@ class TransferEngine:
                 )
             if slots.min() < 0 or slots.max() >= self.pool.num_slots:
                 raise ValueError(f"{direction}: host slot out of range [0, {self.pool.num_slots})")
-            dst = slots if direction == "d2h" else ids
-            if len(np.unique(dst)) != len(dst):
+            # Sorted neighbours, not np.unique: ~5x cheaper, and this runs before the copy is
+            # issued (a store's first copy waits for it).
+            dst = np.sort(slots if direction == "d2h" else ids)
+            if bool((dst[1:] == dst[:-1]).any()):
                 what = "host slot" if direction == "d2h" else "GPU block id"
                 raise ValueError(f"{direction}: duplicate destination {what} in one batch")
         return ids, slots
