@@ -1,92 +1,23 @@
-//! `ObjectTier`, its `ObjectBatchHandle` and `ObjectBlockResult` for Python (the same methods
-//! and attributes as `BatchHandle` / `BlockResult`). Every call runs with the GIL released.
+//! `ObjectTier` for Python; its batches are the same `BatchHandle` / `BlockResult` as the SSD
+//! store's. Every call runs with the GIL released.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::buffers::extract_items;
 use super::errors::to_py;
+use super::store::PyBatchHandle;
 use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::object::{ObjectConfig, ObjectTier};
 use crate::store::stats::StatValue;
-use crate::store::{Batch, BlockResult};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyObjectTier>()?;
-    m.add_class::<PyObjectBatchHandle>()?;
-    m.add_class::<PyObjectBlockResult>()?;
     Ok(())
-}
-
-#[pyclass(name = "ObjectBlockResult", module = "flexkv_py._native", frozen)]
-pub struct PyObjectBlockResult {
-    inner: BlockResult,
-}
-
-#[pymethods]
-impl PyObjectBlockResult {
-    #[getter]
-    fn status(&self) -> &'static str {
-        self.inner.status.name()
-    }
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.inner.nbytes
-    }
-    #[getter]
-    fn error(&self) -> Option<String> {
-        self.inner.error.clone()
-    }
-    #[getter]
-    fn ok(&self) -> bool {
-        self.inner.status.is_ok()
-    }
-    fn __repr__(&self) -> String {
-        let (status, n) = (self.inner.status.name(), self.inner.nbytes);
-        match &self.inner.error {
-            Some(e) => format!("BlockResult({status}, nbytes={n}, error={e:?})"),
-            None => format!("BlockResult({status}, nbytes={n})"),
-        }
-    }
-}
-
-#[pyclass(name = "ObjectBatchHandle", module = "flexkv_py._native", frozen)]
-pub struct PyObjectBatchHandle {
-    batch: Arc<Batch>,
-}
-
-#[pymethods]
-impl PyObjectBatchHandle {
-    fn done(&self) -> bool {
-        self.batch.done()
-    }
-
-    #[pyo3(signature = (timeout=None))]
-    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
-        let timeout = match timeout {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(PyValueError::new_err("timeout must be a finite number >= 0"))
-            }
-            Some(t) => Some(Duration::from_secs_f64(t)),
-            None => None,
-        };
-        let batch = self.batch.clone();
-        let results = py.detach(move || batch.wait(timeout)).map_err(to_py)?;
-        let objs = results
-            .into_iter()
-            .map(|inner| Py::new(py, PyObjectBlockResult { inner }))
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, objs)
-    }
-
-    fn __len__(&self) -> usize {
-        self.batch.len()
-    }
 }
 
 #[pyclass(name = "ObjectTier", module = "flexkv_py._native", frozen)]
@@ -149,20 +80,20 @@ impl PyObjectTier {
         self.tier.prefix().to_string()
     }
 
-    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyObjectBatchHandle> {
+    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, false)?;
         let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
         let (tier, items) = (self.tier.clone(), ex.items);
         let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
-        Ok(PyObjectBatchHandle { batch })
+        Ok(PyBatchHandle::from_batch(batch))
     }
 
-    fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyObjectBatchHandle> {
+    fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, true)?;
         let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
         let (tier, items) = (self.tier.clone(), ex.items);
         let batch = py.detach(move || tier.submit_get(items, Some(owners))).map_err(to_py)?;
-        Ok(PyObjectBatchHandle { batch })
+        Ok(PyBatchHandle::from_batch(batch))
     }
 
     fn contains_many(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<Vec<bool>> {

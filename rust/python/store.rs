@@ -66,6 +66,13 @@ pub struct PyBatchHandle {
     batch: Arc<Batch>,
 }
 
+impl PyBatchHandle {
+    /// A handle over any tier's batch (the SSD store's and the object tier's are one type).
+    pub(crate) fn from_batch(batch: Arc<Batch>) -> Self {
+        Self { batch }
+    }
+}
+
 #[pymethods]
 impl PyBatchHandle {
     fn done(&self) -> bool {
