@@ -10,10 +10,13 @@ use super::*;
 use crate::format::journal::Location;
 
 fn key(i: u64) -> Vec<u8> {
-    // Shaped like the connector's keys: a namespace head and a 32-byte block hash (hex).
-    let h = crate::hashing::HashAlgo::Xxh3_128.digest(&i.to_le_bytes());
-    let hex: String = h.iter().map(|b| format!("{b:02x}")).collect();
-    format!("m0:tp0:{hex}").into_bytes()
+    // Shaped like the connector's stored keys: a 4-byte rank tag, the 24-byte namespace head
+    // (prefix + variant) and the engine's 32-byte block hash (sha256).
+    let mut k = vec![0u8, 0, 0, 0];
+    k.extend_from_slice(b"model-prefix-16Bvariant0");
+    k.extend_from_slice(&crate::hashing::HashAlgo::Xxh3_128.digest(&i.to_le_bytes()));
+    k.extend_from_slice(&crate::hashing::HashAlgo::Xxh3_128.digest(&(!i).to_le_bytes()));
+    k
 }
 
 #[test]

@@ -45,14 +45,15 @@ pub fn replay(
                 out.last_clean = None;
                 out.next_seq = out.next_seq.max(loc.seq + 1);
                 let dir = loc.dir as usize;
-                let known = index.content(&hash).is_some_and(|c| c.loc == loc);
+                let existing = index.content_loc(&hash);
+                let known = existing.as_ref() == Some(&loc);
                 if !known {
                     let pages = extent_pages(loc.stored_len);
                     let first = loc.offset / PAGE as u64;
                     let fits = dir < ndirs
                         && !recreated[dir]
                         && loc.offset % PAGE as u64 == 0
-                        && index.content(&hash).is_none()
+                        && existing.is_none()
                         && allocators[dir].reserve(first, pages);
                     if !fits {
                         out.dropped += 1;
