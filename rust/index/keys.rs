@@ -67,6 +67,8 @@ pub(crate) struct KeyArena {
     table: IdTable,
     heads: Vec<[u8; HEAD_LEN]>,
     head_ids: HashMap<[u8; HEAD_LEN], u16>,
+    /// The head used last: nearly every key of a batch (or a replay) shares it.
+    last_head: u16,
     spilled: HashMap<u32, Box<[u8]>>,
     front: Option<u32>,
     back: Option<u32>,
@@ -149,7 +151,11 @@ impl KeyArena {
 
     fn head_id(&mut self, head: &[u8]) -> Option<u16> {
         let head: [u8; HEAD_LEN] = head.try_into().ok()?;
+        if self.heads.get(self.last_head as usize) == Some(&head) {
+            return Some(self.last_head);
+        }
         if let Some(&id) = self.head_ids.get(&head) {
+            self.last_head = id;
             return Some(id);
         }
         if self.heads.len() >= MAX_HEADS {

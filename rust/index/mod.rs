@@ -151,18 +151,37 @@ impl Index {
         }
     }
 
+    fn touch_id(&mut self, id: u32) {
+        if self.policy == EvictionPolicy::Lru {
+            self.keys.to_back(id);
+        }
+    }
+
     /// Map `key` to content `hash`. `loc` is used only when the content is new. Returns the
     /// extent of content that lost its last reference (when `key` was remapped).
     pub fn insert(&mut self, key: &[u8], hash: ContentHash, loc: &Location) -> Option<FreedExtent> {
+        let known = self.contents.find(&hash);
+        self.insert_at(key, hash, loc, known)
+    }
+
+    /// `insert` once content `hash` was looked up (`known`: its id, if any).
+    fn insert_at(
+        &mut self,
+        key: &[u8],
+        hash: ContentHash,
+        loc: &Location,
+        known: Option<u32>,
+    ) -> Option<FreedExtent> {
         let mut released = None;
         if let Some(id) = self.keys.find(key) {
             if self.contents.hash(self.keys.content(id)) == hash {
-                self.touch(key);
+                self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
         }
-        let content = match self.contents.find(&hash) {
+        // The remove above released only the old content (not `hash`'s): `known` stays valid.
+        let content = match known {
             Some(c) => c,
             None => {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
@@ -175,6 +194,27 @@ impl Index {
         self.logical_bytes += self.contents.loc(content).raw_len;
         self.keys.insert(key, content);
         released
+    }
+
+    /// Replay's put: `insert` with one content lookup. A content already known elsewhere is
+    /// not mapped (the record is stale); a new one only when `admit` (the allocator taking
+    /// its extent) agrees. None: the record was dropped.
+    pub fn replay_put(
+        &mut self,
+        key: &[u8],
+        hash: ContentHash,
+        loc: &Location,
+        admit: impl FnOnce() -> bool,
+    ) -> Option<Option<FreedExtent>> {
+        let known = self.contents.find(&hash);
+        if let Some(c) = known {
+            if self.contents.loc(c) != *loc {
+                return None;
+            }
+        } else if !admit() {
+            return None;
+        }
+        Some(self.insert_at(key, hash, loc, known))
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<FreedExtent> {

@@ -1,27 +1,32 @@
-//! A hash table of arena ids: open addressing with linear probing over plain `u32` slots
-//! (`id + 1`, 0 = empty). It stores no keys and no hashes: the owner answers "is id `i` the
-//! one I look for" and "what is id `i`'s hash" from its arena, so a key costs 4 bytes here at
-//! 64-80 % load (~5-6 bytes per key) instead of a node with pointers. The home slot is the
+//! A hash table of arena ids: open addressing with linear probing over plain `u32` slots. It
+//! stores no keys: the owner answers "is id `i` the one I look for" and "what is id `i`'s
+//! hash" from its arena, so a key costs 4 bytes here at 70-87.5 % load (~5 bytes per key)
+//! instead of a node with pointers. A slot is `tag << id_bits | (id + 1)` (0 = empty): ids
+//! are below the slot count, so the bits above them carry a tag of the hash, and a probe
+//! touches the arena (a cache miss) only on a tag match. The home slot is the
 //! hash scaled to the table (`hash * n >> 32`); deletion shifts later entries back, so there
 //! are no tombstones and probe chains stay short.
 
-/// Grow past 80 % load; a rebuilt table is sized for 64 % (1.25x steps).
-const MAX_LOAD_NUM: usize = 4;
-const MAX_LOAD_DEN: usize = 5;
+/// Grow past 87.5 % load (tags keep long probe runs inside the table's own cache lines); a
+/// rebuilt table is sized for 70 % (1.25x steps).
+const MAX_LOAD_NUM: usize = 7;
+const MAX_LOAD_DEN: usize = 8;
 const MIN_SLOTS: usize = 16;
 
 fn home(hash: u32, n: usize) -> usize {
     ((hash as u64 * n as u64) >> 32) as usize
 }
 
-/// Slots that hold `len` ids at about 64 % load.
+/// Slots that hold `len` ids at about 70 % load.
 fn slots_for(len: usize) -> usize {
-    (len + len / 2 + len / 16 + 1).max(MIN_SLOTS)
+    (len / 7 * 10 + len % 7 * 10 / 7 + 1).max(MIN_SLOTS)
 }
 
 #[derive(Default)]
 pub(crate) struct IdTable {
     slots: Vec<u32>,
+    /// Bits of a slot that hold `id + 1` (the rest hold the tag).
+    id_bits: u32,
 }
 
 impl IdTable {
@@ -37,16 +42,31 @@ impl IdTable {
         }
     }
 
+    fn id_mask(&self) -> u32 {
+        if self.id_bits >= 32 {
+            u32::MAX
+        } else {
+            (1 << self.id_bits) - 1
+        }
+    }
+
+    /// The slot for `id` with the tag of `hash`.
+    fn pack(&self, hash: u32, id: u32) -> u32 {
+        (hash.checked_shl(self.id_bits).unwrap_or(0) & !self.id_mask()) | (id + 1)
+    }
+
     /// The id whose hash is `hash` and for which `is_it` holds.
     pub fn find(&self, hash: u32, is_it: impl Fn(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
+        let mask = self.id_mask();
+        let tag = self.pack(hash, 0) & !mask;
         let mut at = home(hash, self.slots.len());
         loop {
             match self.slots[at] {
                 0 => return None,
-                s if is_it(s - 1) => return Some(s - 1),
+                s if s & !mask == tag && is_it((s & mask) - 1) => return Some((s & mask) - 1),
                 _ => at = self.next(at),
             }
         }
@@ -63,7 +83,8 @@ impl IdTable {
         while self.slots[at] != 0 {
             at = self.next(at);
         }
-        self.slots[at] = id + 1;
+        debug_assert!((id as usize) < self.slots.len());
+        self.slots[at] = self.pack(hash, id);
     }
 
     /// Forget `id` (hash `hash`), shifting later entries back so every probe chain stays
@@ -73,11 +94,12 @@ impl IdTable {
             return;
         }
         let n = self.slots.len();
+        let mask = self.id_mask();
         let mut hole = home(hash, n);
         loop {
             match self.slots[hole] {
                 0 => return,
-                s if s == id + 1 => break,
+                s if s & mask == id + 1 => break,
                 _ => hole = self.next(hole),
             }
         }
@@ -89,7 +111,7 @@ impl IdTable {
                 break;
             }
             // An entry may fill the hole unless its home lies cyclically in (hole, at].
-            let h = home(hash_of(s - 1), n);
+            let h = home(hash_of((s & mask) - 1), n);
             let stays = if hole <= at { hole < h && h <= at } else { hole < h || h <= at };
             if !stays {
                 self.slots[hole] = s;
@@ -99,9 +121,12 @@ impl IdTable {
         self.slots[hole] = 0;
     }
 
-    /// A fresh table for `len` ids at 64 % load (room to grow to 80 %), holding `ids`.
+    /// A fresh table for `len` ids at 70 % load (room to grow to 87.5 %), holding `ids`. Ids
+    /// must stay below `len`'s slot count: arenas never outgrow the table they reserve.
     pub fn rebuild(&mut self, len: usize, ids: impl Iterator<Item = (u32, u32)>) {
-        self.slots = vec![0; slots_for(len)];
+        let n = slots_for(len);
+        self.slots = vec![0; n];
+        self.id_bits = usize::BITS - n.leading_zeros();
         for (hash, id) in ids {
             self.insert_new(hash, id);
         }
@@ -129,6 +154,6 @@ mod tests {
             let found = t.find(hash_of(id), |x| x == id);
             assert_eq!(found, (id % 2 == 1).then_some(id), "id {id}");
         }
-        assert!(t.full_for(160));
+        assert!(t.full_for(130));
     }
 }

@@ -30,10 +30,8 @@ pub fn replay(
     recreated: &[bool],
 ) -> Replay {
     let ndirs = allocators.len();
-    // A first pass (frames and tags only, no index work) sizes the index once.
-    let mut puts = 0usize;
-    replayed.visit(|_, r| puts += matches!(r, RecordRef::Put { .. }) as usize);
-    index.reserve(puts);
+    // A first pass (frame lengths and tags only) sizes the index once.
+    index.reserve(replayed.puts_upper_bound());
     let mut out = Replay { next_seq: 1, ..Replay::default() };
     out.torn = replayed.visit(|pos, record| {
         out.records += 1;
@@ -45,23 +43,16 @@ pub fn replay(
                 out.last_clean = None;
                 out.next_seq = out.next_seq.max(loc.seq + 1);
                 let dir = loc.dir as usize;
-                let existing = index.content_loc(&hash);
-                let known = existing.as_ref() == Some(&loc);
-                if !known {
-                    let pages = extent_pages(loc.stored_len);
-                    let first = loc.offset / PAGE as u64;
-                    let fits = dir < ndirs
+                let admit = || {
+                    dir < ndirs
                         && !recreated[dir]
                         && loc.offset % PAGE as u64 == 0
-                        && existing.is_none()
-                        && allocators[dir].reserve(first, pages);
-                    if !fits {
-                        out.dropped += 1;
-                        return;
-                    }
-                }
-                if let Some(f) = index.insert(key, hash, &loc) {
-                    allocators[f.dir as usize].free(f.first_page, f.pages);
+                        && allocators[dir].reserve(loc.offset / PAGE as u64, extent_pages(loc.stored_len))
+                };
+                match index.replay_put(key, hash, &loc, admit) {
+                    None => out.dropped += 1,
+                    Some(Some(f)) => allocators[f.dir as usize].free(f.first_page, f.pages),
+                    Some(None) => {}
                 }
             }
             RecordRef::Delete { key } => {
