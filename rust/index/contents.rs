@@ -1,9 +1,9 @@
-//! The contents of the index, packed: one fixed 40-byte record per stored extent (content
+//! The contents of the index, packed: one fixed 36-byte record per stored extent (content
 //! hash, where it lies in 4 KiB pages, its lengths, the write's seq and how many keys map to
 //! it) in a flat arena, found by content hash through an `IdTable`. Readers pin contents only
 //! while a read is in flight, so their counts live in a small side map; so does a location
 //! that does not fit the packed fields (an extent past 16 TiB of one file, a block over
-//! 4 GiB, an offset off the page grid).
+//! 4 GiB, an offset off the page grid, a directory past the 256th, a seq past 2^48).
 
 use std::collections::HashMap;
 
@@ -26,12 +26,14 @@ const NIL: u32 = u32::MAX;
 #[repr(C)]
 struct ContentRecord {
     hash: ContentHash,
-    seq: [u32; 2],
     /// First page of the extent; on the free list, the next free id.
     page: u32,
     stored_len: u32,
     raw_len: u32,
-    dir: u16,
+    /// The write's seq: low 32 and high 16 bits (2^48 puts: years at a million a second).
+    seq_lo: u32,
+    seq_hi: u16,
+    dir: u8,
     flags: u8,
 }
 
@@ -103,12 +105,12 @@ impl ContentArena {
             }
         }
         Location {
-            dir: r.dir,
+            dir: r.dir as u16,
             offset: r.page as u64 * PAGE as u64,
             stored_len: r.stored_len as u64,
             raw_len: r.raw_len as u64,
             compressed: r.flags & COMPRESSED != 0,
-            seq: r.seq[0] as u64 | (r.seq[1] as u64) << 32,
+            seq: r.seq_lo as u64 | (r.seq_hi as u64) << 32,
         }
     }
 
@@ -143,7 +145,8 @@ impl ContentArena {
         if self.table.full_for(self.len + 1) {
             self.rebuild_table(self.len + 1 + self.len / 4);
         }
-        let packed = (loc.offset % PAGE as u64 == 0).then(|| {
+        let fits = loc.offset % PAGE as u64 == 0 && loc.seq >> 48 == 0 && loc.dir <= u8::MAX as u16;
+        let packed = fits.then(|| {
             Some((
                 u32::try_from(loc.offset / PAGE as u64).ok()?,
                 u32::try_from(loc.stored_len).ok()?,
@@ -156,11 +159,12 @@ impl ContentArena {
         };
         let record = ContentRecord {
             hash,
-            seq: [loc.seq as u32, (loc.seq >> 32) as u32],
             page,
             stored_len,
             raw_len,
-            dir: loc.dir,
+            seq_lo: loc.seq as u32,
+            seq_hi: (loc.seq >> 32) as u16,
+            dir: loc.dir as u8,
             flags: if loc.compressed { COMPRESSED } else { 0 } | wide,
         };
         let id = match self.free {
@@ -247,4 +251,4 @@ impl ContentArena {
 /// `flags` of a record on the free list.
 const FREE_MARK: u8 = 0x80;
 
-const _: () = assert!(std::mem::size_of::<ContentRecord>() == 40);
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 36);

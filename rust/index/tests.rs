@@ -108,11 +108,26 @@ fn wide_locations_round_trip() {
     };
     ix.insert(b"far", [9; 16], &far);
     assert_eq!(ix.lookup(b"far").unwrap().1.loc, far);
+    let late =
+        Location { dir: 300, offset: 8192, stored_len: 10, raw_len: 10, compressed: false, seq: 1 << 50 };
+    ix.insert(b"late", [8; 16], &late);
+    assert_eq!(ix.lookup(b"late").unwrap().1.loc, late);
+    let near = Location {
+        dir: 255,
+        offset: 4096,
+        stored_len: 10,
+        raw_len: 10,
+        compressed: false,
+        seq: (1 << 48) - 1,
+    };
+    ix.insert(b"near", [7; 16], &near);
+    assert_eq!(ix.lookup(b"near").unwrap().1.loc, near);
+    assert_eq!(ix.remove(b"late").map(|f| f.dir), Some(300));
     assert_eq!(ix.remove(b"far").map(|f| f.first_page), Some((1 << 46) / PAGE as u64));
 }
 
 #[test]
-fn connector_keys_cost_about_100_bytes_each() {
+fn connector_keys_cost_under_100_bytes_each() {
     let mut ix = Index::new(EvictionPolicy::Lru);
     let n = 50_000u32;
     ix.reserve(n as usize);
@@ -122,5 +137,5 @@ fn connector_keys_cost_about_100_bytes_each() {
         ix.insert(&packed_key(1, i), hash, &loc(4096 * (1 + 2 * i as u64), 100));
     }
     let per_key = ix.nbytes() as f64 / n as f64;
-    assert!(per_key < 104.0, "{per_key:.1} bytes per key");
+    assert!(per_key < 100.0, "{per_key:.1} bytes per key");
 }
