@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use super::arena::NIL;
 use super::probe::IdTable;
 use crate::format::journal::Location;
 use crate::format::PAGE;
@@ -20,7 +21,6 @@ const WIDE: u8 = 4;
 const ONE_REF: u8 = 8;
 /// Several keys map to it: their count is in `shared`.
 const SHARED: u8 = 16;
-const NIL: u32 = u32::MAX;
 
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -76,10 +76,9 @@ impl ContentArena {
     }
 
     pub fn reserve(&mut self, additional: usize) {
-        let want = self.len + additional;
-        self.records.reserve_exact(want.saturating_sub(self.records.len()));
-        if self.table.full_for(want) {
-            self.rebuild_table(want);
+        super::arena::reserve(&mut self.records, self.len, additional);
+        if self.table.full_for(self.len + additional) {
+            self.rebuild_table(self.len + additional);
         }
     }
 
@@ -167,21 +166,7 @@ impl ContentArena {
             dir: loc.dir as u8,
             flags: if loc.compressed { COMPRESSED } else { 0 } | wide,
         };
-        let id = match self.free {
-            Some(id) => {
-                let next = self.records[id as usize].page;
-                self.free = (next != NIL).then_some(next);
-                self.records[id as usize] = record;
-                id
-            }
-            None => {
-                if self.records.len() == self.records.capacity() {
-                    self.records.reserve_exact(self.records.len() / 4 + 16);
-                }
-                self.records.push(record);
-                (self.records.len() - 1) as u32
-            }
-        };
+        let id = super::arena::place(&mut self.records, &mut self.free, record, |r| r.page);
         if wide != 0 {
             self.wide.insert(id, loc.clone());
         }

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use super::arena::NIL;
 use super::probe::IdTable;
 
 /// Bytes of the interned head: rank tag (4) + namespace prefix (16) + variant (8).
@@ -18,8 +19,6 @@ pub const HEAD_LEN: usize = 28;
 pub const TAIL_MAX: usize = 32;
 /// `tail_len` of a record whose key lives in the side map.
 const SPILLED: u8 = u8::MAX;
-/// Link value for "none".
-pub const NIL: u32 = u32::MAX;
 /// Heads beyond this many go to the side map (keys not shaped like the connector's).
 const MAX_HEADS: usize = u16::MAX as usize;
 
@@ -94,10 +93,9 @@ impl KeyArena {
 
     /// Room for `additional` more keys without growing the arena or the table.
     pub fn reserve(&mut self, additional: usize) {
-        let want = self.len + additional;
-        self.records.reserve_exact(want.saturating_sub(self.records.len()));
-        if self.table.full_for(want) {
-            self.rebuild_table(want);
+        super::arena::reserve(&mut self.records, self.len, additional);
+        if self.table.full_for(self.len + additional) {
+            self.rebuild_table(self.len + additional);
         }
     }
 
@@ -186,22 +184,7 @@ impl KeyArena {
             }
             None => r.tail_len = SPILLED,
         }
-        let id = match self.free {
-            Some(id) => {
-                let next = self.records[id as usize].next;
-                self.free = (next != NIL).then_some(next);
-                self.records[id as usize] = r;
-                id
-            }
-            None => {
-                if self.records.len() == self.records.capacity() {
-                    // 1.25x steps: a doubling would leave up to half the arena unused.
-                    self.records.reserve_exact(self.records.len() / 4 + 16);
-                }
-                self.records.push(r);
-                (self.records.len() - 1) as u32
-            }
-        };
+        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.next);
         if r.tail_len == SPILLED {
             self.spilled.insert(id, key.into());
         }
@@ -249,7 +232,7 @@ impl KeyArena {
     }
 
     /// Move `id` to the back of the order (hottest).
-    pub fn to_back(&mut self, id: u32) {
+    pub fn move_to_back(&mut self, id: u32) {
         if self.back != Some(id) {
             self.unlink(id);
             self.link_back(id);

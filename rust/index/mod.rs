@@ -7,6 +7,7 @@
 //! `contents.rs`, `probe.rs`) instead of maps of boxed keys and per-entry structs.
 
 pub mod admission;
+mod arena;
 pub mod block_set;
 mod contents;
 mod keys;
@@ -146,14 +147,14 @@ impl Index {
     pub fn touch(&mut self, key: &[u8]) {
         if self.policy == EvictionPolicy::Lru {
             if let Some(id) = self.keys.find(key) {
-                self.keys.to_back(id);
+                self.keys.move_to_back(id);
             }
         }
     }
 
     fn touch_id(&mut self, id: u32) {
         if self.policy == EvictionPolicy::Lru {
-            self.keys.to_back(id);
+            self.keys.move_to_back(id);
         }
     }
 

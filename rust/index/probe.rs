@@ -34,12 +34,9 @@ impl IdTable {
         self.slots.capacity() * std::mem::size_of::<u32>()
     }
 
+    /// The slot after `at`, wrapping to 0 past the end (branch-free).
     fn next(&self, at: usize) -> usize {
-        if at + 1 == self.slots.len() {
-            0
-        } else {
-            at + 1
-        }
+        (at + 1) * usize::from(at + 1 < self.slots.len())
     }
 
     fn id_mask(&self) -> u32 {
@@ -103,13 +100,9 @@ impl IdTable {
                 _ => hole = self.next(hole),
             }
         }
-        let mut at = hole;
-        loop {
-            at = self.next(at);
+        let mut at = self.next(hole);
+        while self.slots[at] != 0 {
             let s = self.slots[at];
-            if s == 0 {
-                break;
-            }
             // An entry may fill the hole unless its home lies cyclically in (hole, at].
             let h = home(hash_of((s & mask) - 1), n);
             let stays = if hole <= at { hole < h && h <= at } else { hole < h || h <= at };
@@ -117,6 +110,7 @@ impl IdTable {
                 self.slots[hole] = s;
                 hole = at;
             }
+            at = self.next(at);
         }
         self.slots[hole] = 0;
     }
