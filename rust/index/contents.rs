@@ -88,6 +88,10 @@ impl ContentArena {
         self.table.rebuild(len, ids.into_iter());
     }
 
+    pub fn prefetch(&self, hash: &ContentHash) {
+        self.table.prefetch(hash_content(hash));
+    }
+
     pub fn find(&self, hash: &ContentHash) -> Option<u32> {
         self.table.find(hash_content(hash), |id| self.records[id as usize].hash == *hash)
     }
@@ -185,7 +189,7 @@ impl ContentArena {
         }
         if refs > 1 {
             self.shared.insert(id, refs);
-        } else {
+        } else if !self.shared.is_empty() {
             self.shared.remove(&id);
         }
     }

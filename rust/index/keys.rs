@@ -139,6 +139,10 @@ impl KeyArena {
         hash_parts(&self.records, &self.heads, &self.spilled, id)
     }
 
+    pub fn prefetch(&self, key: &[u8]) {
+        self.table.prefetch(hash_key(key));
+    }
+
     pub fn find(&self, key: &[u8]) -> Option<u32> {
         self.table.find(hash_key(key), |id| self.matches(id, key))
     }

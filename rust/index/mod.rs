@@ -197,6 +197,12 @@ impl Index {
         released
     }
 
+    /// Start loading what a `replay_put` of `key` / `hash` will probe (a cache hint).
+    pub fn prefetch(&self, key: &[u8], hash: &ContentHash) {
+        self.keys.prefetch(key);
+        self.contents.prefetch(hash);
+    }
+
     /// Replay's put: `insert` with one content lookup. A content already known elsewhere is
     /// not mapped (the record is stale); a new one only when `admit` (the allocator taking
     /// its extent) agrees. None: the record was dropped.
