@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -271,3 +272,30 @@ def test_directory_list_changes(tmp_path: Path) -> None:
 
 def test_storage_full_error_class_exists() -> None:
     assert issubclass(StorageFullError, Exception)
+
+
+def _distinct_blocks(keys: list[bytes], start: int, n: int) -> list[tuple[bytes, bytes]]:
+    return [(k, b"%06d" % (start + i) * 16) for i, k in enumerate(keys[start : start + n])]
+
+
+def test_connector_shaped_keys_are_packed_and_come_back_whole(tmp_path: Path) -> None:
+    # Rank tag + 24-byte namespace head + sha256 block hash: the layout the index packs.
+    head = b"\0\1\0\0" + bytes(range(24))
+    keys = [head + hashlib.sha256(b"%d" % i).digest() for i in range(3000)]
+    with BlockStore(str(tmp_path), 64 * MiB) as store:
+        empty = store.index_nbytes()
+        for start in range(0, len(keys), 500):
+            store.submit_put(_distinct_blocks(keys, start, 500)).wait(30)
+        assert len(store) == len(keys)
+        per_block = (store.index_nbytes() - empty) / len(keys)
+        assert per_block < 140, per_block
+    with BlockStore(str(tmp_path), 64 * MiB) as store:
+        assert store.keys() == keys  # whole, and in eviction order (coldest first)
+    # A store too small for them all evicts the coldest, and reports them whole.
+    (tmp_path / "small").mkdir()
+    with BlockStore(str(tmp_path / "small"), 1 * MiB) as small:
+        for start in range(0, 400, 100):
+            small.submit_put(_distinct_blocks(keys, start, 100)).wait(30)
+        evicted = small.drain_evicted()
+        assert evicted and set(evicted) <= set(keys[:400])
+        assert set(evicted) | set(small.keys()) == set(keys[:400])

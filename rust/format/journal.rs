@@ -175,6 +175,18 @@ pub fn decode_all(buf: &[u8]) -> Decoded {
     Decoded { records, valid_len }
 }
 
+/// Put records framed in a journal body, counted from frame lengths and tags alone (no CRC,
+/// no decode): an upper bound that sizes the index before the real replay.
+pub fn count_puts(buf: &[u8]) -> usize {
+    let mut pos = 0usize;
+    let mut puts = 0;
+    while let Some(frame) = buf.get(pos..pos + 9) {
+        puts += (frame[8] == TAG_PUT) as usize;
+        pos += 8 + u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+    }
+    puts
+}
+
 /// Call `f` on every whole record of a journal body, in order, with the byte position of its
 /// frame; returns the bytes of valid frames (anything after is a torn or corrupt tail).
 pub fn visit_all<'a>(buf: &'a [u8], mut f: impl FnMut(usize, RecordRef<'a>)) -> usize {

@@ -1,14 +1,22 @@
 //! The in-memory index: logical key -> content hash -> extent. Keys are kept in eviction
 //! order (LRU or FIFO); content is refcounted by keys and pinned by in-flight reads, and its
 //! extent is released only when both counts reach zero.
+//!
+//! Memory is the design constraint (a 4 TB tier of 256 KiB blocks is ~16 M keys), so both
+//! sides are packed arenas of fixed-size records behind u32-id hash tables (`keys.rs`,
+//! `contents.rs`, `probe.rs`) instead of maps of boxed keys and per-entry structs.
 
 pub mod admission;
+mod arena;
 pub mod block_set;
+mod contents;
+mod keys;
+mod probe;
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+pub use contents::ContentEntry;
 
-use hashlink::LinkedHashMap;
+use contents::ContentArena;
+use keys::KeyArena;
 
 use crate::error::{Result, StoreError};
 use crate::format::journal::Location;
@@ -43,15 +51,6 @@ pub fn extent_pages(stored_len: u64) -> u64 {
     1 + (round_up_to_page(stored_len as usize) / PAGE) as u64
 }
 
-#[derive(Clone, Debug)]
-pub struct ContentEntry {
-    pub loc: Location,
-    pub refs: u32,
-    pub readers: u32,
-    /// Failed verification: kept only until its last reader unpins; never deduped onto.
-    pub poisoned: bool,
-}
-
 /// An extent whose last reference went away: the caller returns it to the allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FreedExtent {
@@ -65,8 +64,8 @@ fn freed(loc: &Location) -> FreedExtent {
 }
 
 pub struct Index {
-    keys: LinkedHashMap<Box<[u8]>, ContentHash>,
-    contents: HashMap<ContentHash, ContentEntry>,
+    keys: KeyArena,
+    contents: ContentArena,
     policy: EvictionPolicy,
     logical_bytes: u64,
     physical_bytes: u64,
@@ -77,8 +76,8 @@ pub struct Index {
 impl Index {
     pub fn new(policy: EvictionPolicy) -> Self {
         Index {
-            keys: LinkedHashMap::new(),
-            contents: HashMap::new(),
+            keys: KeyArena::default(),
+            contents: ContentArena::default(),
             policy,
             logical_bytes: 0,
             physical_bytes: 0,
@@ -88,7 +87,7 @@ impl Index {
     }
 
     /// Make room for `additional` more keys (and as many contents) at once, so that a replay
-    /// does not rehash its way up.
+    /// does not grow its way up.
     pub fn reserve(&mut self, additional: usize) {
         self.keys.reserve(additional);
         self.contents.reserve(additional);
@@ -99,19 +98,12 @@ impl Index {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.len() == 0
     }
 
-    /// Bytes held (estimated from capacities and allocation sizes, allocator overhead included).
+    /// Bytes held (capacities of the arenas and tables; side maps estimated).
     pub fn nbytes(&self) -> usize {
-        use std::mem::size_of;
-        // A heap allocation costs its size rounded up to 16 plus about 16 bytes of bookkeeping.
-        let heap = |n: usize| n.div_ceil(16) * 16 + 16;
-        let key_node = heap(size_of::<Box<[u8]>>() + size_of::<ContentHash>() + 2 * size_of::<usize>());
-        let key_bytes: usize = self.keys.keys().map(|k| heap(k.len())).sum();
-        let keys = self.keys.capacity() * (size_of::<usize>() + 1) + self.keys.len() * key_node + key_bytes;
-        let contents = self.contents.capacity() * (size_of::<(ContentHash, ContentEntry)>() + 1);
-        keys + contents
+        std::mem::size_of::<Self>() + self.keys.nbytes() + self.contents.nbytes()
     }
 
     pub fn content_count(&self) -> usize {
@@ -134,151 +126,164 @@ impl Index {
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.keys.contains_key(key)
+        self.keys.find(key).is_some()
     }
 
-    pub fn content(&self, hash: &ContentHash) -> Option<&ContentEntry> {
-        self.contents.get(hash)
+    pub fn content(&self, hash: &ContentHash) -> Option<ContentEntry> {
+        self.contents.find(hash).map(|id| self.contents.entry(id))
     }
 
-    pub fn lookup(&self, key: &[u8]) -> Option<(ContentHash, &ContentEntry)> {
-        let hash = self.keys.get(key)?;
-        self.contents.get(hash).map(|c| (*hash, c))
+    /// Where content `hash` lies, if it is known (replay's cheaper `content`).
+    pub fn content_loc(&self, hash: &ContentHash) -> Option<Location> {
+        self.contents.find(hash).map(|id| self.contents.loc(id))
+    }
+
+    pub fn lookup(&self, key: &[u8]) -> Option<(ContentHash, ContentEntry)> {
+        let c = self.keys.content(self.keys.find(key)?);
+        Some((self.contents.hash(c), self.contents.entry(c)))
     }
 
     /// Record an access for the eviction order.
     pub fn touch(&mut self, key: &[u8]) {
         if self.policy == EvictionPolicy::Lru {
-            self.keys.to_back(key);
+            if let Some(id) = self.keys.find(key) {
+                self.keys.move_to_back(id);
+            }
+        }
+    }
+
+    fn touch_id(&mut self, id: u32) {
+        if self.policy == EvictionPolicy::Lru {
+            self.keys.move_to_back(id);
         }
     }
 
     /// Map `key` to content `hash`. `loc` is used only when the content is new. Returns the
     /// extent of content that lost its last reference (when `key` was remapped).
     pub fn insert(&mut self, key: &[u8], hash: ContentHash, loc: &Location) -> Option<FreedExtent> {
+        let known = self.contents.find(&hash);
+        self.insert_at(key, hash, loc, known)
+    }
+
+    /// `insert` once content `hash` was looked up (`known`: its id, if any).
+    fn insert_at(
+        &mut self,
+        key: &[u8],
+        hash: ContentHash,
+        loc: &Location,
+        known: Option<u32>,
+    ) -> Option<FreedExtent> {
         let mut released = None;
-        if let Some(old) = self.keys.get(key).copied() {
-            if old == hash {
-                self.touch(key);
+        if let Some(id) = self.keys.find(key) {
+            if self.contents.hash(self.keys.content(id)) == hash {
+                self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
         }
-        let entry = match self.contents.entry(hash) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
+        // The remove above released only the old content (not `hash`'s): `known` stays valid.
+        let content = match known {
+            Some(c) => c,
+            None => {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
                 self.content_raw_bytes += loc.raw_len;
                 self.content_stored_bytes += loc.stored_len;
-                v.insert(ContentEntry { loc: loc.clone(), refs: 0, readers: 0, poisoned: false })
+                self.contents.add(hash, loc)
             }
         };
-        entry.refs += 1;
-        self.logical_bytes += entry.loc.raw_len;
-        self.keys.insert(key.into(), hash);
+        self.contents.add_ref(content);
+        self.logical_bytes += self.contents.loc(content).raw_len;
+        self.keys.insert(key, content);
         released
     }
 
+    /// Start loading what a `replay_put` of `key` / `hash` will probe (a cache hint).
+    pub fn prefetch(&self, key: &[u8], hash: &ContentHash) {
+        self.keys.prefetch(key);
+        self.contents.prefetch(hash);
+    }
+
+    /// Replay's put: `insert` with one content lookup. A content already known elsewhere is
+    /// not mapped (the record is stale); a new one only when `admit` (the allocator taking
+    /// its extent) agrees. None: the record was dropped.
+    pub fn replay_put(
+        &mut self,
+        key: &[u8],
+        hash: ContentHash,
+        loc: &Location,
+        admit: impl FnOnce() -> bool,
+    ) -> Option<Option<FreedExtent>> {
+        let known = self.contents.find(&hash);
+        if let Some(c) = known {
+            if self.contents.loc(c) != *loc {
+                return None;
+            }
+        } else if !admit() {
+            return None;
+        }
+        Some(self.insert_at(key, hash, loc, known))
+    }
+
     pub fn remove(&mut self, key: &[u8]) -> Option<FreedExtent> {
-        let hash = self.keys.remove(key)?;
-        let entry = self.contents.get_mut(&hash)?;
-        entry.refs -= 1;
-        self.logical_bytes -= entry.loc.raw_len;
-        self.release_if_unused(&hash)
+        let id = self.keys.find(key)?;
+        let content = self.keys.content(id);
+        self.keys.remove(id);
+        self.contents.drop_ref(content);
+        self.logical_bytes -= self.contents.loc(content).raw_len;
+        self.release_if_unused(content)
     }
 
     /// Mark content as damaged (see `ContentEntry::poisoned`).
     pub fn poison(&mut self, hash: &ContentHash) {
-        if let Some(e) = self.contents.get_mut(hash) {
-            e.poisoned = true;
+        if let Some(id) = self.contents.find(hash) {
+            self.contents.poison(id);
         }
     }
 
     /// Pin content for an in-flight read so its extent cannot be reused under the reader.
     pub fn pin(&mut self, hash: &ContentHash) {
-        if let Some(e) = self.contents.get_mut(hash) {
-            e.readers += 1;
+        if let Some(id) = self.contents.find(hash) {
+            self.contents.pin(id);
         }
     }
 
     pub fn unpin(&mut self, hash: &ContentHash) -> Option<FreedExtent> {
-        let e = self.contents.get_mut(hash)?;
-        e.readers = e.readers.saturating_sub(1);
-        self.release_if_unused(hash)
+        let id = self.contents.find(hash)?;
+        self.contents.unpin(id);
+        self.release_if_unused(id)
     }
 
-    fn release_if_unused(&mut self, hash: &ContentHash) -> Option<FreedExtent> {
-        let e = self.contents.get(hash)?;
-        if e.refs > 0 || e.readers > 0 {
+    fn release_if_unused(&mut self, content: u32) -> Option<FreedExtent> {
+        if self.contents.refs(content) > 0 || self.contents.readers(content) > 0 {
             return None;
         }
-        let e = self.contents.remove(hash)?;
-        self.physical_bytes -= extent_pages(e.loc.stored_len) * PAGE as u64;
-        self.content_raw_bytes -= e.loc.raw_len;
-        self.content_stored_bytes -= e.loc.stored_len;
-        Some(freed(&e.loc))
+        let loc = self.contents.remove(content);
+        self.physical_bytes -= extent_pages(loc.stored_len) * PAGE as u64;
+        self.content_raw_bytes -= loc.raw_len;
+        self.content_stored_bytes -= loc.stored_len;
+        Some(freed(&loc))
     }
 
     /// The next key to evict (front of the order).
     pub fn victim(&self) -> Option<Vec<u8>> {
-        self.keys.front().map(|(k, _)| k.to_vec())
+        self.keys.front().map(|id| self.keys.key(id))
     }
 
-    /// Keys from coldest to hottest.
-    pub fn keys_in_order(&self) -> impl Iterator<Item = (&[u8], &ContentHash)> {
-        self.keys.iter().map(|(k, h)| (&**k, h))
+    /// Keys (rebuilt from the packed arena) with their content hash, coldest to hottest.
+    pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentHash)> + '_ {
+        self.keys.order().map(|id| (self.keys.key(id), self.contents.hash(self.keys.content(id))))
+    }
+
+    /// Visit every key with its content, coldest first, through one reused key buffer.
+    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], &ContentHash, Location)) {
+        let mut key = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
+        for id in self.keys.order() {
+            self.keys.key_into(id, &mut key);
+            let c = self.keys.content(id);
+            f(&key, &self.contents.hash(c), self.contents.loc(c));
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn loc(offset: u64, len: u64) -> Location {
-        Location { dir: 0, offset, stored_len: len, raw_len: len, compressed: false, seq: 1 }
-    }
-
-    #[test]
-    fn dedup_refcounts_free_at_zero() {
-        let mut ix = Index::new(EvictionPolicy::Lru);
-        assert_eq!(ix.insert(b"a", [1; 16], &loc(4096, 8192)), None);
-        assert_eq!(ix.insert(b"b", [1; 16], &loc(999, 8192)), None);
-        assert_eq!(ix.content_count(), 1);
-        assert_eq!(ix.logical_bytes(), 16384);
-        assert_eq!(ix.physical_bytes(), 3 * 4096);
-        assert_eq!(ix.remove(b"a"), None);
-        let f = ix.remove(b"b").expect("last ref frees");
-        assert_eq!(f, FreedExtent { dir: 0, first_page: 1, pages: 3 });
-        assert_eq!(ix.physical_bytes(), 0);
-    }
-
-    #[test]
-    fn pinned_content_is_freed_by_the_last_reader() {
-        let mut ix = Index::new(EvictionPolicy::Lru);
-        ix.insert(b"a", [2; 16], &loc(8192, 4096));
-        ix.pin(&[2; 16]);
-        assert_eq!(ix.remove(b"a"), None);
-        assert!(ix.unpin(&[2; 16]).is_some());
-    }
-
-    #[test]
-    fn lru_and_fifo_orders() {
-        for (policy, expect) in [(EvictionPolicy::Lru, b"b"), (EvictionPolicy::Fifo, b"a")] {
-            let mut ix = Index::new(policy);
-            ix.insert(b"a", [1; 16], &loc(4096, 4096));
-            ix.insert(b"b", [2; 16], &loc(12288, 4096));
-            ix.touch(b"a");
-            assert_eq!(ix.victim().unwrap(), expect.to_vec());
-        }
-    }
-
-    #[test]
-    fn remap_releases_old_content() {
-        let mut ix = Index::new(EvictionPolicy::Lru);
-        ix.insert(b"k", [1; 16], &loc(4096, 4096));
-        let f = ix.insert(b"k", [2; 16], &loc(12288, 4096));
-        assert_eq!(f.map(|f| f.first_page), Some(1));
-        assert_eq!(ix.len(), 1);
-        assert_eq!(ix.lookup(b"k").unwrap().0, [2; 16]);
-    }
-}
+mod tests;

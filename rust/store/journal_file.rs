@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
-use crate::format::journal::{visit_all, FileHeader, Record, RecordRef, FILE_HEADER_LEN, FILE_VERSION};
+use crate::format::journal::{
+    count_puts, visit_all, FileHeader, Record, RecordRef, FILE_HEADER_LEN, FILE_VERSION,
+};
 
 pub const JOURNAL_FILE: &str = "flexkv-journal.log";
 
@@ -25,6 +27,11 @@ impl Replayed {
         let body = &self.buf[FILE_HEADER_LEN..];
         let valid = visit_all(body, |pos, r| f((FILE_HEADER_LEN + pos) as u64, r));
         (body.len() - valid) as u64
+    }
+
+    /// At most this many Put records (sizes the index; see `count_puts`).
+    pub fn puts_upper_bound(&self) -> usize {
+        count_puts(&self.buf[FILE_HEADER_LEN..])
     }
 
     /// Bytes of the whole file.
@@ -46,7 +53,11 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
     let path = dir.join(JOURNAL_FILE);
     let mut buf = Vec::new();
     match File::open(&path) {
-        Ok(mut f) => f.read_to_end(&mut buf).map_err(|e| StoreError::io(path.display(), e))?,
+        Ok(mut f) => {
+            // One allocation of the file's size: read_to_end alone grows (and copies) its way up.
+            buf.reserve_exact(f.metadata().map_or(0, |m| m.len() as usize));
+            f.read_to_end(&mut buf).map_err(|e| StoreError::io(path.display(), e))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };

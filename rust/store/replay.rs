@@ -2,6 +2,8 @@
 //! from the journal buffer (no allocation per record); a record whose extent does not fit
 //! the data files as they are now (shrunk capacity, recreated file, overlap) is dropped.
 
+use std::collections::VecDeque;
+
 use super::journal_file::Replayed;
 use crate::device::allocator::ExtentAllocator;
 use crate::format::journal::RecordRef;
@@ -29,51 +31,71 @@ pub fn replay(
     allocators: &mut [ExtentAllocator],
     recreated: &[bool],
 ) -> Replay {
-    let ndirs = allocators.len();
-    // A first pass (frames and tags only, no index work) sizes the index once.
-    let mut puts = 0usize;
-    replayed.visit(|_, r| puts += matches!(r, RecordRef::Put { .. }) as usize);
-    index.reserve(puts);
+    // A first pass (frame lengths and tags only) sizes the index once.
+    index.reserve(replayed.puts_upper_bound());
     let mut out = Replay { next_seq: 1, ..Replay::default() };
+    // Records are applied in order, PREFETCH_AHEAD behind the one just read: the table slots
+    // a record will probe are asked for when it is read, so the cache misses overlap instead
+    // of stalling one after another (they are most of a replay's time at millions of keys).
+    let mut ahead: VecDeque<(u64, RecordRef)> = VecDeque::with_capacity(PREFETCH_AHEAD + 1);
     out.torn = replayed.visit(|pos, record| {
-        out.records += 1;
-        if !matches!(record, RecordRef::CleanShutdown { .. }) {
-            out.clean_from = None;
+        if let RecordRef::Put { key, hash, .. } = &record {
+            index.prefetch(key, hash);
         }
-        match record {
-            RecordRef::Put { key, hash, loc } => {
-                out.last_clean = None;
-                out.next_seq = out.next_seq.max(loc.seq + 1);
-                let dir = loc.dir as usize;
-                let known = index.content(&hash).is_some_and(|c| c.loc == loc);
-                if !known {
-                    let pages = extent_pages(loc.stored_len);
-                    let first = loc.offset / PAGE as u64;
-                    let fits = dir < ndirs
-                        && !recreated[dir]
-                        && loc.offset % PAGE as u64 == 0
-                        && index.content(&hash).is_none()
-                        && allocators[dir].reserve(first, pages);
-                    if !fits {
-                        out.dropped += 1;
-                        return;
-                    }
-                }
-                if let Some(f) = index.insert(key, hash, &loc) {
-                    allocators[f.dir as usize].free(f.first_page, f.pages);
-                }
-            }
-            RecordRef::Delete { key } => {
-                out.last_clean = None;
-                if let Some(f) = index.remove(key) {
-                    allocators[f.dir as usize].free(f.first_page, f.pages);
-                }
-            }
-            RecordRef::CleanShutdown { unix_secs } => {
-                out.last_clean = Some(unix_secs);
-                out.clean_from.get_or_insert(pos);
+        ahead.push_back((pos, record));
+        if ahead.len() > PREFETCH_AHEAD {
+            if let Some((pos, record)) = ahead.pop_front() {
+                apply(&mut out, index, allocators, recreated, pos, record);
             }
         }
     });
+    for (pos, record) in ahead {
+        apply(&mut out, index, allocators, recreated, pos, record);
+    }
     out
+}
+
+/// Records between reading one and applying it (enough to cover a memory access).
+const PREFETCH_AHEAD: usize = 16;
+
+fn apply(
+    out: &mut Replay,
+    index: &mut Index,
+    allocators: &mut [ExtentAllocator],
+    recreated: &[bool],
+    pos: u64,
+    record: RecordRef,
+) {
+    out.records += 1;
+    if !matches!(record, RecordRef::CleanShutdown { .. }) {
+        out.clean_from = None;
+    }
+    match record {
+        RecordRef::Put { key, hash, loc } => {
+            out.last_clean = None;
+            out.next_seq = out.next_seq.max(loc.seq + 1);
+            let dir = loc.dir as usize;
+            let admit = || {
+                dir < allocators.len()
+                    && !recreated[dir]
+                    && loc.offset % PAGE as u64 == 0
+                    && allocators[dir].reserve(loc.offset / PAGE as u64, extent_pages(loc.stored_len))
+            };
+            match index.replay_put(key, hash, &loc, admit) {
+                None => out.dropped += 1,
+                Some(Some(f)) => allocators[f.dir as usize].free(f.first_page, f.pages),
+                Some(None) => {}
+            }
+        }
+        RecordRef::Delete { key } => {
+            out.last_clean = None;
+            if let Some(f) = index.remove(key) {
+                allocators[f.dir as usize].free(f.first_page, f.pages);
+            }
+        }
+        RecordRef::CleanShutdown { unix_secs } => {
+            out.last_clean = Some(unix_secs);
+            out.clean_from.get_or_insert(pos);
+        }
+    }
 }

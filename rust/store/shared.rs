@@ -34,13 +34,11 @@ pub(crate) struct State {
 impl State {
     /// One Put per live key, coldest first (replay restores the order): a compacted journal.
     pub fn live_records(index: &Index) -> Vec<Record> {
-        index
-            .keys_in_order()
-            .filter_map(|(key, hash)| {
-                let c = index.content(hash)?;
-                Some(Record::Put { key: key.to_vec(), hash: *hash, loc: c.loc.clone() })
-            })
-            .collect()
+        let mut records = Vec::with_capacity(index.len());
+        index.for_each_in_order(|key, hash, loc| {
+            records.push(Record::Put { key: key.to_vec(), hash: *hash, loc });
+        });
+        records
     }
 
     /// Rewrite the journal from the index now, under the lock (checkpoint, close).

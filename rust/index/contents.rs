@@ -1,0 +1,243 @@
+//! The contents of the index, packed: one fixed 36-byte record per stored extent (content
+//! hash, where it lies in 4 KiB pages, its lengths, the write's seq and how many keys map to
+//! it) in a flat arena, found by content hash through an `IdTable`. Readers pin contents only
+//! while a read is in flight, so their counts live in a small side map; so does a location
+//! that does not fit the packed fields (an extent past 16 TiB of one file, a block over
+//! 4 GiB, an offset off the page grid, a directory past the 256th, a seq past 2^48).
+
+use std::collections::HashMap;
+
+use super::arena::NIL;
+use super::probe::IdTable;
+use crate::format::journal::Location;
+use crate::format::PAGE;
+use crate::hashing::ContentHash;
+
+const COMPRESSED: u8 = 1;
+const POISONED: u8 = 2;
+/// The location is in `wide`, not in the packed fields.
+const WIDE: u8 = 4;
+/// One key maps to this content (the usual case: no count stored).
+const ONE_REF: u8 = 8;
+/// Several keys map to it: their count is in `shared`.
+const SHARED: u8 = 16;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct ContentRecord {
+    hash: ContentHash,
+    /// First page of the extent; on the free list, the next free id.
+    page: u32,
+    stored_len: u32,
+    raw_len: u32,
+    /// The write's seq: low 32 and high 16 bits (2^48 puts: years at a million a second).
+    seq_lo: u32,
+    seq_hi: u16,
+    dir: u8,
+    flags: u8,
+}
+
+/// What the index knows about one content (a copy: the arena holds it packed).
+#[derive(Clone, Debug)]
+pub struct ContentEntry {
+    pub loc: Location,
+    pub refs: u32,
+    pub readers: u32,
+    /// Failed verification: kept only until its last reader unpins; never deduped onto.
+    pub poisoned: bool,
+}
+
+fn hash_content(hash: &ContentHash) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(hash) as u32
+}
+
+#[derive(Default)]
+pub(crate) struct ContentArena {
+    records: Vec<ContentRecord>,
+    free: Option<u32>,
+    len: usize,
+    table: IdTable,
+    readers: HashMap<u32, u32>,
+    shared: HashMap<u32, u32>,
+    wide: HashMap<u32, Location>,
+}
+
+impl ContentArena {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        self.records.capacity() * size_of::<ContentRecord>()
+            + self.table.heap_bytes()
+            + (self.readers.capacity() + self.shared.capacity()) * 9
+            + self.wide.capacity() * (4 + size_of::<Location>() + 1)
+    }
+
+    pub fn reserve(&mut self, additional: usize) {
+        super::arena::reserve(&mut self.records, self.len, additional);
+        if self.table.full_for(self.len + additional) {
+            self.rebuild_table(self.len + additional);
+        }
+    }
+
+    fn rebuild_table(&mut self, len: usize) {
+        let live = self.records.iter().enumerate().filter(|(_, r)| r.flags & FREE_MARK == 0);
+        let ids: Vec<(u32, u32)> = live.map(|(i, r)| (hash_content(&r.hash), i as u32)).collect();
+        self.table.rebuild(len, ids.into_iter());
+    }
+
+    pub fn prefetch(&self, hash: &ContentHash) {
+        self.table.prefetch(hash_content(hash));
+    }
+
+    pub fn find(&self, hash: &ContentHash) -> Option<u32> {
+        self.table.find(hash_content(hash), |id| self.records[id as usize].hash == *hash)
+    }
+
+    pub fn hash(&self, id: u32) -> ContentHash {
+        self.records[id as usize].hash
+    }
+
+    pub fn loc(&self, id: u32) -> Location {
+        let r = &self.records[id as usize];
+        if r.flags & WIDE != 0 {
+            if let Some(loc) = self.wide.get(&id) {
+                return loc.clone();
+            }
+        }
+        Location {
+            dir: r.dir as u16,
+            offset: r.page as u64 * PAGE as u64,
+            stored_len: r.stored_len as u64,
+            raw_len: r.raw_len as u64,
+            compressed: r.flags & COMPRESSED != 0,
+            seq: r.seq_lo as u64 | (r.seq_hi as u64) << 32,
+        }
+    }
+
+    pub fn entry(&self, id: u32) -> ContentEntry {
+        let r = &self.records[id as usize];
+        ContentEntry {
+            loc: self.loc(id),
+            refs: self.refs(id),
+            readers: self.readers(id),
+            poisoned: r.flags & POISONED != 0,
+        }
+    }
+
+    pub fn refs(&self, id: u32) -> u32 {
+        let flags = self.records[id as usize].flags;
+        if flags & SHARED != 0 {
+            self.shared.get(&id).copied().unwrap_or(0)
+        } else {
+            (flags & ONE_REF != 0) as u32
+        }
+    }
+
+    pub fn readers(&self, id: u32) -> u32 {
+        if self.readers.is_empty() {
+            return 0;
+        }
+        self.readers.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Add content `hash` (absent) at `loc`, with no keys yet; returns its id.
+    pub fn add(&mut self, hash: ContentHash, loc: &Location) -> u32 {
+        if self.table.full_for(self.len + 1) {
+            self.rebuild_table(self.len + 1 + self.len / 4);
+        }
+        let fits = loc.offset % PAGE as u64 == 0 && loc.seq >> 48 == 0 && loc.dir <= u8::MAX as u16;
+        let packed = fits.then(|| {
+            Some((
+                u32::try_from(loc.offset / PAGE as u64).ok()?,
+                u32::try_from(loc.stored_len).ok()?,
+                u32::try_from(loc.raw_len).ok()?,
+            ))
+        });
+        let (page, stored_len, raw_len, wide) = match packed.flatten() {
+            Some((p, s, r)) => (p, s, r, 0),
+            None => (0, 0, 0, WIDE),
+        };
+        let record = ContentRecord {
+            hash,
+            page,
+            stored_len,
+            raw_len,
+            seq_lo: loc.seq as u32,
+            seq_hi: (loc.seq >> 32) as u16,
+            dir: loc.dir as u8,
+            flags: if loc.compressed { COMPRESSED } else { 0 } | wide,
+        };
+        let id = super::arena::place(&mut self.records, &mut self.free, record, |r| r.page);
+        if wide != 0 {
+            self.wide.insert(id, loc.clone());
+        }
+        self.table.insert_new(hash_content(&hash), id);
+        self.len += 1;
+        id
+    }
+
+    fn set_refs(&mut self, id: u32, refs: u32) {
+        let flags = &mut self.records[id as usize].flags;
+        *flags &= !(ONE_REF | SHARED);
+        match refs {
+            0 => {}
+            1 => *flags |= ONE_REF,
+            _ => *flags |= SHARED,
+        }
+        if refs > 1 {
+            self.shared.insert(id, refs);
+        } else if !self.shared.is_empty() {
+            self.shared.remove(&id);
+        }
+    }
+
+    pub fn add_ref(&mut self, id: u32) {
+        self.set_refs(id, self.refs(id) + 1);
+    }
+
+    pub fn drop_ref(&mut self, id: u32) {
+        self.set_refs(id, self.refs(id).saturating_sub(1));
+    }
+
+    pub fn pin(&mut self, id: u32) {
+        *self.readers.entry(id).or_insert(0) += 1;
+    }
+
+    pub fn unpin(&mut self, id: u32) {
+        if let Some(n) = self.readers.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                self.readers.remove(&id);
+            }
+        }
+    }
+
+    pub fn poison(&mut self, id: u32) {
+        self.records[id as usize].flags |= POISONED;
+    }
+
+    /// Forget content `id` (live); returns where it was.
+    pub fn remove(&mut self, id: u32) -> Location {
+        let loc = self.loc(id);
+        let hash = self.records[id as usize].hash;
+        let records = &self.records;
+        self.table.remove(hash_content(&hash), id, |i| hash_content(&records[i as usize].hash));
+        self.wide.remove(&id);
+        self.readers.remove(&id);
+        self.shared.remove(&id);
+        let r = &mut self.records[id as usize];
+        r.flags = FREE_MARK;
+        r.page = self.free.unwrap_or(NIL);
+        self.free = Some(id);
+        self.len -= 1;
+        loc
+    }
+}
+
+/// `flags` of a record on the free list.
+const FREE_MARK: u8 = 0x80;
+
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 36);

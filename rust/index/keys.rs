@@ -1,0 +1,260 @@
+//! The keys of the index, packed: one fixed 48-byte record per key in a flat arena, found
+//! through an `IdTable` of u32 ids, kept in eviction order by u32 links.
+//!
+//! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
+//! namespace prefix, variant) and the engine's block hash (32 bytes for sha256). Heads are
+//! interned once in a small table and a record holds a u16 head id and the hash inline, so the
+//! full key is rebuilt from head + tail whenever it is needed (`keys()`, evicted keys, journal
+//! records). Keys of any other shape (shorter, longer, or past the head table's limit) keep
+//! their bytes in a side map: slower and bigger, never refused.
+
+use std::collections::HashMap;
+
+use super::arena::NIL;
+use super::probe::IdTable;
+
+/// Bytes of the interned head: rank tag (4) + namespace prefix (16) + variant (8).
+pub const HEAD_LEN: usize = 28;
+/// Longest tail held inline (a sha256 block hash).
+pub const TAIL_MAX: usize = 32;
+/// `tail_len` of a record whose key lives in the side map.
+const SPILLED: u8 = u8::MAX;
+/// Heads beyond this many go to the side map (keys not shaped like the connector's).
+const MAX_HEADS: usize = u16::MAX as usize;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct KeyRecord {
+    tail: [u8; TAIL_MAX],
+    content: u32,
+    /// Eviction order (towards the front / the back); the free list reuses `next`.
+    prev: u32,
+    next: u32,
+    head: u16,
+    tail_len: u8,
+}
+
+const EMPTY: KeyRecord =
+    KeyRecord { tail: [0; TAIL_MAX], content: NIL, prev: NIL, next: NIL, head: 0, tail_len: 0 };
+
+fn hash_key(key: &[u8]) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(key) as u32
+}
+
+fn hash_parts(
+    records: &[KeyRecord],
+    heads: &[[u8; HEAD_LEN]],
+    spilled: &HashMap<u32, Box<[u8]>>,
+    id: u32,
+) -> u32 {
+    let r = &records[id as usize];
+    if r.tail_len == SPILLED {
+        return spilled.get(&id).map_or(0, |k| hash_key(k));
+    }
+    let mut buf = [0u8; HEAD_LEN + TAIL_MAX];
+    let n = HEAD_LEN + r.tail_len as usize;
+    buf[..HEAD_LEN].copy_from_slice(&heads[r.head as usize]);
+    buf[HEAD_LEN..n].copy_from_slice(&r.tail[..r.tail_len as usize]);
+    hash_key(&buf[..n])
+}
+
+#[derive(Default)]
+pub(crate) struct KeyArena {
+    records: Vec<KeyRecord>,
+    free: Option<u32>,
+    len: usize,
+    table: IdTable,
+    heads: Vec<[u8; HEAD_LEN]>,
+    head_ids: HashMap<[u8; HEAD_LEN], u16>,
+    /// The head used last: nearly every key of a batch (or a replay) shares it.
+    last_head: u16,
+    spilled: HashMap<u32, Box<[u8]>>,
+    front: Option<u32>,
+    back: Option<u32>,
+}
+
+impl KeyArena {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes held (capacities; allocator bookkeeping estimated for the side maps).
+    pub fn nbytes(&self) -> usize {
+        use std::mem::size_of;
+        let map_entry = |k: usize, v: usize| k + v + 1;
+        let spilled: usize = self.spilled.values().map(|k| k.len().div_ceil(16) * 16 + 16).sum();
+        self.records.capacity() * size_of::<KeyRecord>()
+            + self.table.heap_bytes()
+            + self.heads.capacity() * HEAD_LEN
+            + self.head_ids.capacity() * map_entry(HEAD_LEN, 2)
+            + self.spilled.capacity() * map_entry(4, size_of::<Box<[u8]>>())
+            + spilled
+    }
+
+    /// Room for `additional` more keys without growing the arena or the table.
+    pub fn reserve(&mut self, additional: usize) {
+        super::arena::reserve(&mut self.records, self.len, additional);
+        if self.table.full_for(self.len + additional) {
+            self.rebuild_table(self.len + additional);
+        }
+    }
+
+    fn rebuild_table(&mut self, len: usize) {
+        let mut table = IdTable::default();
+        let live: Vec<u32> = self.order().collect();
+        table.rebuild(len, live.iter().map(|&id| (self.hash_of(id), id)));
+        self.table = table;
+    }
+
+    fn matches(&self, id: u32, key: &[u8]) -> bool {
+        let r = &self.records[id as usize];
+        if r.tail_len == SPILLED {
+            return self.spilled.get(&id).is_some_and(|k| **k == *key);
+        }
+        let t = r.tail_len as usize;
+        key.len() == HEAD_LEN + t
+            && r.tail[..t] == key[HEAD_LEN..]
+            && self.heads[r.head as usize] == key[..HEAD_LEN]
+    }
+
+    /// Write the key of `id` into `out` (cleared first).
+    pub fn key_into(&self, id: u32, out: &mut Vec<u8>) {
+        out.clear();
+        let r = &self.records[id as usize];
+        if r.tail_len == SPILLED {
+            out.extend_from_slice(self.spilled.get(&id).map_or(&[][..], |k| k));
+        } else {
+            out.extend_from_slice(&self.heads[r.head as usize]);
+            out.extend_from_slice(&r.tail[..r.tail_len as usize]);
+        }
+    }
+
+    pub fn key(&self, id: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEAD_LEN + TAIL_MAX);
+        self.key_into(id, &mut out);
+        out
+    }
+
+    fn hash_of(&self, id: u32) -> u32 {
+        hash_parts(&self.records, &self.heads, &self.spilled, id)
+    }
+
+    pub fn prefetch(&self, key: &[u8]) {
+        self.table.prefetch(hash_key(key));
+    }
+
+    pub fn find(&self, key: &[u8]) -> Option<u32> {
+        self.table.find(hash_key(key), |id| self.matches(id, key))
+    }
+
+    pub fn content(&self, id: u32) -> u32 {
+        self.records[id as usize].content
+    }
+
+    fn head_id(&mut self, head: &[u8]) -> Option<u16> {
+        let head: [u8; HEAD_LEN] = head.try_into().ok()?;
+        if self.heads.get(self.last_head as usize) == Some(&head) {
+            return Some(self.last_head);
+        }
+        if let Some(&id) = self.head_ids.get(&head) {
+            self.last_head = id;
+            return Some(id);
+        }
+        if self.heads.len() >= MAX_HEADS {
+            return None;
+        }
+        let id = self.heads.len() as u16;
+        self.heads.push(head);
+        self.head_ids.insert(head, id);
+        Some(id)
+    }
+
+    /// Add `key` (absent) mapped to `content`, at the back of the order; returns its id.
+    pub fn insert(&mut self, key: &[u8], content: u32) -> u32 {
+        if self.table.full_for(self.len + 1) {
+            self.rebuild_table(self.len + 1 + self.len / 4);
+        }
+        let mut r = KeyRecord { content, ..EMPTY };
+        let packed = (HEAD_LEN..=HEAD_LEN + TAIL_MAX)
+            .contains(&key.len())
+            .then(|| self.head_id(&key[..HEAD_LEN]))
+            .flatten();
+        match packed {
+            Some(head) => {
+                let t = key.len() - HEAD_LEN;
+                r.head = head;
+                r.tail_len = t as u8;
+                r.tail[..t].copy_from_slice(&key[HEAD_LEN..]);
+            }
+            None => r.tail_len = SPILLED,
+        }
+        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.next);
+        if r.tail_len == SPILLED {
+            self.spilled.insert(id, key.into());
+        }
+        self.table.insert_new(hash_key(key), id);
+        self.len += 1;
+        self.link_back(id);
+        id
+    }
+
+    /// Forget key `id` (live).
+    pub fn remove(&mut self, id: u32) {
+        let hash = self.hash_of(id);
+        let KeyArena { records, heads, spilled, table, .. } = self;
+        table.remove(hash, id, |i| hash_parts(records, heads, spilled, i));
+        self.unlink(id);
+        if self.records[id as usize].tail_len == SPILLED {
+            self.spilled.remove(&id);
+        }
+        self.records[id as usize] = KeyRecord { next: self.free.unwrap_or(NIL), ..EMPTY };
+        self.free = Some(id);
+        self.len -= 1;
+    }
+
+    fn link_back(&mut self, id: u32) {
+        let r = &mut self.records[id as usize];
+        r.prev = self.back.unwrap_or(NIL);
+        r.next = NIL;
+        match self.back {
+            Some(b) => self.records[b as usize].next = id,
+            None => self.front = Some(id),
+        }
+        self.back = Some(id);
+    }
+
+    fn unlink(&mut self, id: u32) {
+        let KeyRecord { prev, next, .. } = self.records[id as usize];
+        match prev {
+            NIL => self.front = (next != NIL).then_some(next),
+            p => self.records[p as usize].next = next,
+        }
+        match next {
+            NIL => self.back = (prev != NIL).then_some(prev),
+            n => self.records[n as usize].prev = prev,
+        }
+    }
+
+    /// Move `id` to the back of the order (hottest).
+    pub fn move_to_back(&mut self, id: u32) {
+        if self.back != Some(id) {
+            self.unlink(id);
+            self.link_back(id);
+        }
+    }
+
+    /// The coldest key's id.
+    pub fn front(&self) -> Option<u32> {
+        self.front
+    }
+
+    /// Ids from coldest to hottest.
+    pub fn order(&self) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(self.front, |&id| {
+            let next = self.records[id as usize].next;
+            (next != NIL).then_some(next)
+        })
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 48);

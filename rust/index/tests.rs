@@ -1,0 +1,141 @@
+use super::*;
+
+fn loc(offset: u64, len: u64) -> Location {
+    Location { dir: 0, offset, stored_len: len, raw_len: len, compressed: false, seq: 1 }
+}
+
+/// A key shaped like the connector's: 28-byte head `h`, 32-byte block hash from `i`.
+fn packed_key(h: u8, i: u32) -> Vec<u8> {
+    let mut k = vec![h; keys::HEAD_LEN];
+    k.extend_from_slice(&[0xAB; 28]);
+    k.extend_from_slice(&i.to_le_bytes());
+    k
+}
+
+#[test]
+fn dedup_refcounts_free_at_zero() {
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    assert_eq!(ix.insert(b"a", [1; 16], &loc(4096, 8192)), None);
+    assert_eq!(ix.insert(b"b", [1; 16], &loc(999, 8192)), None);
+    assert_eq!(ix.content_count(), 1);
+    assert_eq!(ix.logical_bytes(), 16384);
+    assert_eq!(ix.physical_bytes(), 3 * 4096);
+    assert_eq!(ix.remove(b"a"), None);
+    let f = ix.remove(b"b").expect("last ref frees");
+    assert_eq!(f, FreedExtent { dir: 0, first_page: 1, pages: 3 });
+    assert_eq!(ix.physical_bytes(), 0);
+}
+
+#[test]
+fn pinned_content_is_freed_by_the_last_reader() {
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    ix.insert(b"a", [2; 16], &loc(8192, 4096));
+    ix.pin(&[2; 16]);
+    assert_eq!(ix.remove(b"a"), None);
+    assert!(ix.unpin(&[2; 16]).is_some());
+}
+
+#[test]
+fn lru_and_fifo_orders() {
+    for (policy, expect) in [(EvictionPolicy::Lru, b"b"), (EvictionPolicy::Fifo, b"a")] {
+        let mut ix = Index::new(policy);
+        ix.insert(b"a", [1; 16], &loc(4096, 4096));
+        ix.insert(b"b", [2; 16], &loc(12288, 4096));
+        ix.touch(b"a");
+        assert_eq!(ix.victim().unwrap(), expect.to_vec());
+    }
+}
+
+#[test]
+fn remap_releases_old_content() {
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    ix.insert(b"k", [1; 16], &loc(4096, 4096));
+    let f = ix.insert(b"k", [2; 16], &loc(12288, 4096));
+    assert_eq!(f.map(|f| f.first_page), Some(1));
+    assert_eq!(ix.len(), 1);
+    assert_eq!(ix.lookup(b"k").unwrap().0, [2; 16]);
+}
+
+#[test]
+fn packed_and_spilled_keys_come_back_whole_in_order() {
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut expect: Vec<Vec<u8>> = Vec::new();
+    for i in 0..300u32 {
+        // Connector-shaped keys under two heads, a short tail, and keys of no such shape.
+        let key = match i % 4 {
+            0 => packed_key(1, i),
+            1 => packed_key(2, i),
+            2 => [&[1; keys::HEAD_LEN][..], &i.to_le_bytes()].concat(),
+            _ => format!("odd-{i}").into_bytes(),
+        };
+        let mut hash = [0u8; 16];
+        hash[..4].copy_from_slice(&i.to_le_bytes());
+        ix.insert(&key, hash, &loc(4096 * (1 + 2 * i as u64), 100));
+        expect.push(key);
+    }
+    // Take every third key out and touch some of the rest: freed records are reused below.
+    for (i, key) in expect.clone().iter().enumerate() {
+        if i % 3 == 0 {
+            assert!(ix.remove(key).is_some());
+        }
+    }
+    expect = expect.into_iter().enumerate().filter(|(i, _)| i % 3 != 0).map(|(_, k)| k).collect();
+    let touched = expect.remove(7);
+    ix.touch(&touched);
+    expect.push(touched);
+    let again = packed_key(3, 9999);
+    ix.insert(&again, [0xEE; 16], &loc(4096 * 1000, 100));
+    expect.push(again);
+    let got: Vec<Vec<u8>> = ix.keys_in_order().map(|(k, _)| k).collect();
+    assert_eq!(got, expect);
+    for key in &expect {
+        assert!(ix.contains(key), "{key:?}");
+    }
+    assert!(!ix.contains(&packed_key(1, 0)));
+    assert_eq!(ix.victim(), Some(expect[0].clone()));
+}
+
+#[test]
+fn wide_locations_round_trip() {
+    let mut ix = Index::new(EvictionPolicy::Fifo);
+    let far = Location {
+        dir: 3,
+        offset: 1 << 46,
+        stored_len: 5 << 32,
+        raw_len: 6 << 32,
+        compressed: true,
+        seq: 1 << 40,
+    };
+    ix.insert(b"far", [9; 16], &far);
+    assert_eq!(ix.lookup(b"far").unwrap().1.loc, far);
+    let late =
+        Location { dir: 300, offset: 8192, stored_len: 10, raw_len: 10, compressed: false, seq: 1 << 50 };
+    ix.insert(b"late", [8; 16], &late);
+    assert_eq!(ix.lookup(b"late").unwrap().1.loc, late);
+    let near = Location {
+        dir: 255,
+        offset: 4096,
+        stored_len: 10,
+        raw_len: 10,
+        compressed: false,
+        seq: (1 << 48) - 1,
+    };
+    ix.insert(b"near", [7; 16], &near);
+    assert_eq!(ix.lookup(b"near").unwrap().1.loc, near);
+    assert_eq!(ix.remove(b"late").map(|f| f.dir), Some(300));
+    assert_eq!(ix.remove(b"far").map(|f| f.first_page), Some((1 << 46) / PAGE as u64));
+}
+
+#[test]
+fn connector_keys_cost_under_100_bytes_each() {
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    let n = 50_000u32;
+    ix.reserve(n as usize);
+    for i in 0..n {
+        let mut hash = [0u8; 16];
+        hash[..4].copy_from_slice(&i.to_le_bytes());
+        ix.insert(&packed_key(1, i), hash, &loc(4096 * (1 + 2 * i as u64), 100));
+    }
+    let per_key = ix.nbytes() as f64 / n as f64;
+    assert!(per_key < 100.0, "{per_key:.1} bytes per key");
+}
