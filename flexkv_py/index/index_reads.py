@@ -37,6 +37,9 @@ class IndexReads:
         self._heads: HeadMap[Entry] = HeadMap()  # what `readable_hashes` reads
         self._by_head = self._heads.by_head
         self._policy = eviction or LRUPolicy()
+        # Chain parent -> how many of its children hold a host copy (index_core.py: a parent
+        # with a count is no chain tail, so never evictable).
+        self._children: dict[bytes, int] = {}
         self.num_host_slots = num_host_slots
         self._garbage: dict[Tier, list[bytes]] = {}
         # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
