@@ -227,7 +227,8 @@ class CacheEngine:
             for start, end in bounds:
                 part = todo[start:end]
                 gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
-                job = self.manager.prepare_store([keys[i] for i in part], gpu)
+                parents = [keys[i - 1] if i else None for i in part]  # keys form a chain
+                job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
                 if job is not None:
                     fill = None
                     if pages is not None:

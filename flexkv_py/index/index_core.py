@@ -5,8 +5,10 @@ must outlive it: chains leave the host tier from their tail, as vLLM's own prefi
 blocks. Keys enter with an optional parent (`begin_host_fills(parents=...)`: consecutive keys of
 one request form a chain). While a block's host copy is held (filling, ready, evicting) and it
 has a parent, it is counted in `_children[parent]` and `Entry.parent` names that parent; a block
-with a count is never handed to the eviction policy, so the policy holds only chain tails and a
-victim is still chosen in O(1). The count drops when the child's host copy goes (evicted, failed
+with a count and no lower-tier copy is never handed to the eviction policy (leaving host would
+lose it while its child stays), so the policy holds only chain tails and blocks that stay cached
+below (a parent already written to the SSD may leave host first, it still matches), and a victim
+is still chosen in O(1). The count drops when the child's host copy goes (evicted, failed
 fill, reset): the parent becomes a tail and evictable. Only host copies are counted: cold blocks
 (lower-tier only, a digest in a BlockSet) keep no link at all, 0 extra bytes, and the lower
 tiers' own order (the native store's) decides what leaves them.
@@ -34,14 +36,17 @@ class IndexCore(IndexReads):
             return
         del self._children[parent]
         pe = self._entries.get(parent)
-        if pe is not None:
-            self._refresh(parent, pe)
+        if pe is not None and pe.evictable and not pe.lower and parent not in self._policy:
+            # The chain's new tail goes next (it was used with the child that just left).
+            self._policy.add_oldest(parent, pe.hits)
 
     def _link(self, e: Entry, parent: bytes) -> None:
         """The block (its host copy just begun) is `parent`'s child: the parent is no tail."""
         e.parent = parent
         self._children[parent] = self._children.get(parent, 0) + 1
-        self._policy.remove(parent)
+        pe = self._entries.get(parent)
+        if pe is None or not pe.lower:
+            self._policy.remove(parent)
 
     def _add(self, key: bytes, lower: int | None = None) -> Entry:
         """A new entry for `key`; a cold block becomes warm (its lower-tier bits move over)."""
@@ -69,7 +74,7 @@ class IndexCore(IndexReads):
                 self._ghost.popitem(last=False)
 
     def _refresh(self, key: bytes, e: Entry) -> None:
-        if e.evictable and key not in self._children:
+        if e.evictable and (e.lower or key not in self._children):
             if key not in self._policy:
                 self._policy.add(key, e.hits)
         else:
@@ -106,4 +111,3 @@ class IndexCore(IndexReads):
             self._heads.remove(key)
             if not e.stale:
                 self._remember_hits(key, e.hits)
-

@@ -112,7 +112,7 @@ class TierIndex(IndexCore):
                 e.pins -= 1
                 if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
                     # The common case (a loaded host block): it only becomes evictable again.
-                    if key not in self._policy and key not in self._children:
+                    if key not in self._policy and (e.lower or key not in self._children):
                         self._policy.add(key, e.hits)
                 else:
                     self._settle(key, e)
@@ -170,7 +170,7 @@ class TierIndex(IndexCore):
                     e.hits += 1
                 e.pins += 1
                 remove(key)  # pinned: not evictable (what _refresh does here)
-                if parent is not None and parent != key:
+                if parent is not None and parent != key and self.keep_chains:
                     self._link(e, parent)
 
     def commit_host_fill(self, key: bytes, ok: bool) -> bool:
@@ -196,7 +196,7 @@ class TierIndex(IndexCore):
                         readable.append(key)
                     if e.pins == 0 and not (e.stale or e.evicting):
                         # The common case (a stored block): it becomes evictable, nothing else.
-                        if key not in policy and key not in self._children:
+                        if key not in policy and (e.lower or key not in self._children):
                             policy.add(key, e.hits)
                         continue
                 else:
@@ -287,6 +287,7 @@ class TierIndex(IndexCore):
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
                         changed.append(key)
+                        self._refresh(key, e)  # a chain parent with a lower copy may leave host
                 elif e.lower & bit:
                     e.lower &= ~bit
                     changed.append(key)
