@@ -169,6 +169,7 @@ class CacheManager(StorePlanner, LoadPlanner):
             out["inflight_jobs"] = len(self._inflight)
             out["spilling_slots"] = self._spilling
             out["write_behind_pending_blocks"] = self.write_behind_pending()
+            out["write_behind_inflight_jobs"] = len(self._write_behind_jobs)
             wear = self._written_per_served()
             if wear is not None:  # SSD bytes written per byte it served
                 out[f"{(self.spill_tier or Tier.SSD).value}_written_per_served"] = round(wear, 3)

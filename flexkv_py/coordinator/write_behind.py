@@ -76,6 +76,13 @@ class WriteBehind(HostEviction):
             self._background.append(job)
             return job
 
+    def take_jobs_now(self, job: SpillJob) -> SpillJob:
+        """Hand `job` (from take_write_behind) to a caller that submits it at once, instead of
+        to the next `take_jobs`."""
+        with self._lock:
+            self._background.remove(job)
+            return job
+
     def _complete_write_behind(self, job: SpillJob, result: JobResult) -> None:
         self._write_behind_jobs.discard(job.job_id)
         for key in job.keys:
