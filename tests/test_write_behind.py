@@ -186,3 +186,13 @@ def test_a_stuck_write_behind_never_delays_a_load(
         assert eng.load_pages(more) == _pages(more)
         assert time.monotonic() - started < MARGIN_S
         _native.set_fault_delays(False)  # the device is fast again: the write completes
+
+
+def test_evicted_blocks_leave_the_write_behind_queue(tmp_path: Path) -> None:
+    mgr, _ = _manager(tmp_path, slots=4)
+    keys = _keys(mgr.namespace, 8)
+    _stored(mgr, keys[:4])
+    assert mgr.stats()["write_behind_pending_blocks"] == 4
+    _stored(mgr, keys[4:])  # evicts the first four (spilled inside the job)
+    assert mgr.stats()["write_behind_pending_blocks"] == 4  # only the ones still in host
+    assert all(mgr.index.readable_on(k, Tier.SSD) for k in keys[:4])
