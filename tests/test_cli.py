@@ -68,6 +68,13 @@ def check_replay_schema(r: dict[str, Any]) -> None:
     assert isinstance(r["dedup_ratio"], float) and r["dedup_ratio"] >= 1.0
     assert r["mismatches"] == 0  # every loaded block was bit-exact
     assert r["load_failures"] == 0
+    assert r["false_hits"] == r["load_failures"]
+    refs = r["references"]
+    assert len(refs) == 2 and all(0.0 <= v <= 1.0 for v in refs.values())
+    small, large = refs.values()  # GPU + SSD blocks, then every tier's blocks
+    assert small <= large
+    wear = r["ssd_written_per_served"]
+    assert wear is None or wear >= 0.0
 
 
 def trace_lines() -> list[dict[str, Any]]:
@@ -132,6 +139,18 @@ def test_replay_trace_then_inspect_and_verify(tmp_path: Path) -> None:
     assert listed == {k.hex() for k in victims}
     assert "2 corrupt blocks" in bad.stderr
     assert "clean, at" in bad.stdout
+
+
+def test_replay_trace_matches_the_gpu_plus_ssd_lru_with_write_behind() -> None:
+    # The vendored slice is 40 requests (104 distinct blocks), so the tiers are scaled down
+    # from the 1000/2000/8000 in the same 1:2:8 ratio.
+    sizes = ["--gpu-blocks", "10", "--cpu-blocks", "20", "--ssd-blocks", "80"]
+    r = one_json_line(cli("replay", "--trace", TRACE, "--json", *sizes, *SMALL_MODEL))
+    check_replay_schema(r)
+    first = next(iter(r["references"].values()))
+    assert r["hit_rate"] >= first - 1e-9, (r["hit_rate"], r["references"])
+    assert r["false_hits"] == 0
+    assert r["ssd_written_per_served"] is not None and r["ssd_written_per_served"] < 1.0
 
 
 def test_replay_without_ssd_tier_gets_no_ssd_hits() -> None:

@@ -109,7 +109,8 @@ def test_host_only_eviction_drops_lru(tmp_path: Path) -> None:
     with _engine(_config(tmp_path, 4), ns, 4, free_target=0) as eng:
         keys = _keys(ns, 6)
         pages = _pages(keys)
-        eng.store_pages(keys[:4], pages[:4])
+        for k, p in zip(keys[:4], pages[:4], strict=True):  # four unrelated blocks (no chain)
+            eng.store_pages([k], [p])
         assert eng.load_pages(keys[:1]) == pages[:1]  # block 0 is now most recently used
         assert eng.store_pages(keys[4:], pages[4:]).statuses == ("ok", "ok")
         assert eng.lookup(keys[:1]) == 1
@@ -125,7 +126,8 @@ def test_host_only_eviction_drops_lru(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- SSD tier
 def test_eviction_cascade_host_to_ssd_and_reload(tmp_path: Path) -> None:
     ns = _ns()
-    with _engine(_config(tmp_path, 8, 64), ns, 8) as eng:
+    # The eviction path alone (no write-behind): blocks reach the SSD as they leave host.
+    with _engine(_config(tmp_path, 8, 64, write_behind_lag_s=0), ns, 8) as eng:
         keys = _keys(ns, 24)
         pages = _pages(keys)
         assert eng.store_pages(keys, pages).ok
@@ -535,7 +537,7 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
 
 def test_events_carry_engine_block_hashes(tmp_path: Path) -> None:
     ns = _ns()
-    cfg = _config(tmp_path, 2, 16)
+    cfg = _config(tmp_path, 2, 16, write_behind_lag_s=0)  # the spill announces the SSD copy
     with _engine(cfg, ns, 2, free_target=0) as eng:
         hashes = [f"e{i}".encode().ljust(32, b"_") for i in range(3)]
         keys = ns.keys(hashes)

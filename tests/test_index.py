@@ -374,6 +374,7 @@ class _M:
     pins: int = 0
     hits: int = 0
     stale: bool = False
+    parent: bytes | None = None  # chain parent, linked while the host copy is held
 
 
 # Logical-key shaped (24-byte head + 32-byte hash, two heads) so the index's per-head map of
@@ -395,6 +396,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         self.free = SLOTS
         self.ghost: dict[bytes, int] = {}
         self.garbage: dict[Tier, list[bytes]] = {}
+        self.tier_lost: set[bytes] = set()  # lost a lower copy by its tier's word (set_present)
 
     # -- model helpers
     def _settle(self, key: bytes) -> None:
@@ -405,7 +407,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         if e.stale and e.pins == 0 and e.host != "evicting":
             if e.host == "ready":
                 self.free += 1
-                e.host, e.slot = "none", None
+                e.host, e.slot, e.parent = "none", None, None
             for tier in e.lower:
                 self.garbage.setdefault(tier, []).append(key)
             e.lower.clear()
@@ -415,7 +417,14 @@ class TierIndexMachine(RuleBasedStateMachine):
                 self.ghost[key] = e.hits
 
     def _evictable(self) -> set[bytes]:
-        return {k for k, e in self.m.items() if e.host == "ready" and e.pins == 0 and not e.stale}
+        # Prefix-aware: a block with a linked (host-resident) child is no chain tail.
+        # A parent that has a lower-tier copy stays cached when it leaves host: evictable.
+        parents = {e.parent for e in self.m.values() if e.parent is not None}
+        return {
+            k
+            for k, e in self.m.items()
+            if e.host == "ready" and e.pins == 0 and not e.stale and (e.lower or k not in parents)
+        }
 
     def _new(self, key: bytes) -> _M:
         if key not in self.m:
@@ -442,6 +451,39 @@ class TierIndexMachine(RuleBasedStateMachine):
         self.free -= 1
         e.host, e.slot, e.pins, e.hits = "filling", slot, e.pins + 1, e.hits + 1
 
+    @precondition(
+        lambda self: (
+            self.free > 0 and any(e.host == "ready" and not e.stale for e in self.m.values())
+        )
+    )
+    @rule(data=st.data())
+    def begin_fill_child(self, data: st.DataObject) -> None:
+        """A chain's next block enters the host tier under a parent whose copy is ready."""
+        parent = data.draw(
+            st.sampled_from(self._where(lambda e: e.host == "ready" and not e.stale))
+        )
+        fresh = [k for k in KEYS if k != parent and (k not in self.m or self.m[k].host == "none")]
+        fresh = [k for k in fresh if k not in self.m or not self.m[k].stale]
+        if not fresh:
+            return
+        key = data.draw(st.sampled_from(fresh))
+        (slot,) = self.idx.allocate_slots(1)
+        self.idx.begin_host_fill(key, slot, parent=parent)
+        e = self._new(key)
+        self.free -= 1
+        e.host, e.slot, e.pins, e.hits = "filling", slot, e.pins + 1, e.hits + 1
+        e.parent = parent
+
+    @invariant()
+    def every_cached_child_has_its_parent_cached(self) -> None:
+        for key, e in self.m.items():
+            if e.parent is not None and e.host in ("ready", "evicting") and not e.stale:
+                if e.parent in self.tier_lost:
+                    continue  # the lower tier's own eviction: not the host tier's order
+                p = self.m[e.parent]
+                assert p.host == "ready" or p.lower
+                assert len(self.idx.match([e.parent, key])) == 2
+
     @precondition(lambda self: any(e.host == "filling" for e in self.m.values()))
     @rule(data=st.data(), ok=st.booleans())
     def commit_fill(self, data: st.DataObject, ok: bool) -> None:
@@ -452,7 +494,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         if ok:
             e.host = "ready"
         else:
-            e.host, e.slot = "none", None
+            e.host, e.slot, e.parent = "none", None, None
             self.free += 1
         self._settle(key)
 
@@ -482,7 +524,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(self._where(lambda e: e.host == "evicting")))
         e = self.m[key]
         self.idx.finish_evict(key)
-        e.host = "releasing"  # freed now if unpinned, else by the last unpin
+        e.host, e.parent = "releasing", None  # freed now if unpinned, else by the last unpin
         self._settle(key)
 
     @precondition(lambda self: bool(self.m))
@@ -558,6 +600,7 @@ class TierIndexMachine(RuleBasedStateMachine):
             expect = e is not None and tier in e.lower
             if e is not None and tier in e.lower:
                 e.lower.discard(tier)
+                self.tier_lost.add(key)
                 self._settle(key)
         assert changed == ([key] if expect else [])
 
@@ -566,7 +609,7 @@ class TierIndexMachine(RuleBasedStateMachine):
         removed = {k for k, _ in self.idx.reset()}
         expect = set()
         for k, e in list(self.m.items()):
-            e.stale = True
+            e.stale, e.parent = True, None
             if e.pins == 0 and e.host not in ("filling", "evicting") and not e.pending:
                 if e.slot is not None:
                     self.free += 1

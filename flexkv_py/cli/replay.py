@@ -21,6 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from flexkv_py.cli.model_shape import ModelShape
+from flexkv_py.cli.reference_lru import lru_hit_rate
 from flexkv_py.cli.sim_gpu import SimulatedGPU
 from flexkv_py.cli.workloads import Workload
 from flexkv_py.config import FlexKVConfig, load_config, resolve_config
@@ -105,6 +106,7 @@ class ReplayResult:
     ssd: dict[str, Any]
     manager: dict[str, Any]
     samples: list[Sample]
+    references: dict[str, float] = field(default_factory=dict)  # reference_lru.py
 
     @property
     def hits(self) -> int:
@@ -158,6 +160,15 @@ class ReplayResult:
             "ssd_logical_bytes": int(ssd.get("logical_bytes", 0)),
             "ssd_physical_bytes": int(ssd.get("physical_bytes", 0)),
             "load_failures": self.load_failures,
+            # Blocks the index promised that could not be loaded (recomputed): must be 0.
+            "false_hits": self.load_failures,
+            "references": self.references,
+            # SSD wear: bytes written to the SSD per byte it served (None: it served nothing).
+            "ssd_written_per_served": (
+                int(ssd.get("bytes_written", 0)) / int(ssd["bytes_read"])
+                if ssd.get("bytes_read")
+                else None
+            ),
             "mismatches": self.mismatches,
             "block_tokens": self.block_tokens,
             "page_bytes": self.page_bytes,
@@ -251,6 +262,14 @@ def replay(workload: Workload, opts: ReplayOptions) -> ReplayResult:
         result.ssd = {k: v for k, v in stats["executor"].get("ssd", {}).items()}
         result.manager = dict(stats["manager"])
         result.params = {"workload": workload.params, "model": asdict(opts.shape)}
+        reqs = [ns.keys(r.keys) for r in workload.requests]
+        ssd_n = ssd_blocks if config.ssd_enabled else 0
+        result.references = {
+            f"lru_gpu_ssd_{gpu_blocks + ssd_n}": lru_hit_rate(reqs, gpu_blocks + ssd_n),
+            f"lru_all_{gpu_blocks + cpu_blocks + ssd_n}": lru_hit_rate(
+                reqs, gpu_blocks + cpu_blocks + ssd_n
+            ),
+        }
         return result
 
 

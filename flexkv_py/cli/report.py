@@ -38,6 +38,9 @@ def to_text(result: ReplayResult) -> str:
         ),
         f"hit rate        {s['hit_rate']:.1%}  (GPU {hits['gpu']}, CPU {hits['cpu']}, "
         f"SSD {hits['ssd']} of {s['blocks']} blocks; {s['misses']} recomputed)",
+        "references      "
+        + ", ".join(f"{name} {rate:.1%}" for name, rate in s["references"].items())
+        + "  (one LRU of that many blocks)",
         f"per tier        GPU {s['hit_rate_by_tier']['gpu']:.1%}  CPU "
         f"{s['hit_rate_by_tier']['cpu']:.1%}  SSD {s['hit_rate_by_tier']['ssd']:.1%}",
         f"tokens saved    {s['tokens_saved']} of {s['prompt_tokens']} prompt tokens "
@@ -52,6 +55,12 @@ def to_text(result: ReplayResult) -> str:
         f"physical {_bytes(s['ssd_physical_bytes'])})",
         f"integrity       {s['mismatches']} loaded blocks differed from the stored KV; "
         f"{s['load_failures']} claimed blocks could not be loaded (recomputed)",
+        "SSD wear        "
+        + (
+            f"{s['ssd_written_per_served']:.2f} bytes written per byte served"
+            if s["ssd_written_per_served"] is not None
+            else "nothing served from the SSD"
+        ),
         f"time            {s['seconds']:.2f} s",
     ]
     return "\n".join(lines)

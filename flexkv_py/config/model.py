@@ -29,6 +29,8 @@ class FlexKVConfig:
     enable_gds: bool = False
     eviction_policy: EvictionPolicy = "lru"
     admission: str = "write_back"
+    write_behind_lag_s: float = 2.0
+    write_behind_mib_s: float = 256.0
     ssd_io_engine: IoEngine = "auto"
     iouring_entries: int = 512
     ssd_compression: Compression = "none"

@@ -131,7 +131,6 @@ class _Choice:
         return text
 
 
-
 @dataclass(frozen=True)
 class Field:
     key: str
@@ -156,6 +155,19 @@ FIELDS: tuple[Field, ...] = (
     Field("enable_gds", _as_bool, False, "GPU Direct Storage (FlexKV key; not supported: false)"),
     Field("eviction_policy", _Choice(*EVICTION_POLICIES), "lru", "host and SSD eviction"),
     Field("admission", _as_admission, "write_back", "host->SSD admission, see config/admission.py"),
+    Field(
+        "write_behind_lag_s",
+        _as_float,
+        2.0,
+        "host blocks reach the SSD in the background within about this lag (warm after a "
+        "restart or crash); 0 turns write-behind off (blocks reach the SSD only when evicted)",
+    ),
+    Field(
+        "write_behind_mib_s",
+        _as_float,
+        256.0,
+        "write-behind rate limit per rank in MiB/s, > 0 (loads and stores go first)",
+    ),
     Field("ssd_io_engine", _Choice(*SSD_IO_ENGINES), "auto", "SSD I/O engine"),
     Field("iouring_entries", _as_int, 512, "SSD queue depth (io_uring entries)"),
     Field("ssd_compression", _Choice(*SSD_COMPRESSIONS), "none", "SSD block compression"),

@@ -91,6 +91,14 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
         raise ConfigError(
             f"ssd_io_timeout_s: must be a finite number > 0, got {cfg.ssd_io_timeout_s}"
         )
+    if not (cfg.write_behind_lag_s >= 0 and math.isfinite(cfg.write_behind_lag_s)):
+        raise ConfigError(
+            f"write_behind_lag_s: must be a finite number >= 0, got {cfg.write_behind_lag_s}"
+        )
+    if not (cfg.write_behind_mib_s > 0 and math.isfinite(cfg.write_behind_mib_s)):
+        raise ConfigError(
+            f"write_behind_mib_s: must be a finite number > 0, got {cfg.write_behind_mib_s}"
+        )
     if not 1 <= cfg.zstd_level <= 22:
         raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
     parse_admission(cfg.admission)

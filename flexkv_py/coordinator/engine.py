@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,7 +228,8 @@ class CacheEngine:
             for start, end in bounds:
                 part = todo[start:end]
                 gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
-                job = self.manager.prepare_store([keys[i] for i in part], gpu)
+                parents = [keys[i - 1] if i else None for i in part]  # keys form a chain
+                job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
                 if job is not None:
                     fill = None
                     if pages is not None:
@@ -304,6 +306,23 @@ class CacheEngine:
         while self._wait_background():
             pass
 
+    def flush_write_behind(self, timeout_s: float = 5.0) -> int:
+        """Best effort, at most `timeout_s`: write every host block still owed to the SSD
+        (shutdown; ignores the write-behind rate). Returns how many are still owed."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            job = self.manager.take_write_behind(drain=True)
+            if job is None:
+                break
+            handle = self.executor.submit(self.manager.take_jobs_now(job))
+            try:
+                result = handle.wait(left)
+            except TimeoutError:
+                break  # still running: shutdown leaves it to finish (or time out) on its own
+            if self.executor.wait([job.job_id]):
+                self.manager.complete(result)
+        return self.manager.write_behind_pending()
+
     def reset(self) -> None:
         """Forget every block, host and lower tiers (e.g. new weights under the same model name)."""
         drop = self.manager.reset()
@@ -315,8 +334,10 @@ class CacheEngine:
         self._pump()
         return {"manager": self.manager.stats(), "executor": self.executor.stats()}
 
-    def close(self) -> None:
+    def close(self, flush_timeout_s: float = 5.0) -> None:
+        """Finish background jobs, write what the SSD is still owed (bounded), shut down."""
         self.flush()
+        self.flush_write_behind(flush_timeout_s)
         self.executor.shutdown()
 
     def __enter__(self) -> CacheEngine:

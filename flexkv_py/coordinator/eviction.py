@@ -24,6 +24,7 @@ class HostEviction(ManagerState):
             victim = self.index.begin_evict()
             if victim is None:
                 break
+            self._left_host(victim.key)
             if self._needs_spill(victim):
                 chained.append(victim)
                 self.index.finish_evict(victim.key)  # pending lower write only: not readable
@@ -66,8 +67,14 @@ class HostEviction(ManagerState):
         self._event("removed", v.key, Tier.HOST)
         self._stats["host_evicted_blocks"] += 1
 
+    def _left_host(self, key: bytes) -> None:
+        """A victim owes write-behind nothing any more: eviction spills or drops it."""
+        if self._write_behind is not None:
+            self._write_behind.discard(key)
+
     def _evict(self, v: Victim) -> None:
         """Background eviction: spill (slot freed when the SpillJob completes) or drop."""
+        self._left_host(v.key)
         if self._needs_spill(v):
             self._spill_batch.append(v)
             self._spilling += 1

@@ -57,6 +57,7 @@ class CacheManager(StorePlanner, LoadPlanner):
         """Background jobs (spills, lower-tier deletes) for every worker, in creation order."""
         with self._lock:
             self._flush_spills()
+            self.take_write_behind()  # only when nothing else is queued (write_behind.py)
             jobs, self._background = self._background, []
             return jobs
 
@@ -74,7 +75,10 @@ class CacheManager(StorePlanner, LoadPlanner):
                 self._complete_chained(job, result)
                 self._complete_load(job, result, self._load_plans.pop(job.job_id))
             elif isinstance(job, SpillJob):
-                self._complete_spill(job, result)
+                if job.job_id in self._write_behind_jobs:
+                    self._complete_write_behind(job, result)
+                else:
+                    self._complete_spill(job, result)
             for tier, keys in result.evicted.items():
                 for key in self.index.set_present(keys, tier, False):
                     self._event("removed", key, tier)
@@ -133,6 +137,8 @@ class CacheManager(StorePlanner, LoadPlanner):
         deletes (one job: every key on every tier it names)."""
         with self._lock:
             removed = self.index.reset()
+            if self._write_behind is not None:
+                self._write_behind.clear()
             drop: list[bytes] = []
             tiers: set[Tier] = set()
             # Newest first (insertion order reversed): a chain's blocks mostly leave from its
@@ -162,6 +168,11 @@ class CacheManager(StorePlanner, LoadPlanner):
             out["host_slots"] = self.num_host_slots
             out["inflight_jobs"] = len(self._inflight)
             out["spilling_slots"] = self._spilling
+            out["write_behind_pending_blocks"] = self.write_behind_pending()
+            out["write_behind_inflight_jobs"] = len(self._write_behind_jobs)
+            wear = self._written_per_served()
+            if wear is not None:  # SSD bytes written per byte it served
+                out[f"{(self.spill_tier or Tier.SSD).value}_written_per_served"] = round(wear, 3)
             return out
 
     def close(self) -> None:

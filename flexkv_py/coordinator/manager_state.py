@@ -17,6 +17,7 @@ from typing import Literal
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.jobs import Job
 from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
@@ -66,12 +67,25 @@ class ManagerState:
             if num_host_slots is not None
             else (host_slots_for(config, namespace, page_bytes))
         )
-        self.index = TierIndex(
-            slots, make_eviction_policy(config.eviction_policy), usable_host_slots=usable_host_slots
-        )
         self.admission = AdmissionPolicy(config.admission_spec)
         # The lower tier that blocks leaving the host tier are written to (None: none exists).
         self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
+        # Prefix-aware host eviction matters where a victim can be dropped: no spill tier, or an
+        # admission filter that leaves some victims out. Otherwise every victim stays
+        # matchable from the spill tier and the policy's own order is kept.
+        keep_chains = self.spill_tier is None or config.admission_spec.min_hits > 1
+        self.index = TierIndex(
+            slots,
+            make_eviction_policy(config.eviction_policy),
+            usable_host_slots=usable_host_slots,
+            keep_chains=keep_chains,
+        )
+        # Host blocks owed to the spill tier in the background (write_behind.py); None: off.
+        self._write_behind: WriteBehindQueue | None = None
+        if self.spill_tier is not None and config.write_behind_lag_s > 0:
+            rate = config.write_behind_mib_s * (1 << 20) / max(1, page_bytes)
+            self._write_behind = WriteBehindQueue(config.write_behind_lag_s, rate)
+        self._write_behind_jobs: set[int] = set()  # in flight (one at a time)
         self._free_target = min(slots, math.ceil(free_target * slots))
         self._lock = threading.RLock()
         self._ids = itertools.count(1)

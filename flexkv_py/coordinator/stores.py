@@ -1,36 +1,58 @@
 """Store planning: which blocks of a request get fresh host slots, and which lower tiers they are
 copied to at store time (write-through, per the admission policy); applying the store's result.
 Keys already cached or in flight are skipped; when every slot is pinned, a store is cut at the
-end (the earliest blocks of a prefix are the valuable ones)."""
+end (the earliest blocks of a prefix are the valuable ones).
+
+A store's keys form a chain (vLLM stores a request's consecutive blocks): key i's parent is key
+i-1 unless `parents` says otherwise. The index keeps a parent while its child is cached
+(prefix-aware eviction, index/index_core.py), so making room for a block never evicts its own
+parent, and a block whose parent is in no tier is not stored (no prefix match could reach it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flexkv_py.coordinator.eviction import HostEviction
 from flexkv_py.coordinator.jobs import JobResult, StoreJob
+from flexkv_py.coordinator.write_behind import WriteBehind
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 
-class StorePlanner(HostEviction):
+class StorePlanner(WriteBehind):
     def prepare_store(
-        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        *,
+        parents: Sequence[bytes | None] | None = None,
     ) -> StoreJob | None:
         """A job copying the not-yet-cached blocks into fresh host slots (and, write-through, to
         the spill tier). Keys already cached or in flight are skipped; None when nothing is left
-        to do."""
+        to do. `parents[i]`: key i's chain parent (None: a chain's first block); default: key
+        i-1 (the first key has none)."""
         if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
+        if parents is None:
+            parents = [None, *keys[:-1]]
+        elif len(parents) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
         with self._lock:
+            known = self.index.known
             todo: list[int] = []
             seen: set[bytes] = set()
             for i, key in enumerate(keys):
-                if key in seen or self.index.known(key):
+                if key in seen or known(key):
                     self._stats["store_skipped_cached"] += 1
+                    continue
+                parent = parents[i]
+                if parent is not None and parent not in seen and not known(parent):
+                    self._stats["store_skipped_orphan"] += 1  # unreachable by a prefix match
                     continue
                 seen.add(key)
                 todo.append(i)
+            # Parents outside this job are pinned while slots are taken: never their victims.
+            outside = list({p: 0 for i in todo if (p := parents[i]) is not None and p not in seen})
+            self.index.pin(outside)
             chained: list[Victim] = []
             slots = self._take_slots(len(todo), chained) if todo else []
             if len(slots) < len(todo):
@@ -38,7 +60,11 @@ class StorePlanner(HostEviction):
                 todo = todo[: len(slots)]
             job = None
             if todo:
-                self.index.begin_host_fills([keys[i] for i in todo], slots)
+                self.index.begin_host_fills(
+                    [keys[i] for i in todo], slots, parents=[parents[i] for i in todo]
+                )
+            self.index.unpin(outside)
+            if todo:
                 job = StoreJob(
                     job_id=next(self._ids),
                     keys=tuple(keys[i] for i in todo),
@@ -83,6 +109,7 @@ class StorePlanner(HostEviction):
         readable = self.index.commit_host_fills(job.keys, oks)
         for key in readable:
             self._event("stored", key, Tier.HOST)
+        self._queue_write_behind(readable)
         num_ok = sum(oks)
         self._stats["stored_blocks"] += num_ok
         self._stats["store_failed_blocks"] += len(job.keys) - num_ok

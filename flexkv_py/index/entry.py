@@ -45,6 +45,7 @@ class Entry:
     pins: int = 0
     hits: int = 0
     stale: bool = False  # dropped by reset() while in use: never readable again
+    parent: bytes | None = None  # while the host copy is held: the chain parent counting it
 
     @property
     def host_readable(self) -> bool:

@@ -28,15 +28,23 @@ class IndexReads:
         eviction: EvictionPolicy | None = None,
         ghost_capacity: int | None = None,
         usable_host_slots: int | None = None,
+        *,
+        keep_chains: bool = True,
     ) -> None:
         """`usable_host_slots`: how many leading slots may be handed out now (default all); a
-        pool prepared in the background grows it with `grow_usable_slots`."""
+        pool prepared in the background grows it with `grow_usable_slots`. `keep_chains`: host
+        eviction goes tail-first along chains (index_core.py); False where every victim is
+        written to a lower tier anyway (it stays matchable), so plain policy order is best."""
         self._slots = HostSlots(num_host_slots, usable_host_slots)
         self._lock = threading.Lock()
         self._entries: dict[bytes, Entry] = {}
         self._heads: HeadMap[Entry] = HeadMap()  # what `readable_hashes` reads
         self._by_head = self._heads.by_head
         self._policy = eviction or LRUPolicy()
+        # Chain parent -> how many of its children hold a host copy (index_core.py: a parent
+        # with a count is no chain tail, so never evictable).
+        self._children: dict[bytes, int] = {}
+        self.keep_chains = keep_chains
         self.num_host_slots = num_host_slots
         self._garbage: dict[Tier, list[bytes]] = {}
         # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
@@ -145,6 +153,14 @@ class IndexReads:
                 return copy.copy(e)
             mask = self._cold.mask(key)
             return Entry(lower=mask, hits=self._ghost.get(key, 0)) if mask else None
+
+    def host_slot_of(self, key: bytes) -> int | None:
+        """The slot of the key's readable host copy that is not leaving (None if none is)."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or not e.host_ready or e.stale or e.evicting:
+                return None
+            return e.host_slot
 
     def hits(self, key: bytes) -> int:
         with self._lock:

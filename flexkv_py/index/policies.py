@@ -21,6 +21,11 @@ class EvictionPolicy(ABC):
     def add(self, key: Hashable, freq: int = 1) -> None:
         """Make `key` evictable; `freq` is its access count so far (LFU uses it)."""
 
+    def add_oldest(self, key: Hashable, freq: int = 1) -> None:
+        """`add`, placed to go before the others of its rank (a chain's parent that became its
+        tail when its child was evicted: they were used together, it is next)."""
+        self.add(key, freq)
+
     @abstractmethod
     def touch(self, key: Hashable) -> None:
         """`key` was accessed (no-op if absent)."""
@@ -49,6 +54,10 @@ class LRUPolicy(EvictionPolicy):
     def add(self, key: Hashable, freq: int = 1) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
+
+    def add_oldest(self, key: Hashable, freq: int = 1) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key, last=False)
 
     def touch(self, key: Hashable) -> None:
         if key in self._order:
@@ -105,6 +114,10 @@ class LFUPolicy(EvictionPolicy):
         f = max(1, min(freq, self.MAX_FREQ))
         self._freq[key] = f
         self._buckets[f][key] = None
+
+    def add_oldest(self, key: Hashable, freq: int = 1) -> None:
+        self.add(key, freq)
+        self._buckets[self._freq[key]].move_to_end(key, last=False)
 
     def touch(self, key: Hashable) -> None:
         f = self._freq.get(key)

@@ -41,83 +41,21 @@ from collections.abc import Iterable, Sequence
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.index_reads import IndexReads
+from flexkv_py.index.index_core import IndexCore
 from flexkv_py.index.tier_names import Tier
 
 __all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-class TierIndex(IndexReads):
-    """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads).
+class TierIndex(IndexCore):
+    """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads,
+    the helpers they share: IndexCore).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
     held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
     garbage (failed fills, finished evictions, reset of blocks that were in use) are queued and
     handed to the manager by `take_garbage`.
     """
-
-    # --- internal helpers (lock held) ---
-    def _add(self, key: bytes, lower: int | None = None) -> Entry:
-        """A new entry for `key`; a cold block becomes warm (its lower-tier bits move over)."""
-        if lower is None:
-            lower = self._cold.take(key)
-        e = self._entries[key] = Entry(hits=self._ghost.pop(key, 0), lower=lower)
-        self._heads.add(key, e)
-        return e
-
-    def _get(self, key: bytes) -> Entry:
-        """The key's entry, warming a cold block; IndexStateError for an unknown key."""
-        e = self._entries.get(key)
-        if e is None:
-            lower = self._cold.take(key)
-            if not lower:
-                raise IndexStateError(f"unknown key {key.hex()}")
-            e = self._add(key, lower)
-        return e
-
-    def _remember_hits(self, key: bytes, hits: int) -> None:
-        if self._ghost_capacity > 0:
-            self._ghost[key] = hits
-            self._ghost.move_to_end(key)
-            while len(self._ghost) > self._ghost_capacity:
-                self._ghost.popitem(last=False)
-
-    def _refresh(self, key: bytes, e: Entry) -> None:
-        if e.evictable:
-            if key not in self._policy:
-                self._policy.add(key, e.hits)
-        else:
-            self._policy.remove(key)
-
-    def _settle(self, key: bytes, e: Entry) -> None:
-        """Release what an entry no longer needs, then drop the entry if nothing is left."""
-        if e.releasing and e.pins == 0:
-            assert e.host_slot is not None
-            self._slots.give(e.host_slot)
-            e.host_slot, e.releasing = None, False
-        if e.stale and e.pins == 0 and not e.evicting:
-            if e.host_slot is not None and e.host_ready:
-                self._slots.give(e.host_slot)
-                e.host_slot, e.host_ready = None, False
-            for tier in tiers_of(e.lower):
-                self._garbage.setdefault(tier, []).append(key)
-            e.lower = 0
-        self._refresh(key, e)
-        if e.pins or e.host_slot is not None or e.pending:
-            return
-        if e.lower and not e.stale and len(key) > HEAD_LEN:
-            # Only lower-tier copies left and nothing in flight: the block turns cold.
-            self._policy.remove(key)
-            del self._entries[key]
-            self._heads.remove(key)
-            self._cold.add(key, e.lower)
-            self._remember_hits(key, e.hits)
-        elif not e.lower:
-            self._policy.remove(key)
-            del self._entries[key]
-            self._heads.remove(key)
-            if not e.stale:
-                self._remember_hits(key, e.hits)
 
     def acquire(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[Located]:
         """`match` and pin the matched keys in one step, so none can be evicted in between.
@@ -174,7 +112,7 @@ class TierIndex(IndexReads):
                 e.pins -= 1
                 if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
                     # The common case (a loaded host block): it only becomes evictable again.
-                    if key not in self._policy:
+                    if key not in self._policy and (e.lower or key not in self._children):
                         self._policy.add(key, e.hits)
                 else:
                     self._settle(key, e)
@@ -197,17 +135,30 @@ class TierIndex(IndexReads):
             self._slots.give_back(slots)
 
     # --- host copy lifecycle ---
-    def begin_host_fill(self, key: bytes, slot: int, *, count_access: bool = True) -> None:
-        """A job starts writing the key's page into `slot` (from allocate_slots); pins the key."""
-        self.begin_host_fills((key,), (slot,), count_access=count_access)
+    def begin_host_fill(
+        self, key: bytes, slot: int, *, count_access: bool = True, parent: bytes | None = None
+    ) -> None:
+        """A job starts writing the key's page into `slot` (from allocate_slots); pins the key.
+        `parent`: the block before it in its chain (kept cached while this one is)."""
+        self.begin_host_fills((key,), (slot,), count_access=count_access, parents=(parent,))
 
     def begin_host_fills(
-        self, keys: Sequence[bytes], slots: Sequence[int], *, count_access: bool = True
+        self,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        *,
+        count_access: bool = True,
+        parents: Sequence[bytes | None] | None = None,
     ) -> None:
-        """`begin_host_fill` for many keys under one lock (a store's blocks)."""
+        """`begin_host_fill` for many keys under one lock (a store's blocks); `parents[i]`:
+        key i's chain parent or None (default: no links)."""
         with self._lock:
             entries, remove = self._entries, self._policy.remove
-            for key, slot in zip(keys, slots, strict=True):
+            if parents is None:
+                parents = (None,) * len(keys)
+            elif len(parents) != len(keys):
+                raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
+            for key, slot, parent in zip(keys, slots, parents, strict=True):
                 e = entries.get(key)
                 if e is None:
                     e = self._add(key)
@@ -219,6 +170,8 @@ class TierIndex(IndexReads):
                     e.hits += 1
                 e.pins += 1
                 remove(key)  # pinned: not evictable (what _refresh does here)
+                if parent is not None and parent != key and self.keep_chains:
+                    self._link(e, parent)
 
     def commit_host_fill(self, key: bytes, ok: bool) -> bool:
         """End a fill and unpin; a failed fill frees its slot. True if the copy is readable."""
@@ -243,12 +196,13 @@ class TierIndex(IndexReads):
                         readable.append(key)
                     if e.pins == 0 and not (e.stale or e.evicting):
                         # The common case (a stored block): it becomes evictable, nothing else.
-                        if key not in policy:
+                        if key not in policy and (e.lower or key not in self._children):
                             policy.add(key, e.hits)
                         continue
                 else:
                     self._slots.give(e.host_slot)
                     e.host_slot = None
+                    self._unlink(e)
                 self._settle(key, e)
         return readable
 
@@ -272,6 +226,7 @@ class TierIndex(IndexReads):
             if e is None or not e.evicting or e.host_slot is None:
                 raise IndexStateError(f"key {key.hex()} is not being evicted")
             e.host_ready, e.evicting, e.releasing = False, False, True
+            self._unlink(e)  # no longer readable from host: its parent may be a tail now
             self._settle(key, e)
 
     # --- lower-tier copies ---
@@ -332,6 +287,7 @@ class TierIndex(IndexReads):
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
                         changed.append(key)
+                        self._refresh(key, e)  # a chain parent with a lower copy may leave host
                 elif e.lower & bit:
                     e.lower &= ~bit
                     changed.append(key)
@@ -349,8 +305,9 @@ class TierIndex(IndexReads):
             cold = self._cold
             removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
             cold.clear()
+            self._children.clear()
             for key, e in list(self._entries.items()):
-                e.stale = True
+                e.stale, e.parent = True, None
                 self._policy.remove(key)
                 if (
                     e.pins == 0
