@@ -8,7 +8,10 @@ vLLM's request lifecycle into manager calls and picklable jobs:
 - finish: GPU blocks stay allocated (delay_free) only while a store still reads them: until every
   rank reported the store's GPU->host copy ended (`gpu_read_done`), not until its SSD
   write-through is done; the manager still commits or fails the keys only from the job's results;
-- preemption: workers finish the stores of preempted requests before the blocks are reused.
+- preemption: workers finish the stores of preempted requests before the blocks are reused;
+- hybrid models (several KV cache groups): a hit is what every group can restore
+  (hybrid_hit.py), one job moves every group's blocks (group_plans.py), and stores reading
+  sliding-window blocks that vLLM hands out again are waited for (group_plans.ReuseFence).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from flexkv_py.integration.vllm.events import (
     BlockOrigins,
     to_vllm_events,
 )
+from flexkv_py.integration.vllm.group_plans import allocated_block_ids
+from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
@@ -110,6 +115,8 @@ class SchedulerSide:
         self._variants = AdapterVariants()
         # Keys per request, kept across its scheduling attempts (vLLM asks every step).
         self._keys = RequestKeys(self._ns)
+        # Hybrid models: one namespace (and key memo) per KV cache group.
+        self._hybrid = HybridPlan(info.groups, self._bs) if info.hybrid else None
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
@@ -124,15 +131,21 @@ class SchedulerSide:
         if first >= len(hashes):
             return 0, False
         variant = self._variants.variant(request.lora_request)
-        hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
+        if self._hybrid is not None:
+            hit = self._hybrid.hit(request, first, variant, self._mgr.readable_hashes)
+        else:
+            hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
             return 0, False
         loading = self._loading_keys
         if loading:
-            keys = self._keys.keys(request, variant, first + hit)
-            if any(k in loading for k in keys[first : first + hit]):
+            if self._hybrid is not None:
+                keys = self._hybrid.prefix_keys(request, variant, first, first + hit)
+            else:
+                keys = self._keys.keys(request, variant, first + hit)[first : first + hit]
+            if any(k in loading for k in keys):
                 # Another request is loading this prefix: wait, then take it from the GPU cache.
                 return None, False
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
@@ -151,17 +164,24 @@ class SchedulerSide:
         local_tokens, _ = lookup
         first = local_tokens // self._bs
         count = -(-num_external_tokens // self._bs)
-        block_ids = tuple(blocks.get_block_ids()[0][first : first + count])
         variant = self._variants.variant(request.lora_request)
-        keys = tuple(self._keys.keys(request, variant, first + count)[first : first + count])
-        if len(block_ids) != count or len(keys) != count:
-            raise InternalStateError(
-                f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
+        if self._hybrid is not None:
+            keys, block_ids, n_full = self._hybrid.load(
+                request, variant, blocks.get_block_ids(), first, first + count, self._stats
             )
-        job = self._mgr.prepare_load(list(keys), list(block_ids))
+        else:
+            block_ids = list(blocks.get_block_ids()[0][first : first + count])
+            keys = self._keys.keys(request, variant, first + count)[first : first + count]
+            n_full = count
+            if len(block_ids) != count or len(keys) != count:
+                raise InternalStateError(
+                    f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
+                )
+        job = self._mgr.prepare_load(keys, block_ids)
         self._stats.add("hit_blocks", count)
         self._add_tier_hits(job)
-        split = self._tokens_by_tier(job, count, num_external_tokens)
+        # Hit sources by tier from the first group's blocks (the hit's tokens, once).
+        split = self._tokens_by_tier(job, n_full, num_external_tokens)
         self._hit_sources[request.request_id] = split
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
@@ -201,6 +221,9 @@ class SchedulerSide:
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
         meta = FlexKVConnectorMetadata()
+        if self._hybrid is not None and len(self._hybrid.fence):
+            # Before this step's stores are planned: those read blocks computed this step.
+            meta.flush_job_ids = self._hybrid.fence.reading(allocated_block_ids(so))
         for req_id in so.preempted_req_ids or ():
             state = self._reqs.get(req_id)
             if state is not None:
@@ -223,14 +246,25 @@ class SchedulerSide:
             self._maybe_forget(req_id)
         return meta
 
-    def _plan_store(self, state: _RequestState, tokens_with_kv: int) -> None:
-        """Queue a store for the request's full blocks whose KV exists once the step ran."""
+    def _plan_store(
+        self,
+        state: _RequestState,
+        tokens_with_kv: int,
+        block_ids: tuple[list[int], ...] | None = None,
+    ) -> None:
+        """Queue a store for the request's full blocks whose KV exists once the step ran
+        (`block_ids`: the request's tables per group, the manager's when None)."""
         req = state.request
         full = min(tokens_with_kv // self._bs, len(req.block_hashes))
         start = state.planned_blocks
         if full <= start:
             return
         manager: KVCacheManager = self._get_kv_cache_manager()
+        if self._hybrid is not None:
+            state.planned_blocks = full
+            tables = block_ids or manager.get_block_ids(req.request_id)
+            self._plan_hybrid_store(state, start, full, tables, self._hybrid)
+            return
         block_ids = manager.get_block_ids(req.request_id)[0]
         hashes = req.block_hashes[start:full]
         gpu_ids = list(block_ids[start:full])
@@ -244,6 +278,29 @@ class SchedulerSide:
             return
         if self._events_on:
             self._origins.remember_request(req, start, hashes, self._bs)
+        self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
+        state.store_jobs.add(job.job_id)
+        self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
+
+    def _plan_hybrid_store(
+        self,
+        state: _RequestState,
+        start: int,
+        full: int,
+        tables: tuple[list[int], ...],
+        hybrid: HybridPlan,
+    ) -> None:
+        req = state.request
+        variant = self._variants.variant(req.lora_request)
+        keys, gpu_ids, sliding, groups = hybrid.store(req, variant, tables, start, full)
+        job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
+        if job is None:
+            return
+        for g in groups:
+            self._stats.add(f"group{g}_store_blocks", 1)
+        if self._events_on:
+            self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
+        hybrid.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in sliding))
         self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
@@ -290,7 +347,11 @@ class SchedulerSide:
     def _gpu_read_done(self, info: _JobInfo) -> None:
         """Every rank's GPU->host copy of a store ended: its request's blocks are not read any
         more (the job may still write to SSD; the manager hears of it from the results)."""
-        if info.kind != "store" or info.req_id is None:
+        if info.kind != "store":
+            return
+        if self._hybrid is not None:
+            self._hybrid.fence.done(info.job_id)
+        if info.req_id is None:
             return
         state = self._reqs.get(info.req_id)
         if state is None:
@@ -300,6 +361,8 @@ class SchedulerSide:
 
     def _finish_job(self, job_id: int, info: _JobInfo) -> None:
         del self._jobs[job_id]
+        if self._hybrid is not None:
+            self._hybrid.fence.done(job_id)
         merged = JobResult.merge(info.results)
         if info.kind != "drop":  # deletes are fire-and-forget for the manager
             self._mgr.complete(merged)
@@ -325,17 +388,23 @@ class SchedulerSide:
         self._maybe_forget(info.req_id)
 
     # ---------------------------------------------------------------- request end
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, None]:
+        """`block_ids`: the request's blocks per KV cache group."""
         state = self._reqs.get(request.request_id)
         self._lookups.pop(request.request_id, None)
         self._keys.forget(request.request_id)
+        if self._hybrid is not None:
+            self._hybrid.forget(request.request_id)
         self._hit_sources.pop(request.request_id, None)
         if state is None:
             return False, None
         state.finished = True
         if self._info.can_store and not state.loading:
             # Blocks whose hash became known only now (the last decode tokens).
-            self._plan_store(state, request.num_computed_tokens)
+            tables = block_ids if self._hybrid is not None else None
+            self._plan_store(state, request.num_computed_tokens, tables)
         if state.loading:
             # vLLM frees the blocks when the load reports finished_recving.
             return True, None
