@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,3 +252,67 @@ def test_hybrid_corrupt_ssd_fails_request_via_failed_recving(
     assert not e2.mismatches()
     vh.assert_no_leaks(e2)
     e2.shutdown()
+
+
+# ----------------------------------------------------------------------------- reuse fence
+def test_swa_block_reused_while_store_pending_is_flushed(
+    hybrid_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flexkv_py.integration.vllm import worker_side
+
+    # 29 usable blocks for a 15-block prompt in 64-token chunks: the sliding group frees blocks
+    # out of the window while A prefills and vLLM hands them out again (A's own next chunk),
+    # while every GPU->host copy is held back (a stuck copy engine, as in
+    # test_vllm_flush_timeout). The fence makes the worker wait for the stores reading them,
+    # then abandon them: a late copy of a rewritten block is never committed.
+    monkeypatch.setattr(worker_side, "FLUSH_TIMEOUT_S", 0.05)
+    e = engine(hybrid_dir, HOST, num_blocks=30, max_model_len=256, max_num_batched_tokens=64)
+    prompt = vh.prompt_tokens(8, 15 * BS)
+    gate = threading.Event()
+    e.workers[0].connector.worker_side.executor.transfer._executors["d2h"].submit(gate.wait)
+    try:
+        a = e.add(vh.make_request("A", prompt, max_tokens=3))
+        e.run_until(prompt_done(a))
+        assert stat_total(e, "flush_timeouts") >= 1, "no store was fenced"
+    finally:
+        gate.set()
+    e.run()
+    assert stat_total(e, "store_abandoned_jobs") >= 1
+    e.reset_gpu_prefix_cache()
+    e.add(vh.make_request("B", prompt, max_tokens=3))
+    e.run()
+    assert e.outputs["B"] == e.outputs["A"]
+    assert not e.mismatches()  # nothing B loaded came from a rewritten block
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+# ----------------------------------------------------------------------------- refused kinds
+def test_mamba_group_is_refused_by_name() -> None:
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+
+    from flexkv_py.index.namespace import Namespace
+    from flexkv_py.integration.vllm.engine_info import UnsupportedKVCacheError, read_groups
+
+    mamba = MambaSpec(
+        shapes=((2, 8), (16, 4)),
+        dtypes=(torch.bfloat16, torch.bfloat16),
+        block_size=BS,
+        mamba_type="mamba1",
+    )
+    attn = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
+    cfg = KVCacheConfig(
+        num_blocks=8,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["m0"], mamba), KVCacheGroupSpec(["a1"], attn)],
+    )
+    base = Namespace(
+        model="jamba", revision=None, kv_dtype="bf16", kv_layout="LBNHC", block_size=BS
+    )
+    with pytest.raises(UnsupportedKVCacheError, match=r"kv_cache_groups\[0\].*Mamba"):
+        read_groups(cfg, base)

@@ -145,7 +145,7 @@ def read_engine_info(
     base = Namespace(
         model=override or str(model_config.model),
         revision=None if override else model_config.revision,
-        kv_dtype=kv_cache_format(cache_config, spec.dtype),
+        kv_dtype=kv_cache_format(cache_config, getattr(spec, "dtype", None)),
         kv_layout=str(layout),
         block_size=int(spec.block_size),
         tp_size=int(parallel.tensor_parallel_size),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from flexkv_py.index.namespace import PREFIX_LEN
 from flexkv_py.integration.vllm.group_plans import (
     ReuseFence,
     Target,
@@ -29,6 +30,7 @@ class HybridPlan:
         self.groups = tuple(groups)
         self._bs = block_size
         self._keys = [RequestKeys(g.namespace) for g in self.groups]
+        self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
         self.fence = ReuseFence()
 
     def forget(self, req_id: str) -> None:
@@ -81,11 +83,19 @@ class HybridPlan:
         tables: Sequence[Sequence[int]],
         start: int,
         stop: int,
-    ) -> tuple[list[bytes], list[int], set[int], list[int]]:
-        """(keys, GPU block ids, sliding-window block ids, group per block) of the blocks
-        [start, stop) each group still holds (out-of-window blocks are null: vLLM freed them)."""
+    ) -> tuple[list[bytes], list[int], set[int]]:
+        """(keys, GPU block ids, sliding-window block ids) of the blocks [start, stop) each group
+        still holds (out-of-window blocks are null: vLLM freed them)."""
         targets = store_targets(self.groups, tables, start, stop)
         hashes = request.block_hashes
         keys = [self.groups[g].namespace.key(hashes[i], variant) for g, i, _ in targets]
         sliding = {b for g, _, b in targets if self.groups[g].kind == "sliding"}
-        return keys, [b for _, _, b in targets], sliding, [g for g, _, _ in targets]
+        return keys, [b for _, _, b in targets], sliding
+
+    def planned_store(self, job: Any, sliding: set[int], stats: FlexKVConnectorStats) -> None:
+        """A store job was made: fence its sliding-window blocks, count its blocks per group."""
+        self.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in sliding))
+        for key in job.keys:
+            gid = self._group_of.get(key[:PREFIX_LEN])
+            if gid is not None:
+                stats.add(f"group{gid}_store_blocks", 1)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import CacheManager, JobResult
@@ -31,6 +30,7 @@ from flexkv_py.integration.vllm.events import (
     to_vllm_events,
 )
 from flexkv_py.integration.vllm.group_plans import allocated_block_ids
+from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
 from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.metadata import (
@@ -39,6 +39,7 @@ from flexkv_py.integration.vllm.metadata import (
     JobEntry,
 )
 from flexkv_py.integration.vllm.request_keys import RequestKeys
+from flexkv_py.integration.vllm.request_state import JobInfo, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
@@ -52,30 +53,6 @@ if TYPE_CHECKING:
     from flexkv_py.config import FlexKVConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _RequestState:
-    request: Request
-    # Leading blocks already handed to the store planner (stored, in flight, or skipped).
-    planned_blocks: int = 0
-    # Store jobs that still read GPU blocks this request holds (on some rank).
-    store_jobs: set[int] = field(default_factory=set)
-    load_job: int | None = None
-    # Between the async-load answer and the request's finished_recving (vLLM's view).
-    loading: bool = False
-    finished: bool = False
-
-
-@dataclass
-class _JobInfo:
-    job_id: int
-    req_id: str | None
-    kind: str
-    keys: tuple[bytes, ...]
-    results: list[Any] = field(default_factory=list)
-    # Ranks whose GPU->host copy of this store ended (counted like results: one per rank).
-    gpu_read_ranks: int = 0
 
 
 class SchedulerSide:
@@ -96,13 +73,13 @@ class SchedulerSide:
             config, self._ns, info.page_bytes, usable_host_slots=0 if background else None
         )
         self._ready_slots: dict[tuple[int, int], int] = {}
-        self._reqs: dict[str, _RequestState] = {}
+        self._reqs: dict[str, RequestState] = {}
         # req_id -> (local tokens given to the lookup, hit blocks): remembered between
         # get_num_new_matched_tokens and update_state_after_alloc.
         self._lookups: dict[str, tuple[int, int]] = {}
         # req_id -> tokens of its external hit per tier, for vLLM's hit-source metrics.
         self._hit_sources: dict[str, dict[Tier, int]] = {}
-        self._jobs: dict[int, _JobInfo] = {}
+        self._jobs: dict[int, JobInfo] = {}
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
@@ -179,44 +156,25 @@ class SchedulerSide:
                 )
         job = self._mgr.prepare_load(keys, block_ids)
         self._stats.add("hit_blocks", count)
-        self._add_tier_hits(job)
+        add_tier_hits(self._stats, job)
         # Hit sources by tier from the first group's blocks (the hit's tokens, once).
-        split = self._tokens_by_tier(job, n_full, num_external_tokens)
+        split = tokens_by_tier(job, n_full, num_external_tokens, self._bs)
         self._hit_sources[request.request_id] = split
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
         else:
-            self._jobs[job.job_id] = _JobInfo(job.job_id, request.request_id, "load", keys)
+            self._jobs[job.job_id] = JobInfo(job.job_id, request.request_id, "load", tuple(keys))
             state.load_job = job.job_id
             for k in keys:
                 self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
         state.loading = True
-        self._step_jobs.append(JobEntry(request.request_id, "load", job, block_ids))
+        self._step_jobs.append(JobEntry(request.request_id, "load", job, tuple(block_ids)))
         # Loaded blocks are already in our tiers: the store planner starts after them.
         state.planned_blocks = max(state.planned_blocks, first + count)
-
-    def _tokens_by_tier(self, job: Any, count: int, num_tokens: int) -> dict[Tier, int]:
-        """The load's tokens split by the tier each block comes from (a Tier; blocks that
-        vanished count as HOST: they are recomputed, and vLLM wants the counts to add up)."""
-        tiers = list(getattr(job, "sources", None) or ()) or [Tier.HOST] * count
-        out: dict[Tier, int] = {}
-        for i, tier in enumerate(tiers[:count]):
-            tokens = max(0, min(self._bs, num_tokens - i * self._bs))
-            key = tier or Tier.HOST
-            out[key] = out.get(key, 0) + tokens
-        return {k: v for k, v in out.items() if v}
 
     def take_hit_sources(self, request: Request) -> dict[Tier, int] | None:
         """Tokens of this request's last external hit per tier (then forgotten)."""
         return self._hit_sources.pop(request.request_id, None)
-
-    def _add_tier_hits(self, job: Any) -> None:
-        tiers = getattr(job, "sources", None)
-        if not tiers:
-            return
-        for tier in tiers:
-            if tier is not None:
-                self._stats.add(f"hit_blocks_{tier.value}", 1)
 
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
@@ -248,7 +206,7 @@ class SchedulerSide:
 
     def _plan_store(
         self,
-        state: _RequestState,
+        state: RequestState,
         tokens_with_kv: int,
         block_ids: tuple[list[int], ...] | None = None,
     ) -> None:
@@ -260,48 +218,29 @@ class SchedulerSide:
         if full <= start:
             return
         manager: KVCacheManager = self._get_kv_cache_manager()
-        if self._hybrid is not None:
-            state.planned_blocks = full
-            tables = block_ids or manager.get_block_ids(req.request_id)
-            self._plan_hybrid_store(state, start, full, tables, self._hybrid)
-            return
-        block_ids = manager.get_block_ids(req.request_id)[0]
-        hashes = req.block_hashes[start:full]
-        gpu_ids = list(block_ids[start:full])
-        state.planned_blocks = full
-        if len(gpu_ids) != len(hashes):
-            logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
-            return
-        keys = self._ns.keys(hashes, self._variants.variant(req.lora_request))
-        job = self._mgr.prepare_store(keys, gpu_ids)
-        if job is None:
-            return
-        if self._events_on:
-            self._origins.remember_request(req, start, hashes, self._bs)
-        self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
-        state.store_jobs.add(job.job_id)
-        self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
-
-    def _plan_hybrid_store(
-        self,
-        state: _RequestState,
-        start: int,
-        full: int,
-        tables: tuple[list[int], ...],
-        hybrid: HybridPlan,
-    ) -> None:
-        req = state.request
         variant = self._variants.variant(req.lora_request)
-        keys, gpu_ids, sliding, groups = hybrid.store(req, variant, tables, start, full)
+        state.planned_blocks = full
+        sliding: set[int] = set()
+        if self._hybrid is not None:
+            tables = block_ids or manager.get_block_ids(req.request_id)
+            keys, gpu_ids, sliding = self._hybrid.store(req, variant, tables, start, full)
+        else:
+            gpu_ids = list(manager.get_block_ids(req.request_id)[0][start:full])
+            hashes = req.block_hashes[start:full]
+            if len(gpu_ids) != len(hashes):
+                logger.warning(
+                    "%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids)
+                )
+                return
+            keys = self._ns.keys(hashes, variant)
         job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
         if job is None:
             return
-        for g in groups:
-            self._stats.add(f"group{g}_store_blocks", 1)
         if self._events_on:
             self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
-        hybrid.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in sliding))
-        self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
+        if self._hybrid is not None:
+            self._hybrid.planned_store(job, sliding, self._stats)
+        self._jobs[job.job_id] = JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
 
@@ -341,10 +280,10 @@ class SchedulerSide:
 
     def _add_background(self, job: Any) -> None:
         """Spills and SSD deletes: no request, but spills must report back to free slots."""
-        self._jobs[job.job_id] = _JobInfo(job.job_id, None, str(job.kind), tuple(job.keys))
+        self._jobs[job.job_id] = JobInfo(job.job_id, None, str(job.kind), tuple(job.keys))
         self._step_jobs.append(JobEntry(None, "background", job))
 
-    def _gpu_read_done(self, info: _JobInfo) -> None:
+    def _gpu_read_done(self, info: JobInfo) -> None:
         """Every rank's GPU->host copy of a store ended: its request's blocks are not read any
         more (the job may still write to SSD; the manager hears of it from the results)."""
         if info.kind != "store":
@@ -359,7 +298,7 @@ class SchedulerSide:
         state.store_jobs.discard(info.job_id)
         self._maybe_forget(info.req_id)
 
-    def _finish_job(self, job_id: int, info: _JobInfo) -> None:
+    def _finish_job(self, job_id: int, info: JobInfo) -> None:
         del self._jobs[job_id]
         if self._hybrid is not None:
             self._hybrid.fence.done(job_id)
@@ -425,10 +364,10 @@ class SchedulerSide:
         ):
             del self._reqs[req_id]
 
-    def _state(self, request: Request) -> _RequestState:
+    def _state(self, request: Request) -> RequestState:
         state = self._reqs.get(request.request_id)
         if state is None or state.request is not request:
-            state = _RequestState(request)
+            state = RequestState(request)
             self._reqs[request.request_id] = state
         return state
 
