@@ -31,7 +31,7 @@ BS = 16
 
 
 def run(
-    model_dir: str, hma: bool, prefixes: int, blocks: int, memory_blocks: int
+    model_dir: str, hma: bool, prefixes: int, blocks: int, memory_blocks: int, tail: int
 ) -> dict[str, Any]:
     cfg = vh.make_vllm_config(model_dir, vh.connector_transfer_config(), disable_hma=not hma)
     # The same memory for both: HMA-on's block count at that memory, and what HMA off gets.
@@ -44,9 +44,11 @@ def run(
         hybrid=True,
         num_blocks=num_blocks,
         disable_hma=not hma,
-        max_model_len=blocks * BS + 16,
+        max_model_len=blocks * BS + 32,
     )
-    prompts = [vh.prompt_tokens(100 + i, blocks * BS) for i in range(prefixes)]
+    # `tail` tokens past the last full block (0: block-aligned prompts, where HMA on gives up
+    # the last block: its hit ends by (num_tokens - 1) // block_size).
+    prompts = [vh.prompt_tokens(100 + i, blocks * BS + tail) for i in range(prefixes)]
     for i, p in enumerate(prompts):
         e.add(vh.make_request(f"A{i}", p, max_tokens=2))
     e.run()
@@ -61,7 +63,7 @@ def run(
     # Prompt tokens round 2 did not recompute (FakeModel writes = recomputed + 1 decode token).
     written = e.workers[0].model.written
     recomputed = sum(written[f"B{i}"] - 1 for i in range(prefixes))
-    total = prefixes * blocks * BS
+    total = sum(len(p) for p in prompts)
     assert not e.mismatches()
     out = {
         "hma": hma,
@@ -80,12 +82,14 @@ def main() -> int:
     ap.add_argument("--prefixes", type=int, default=6)
     ap.add_argument("--blocks", type=int, default=24)
     ap.add_argument("--memory-blocks", type=int, default=256, help="HMA-on blocks of memory")
+    ap.add_argument("--tail", type=int, default=5, help="prompt tokens past the last block")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     model_dir = vh.hybrid_model_dir(Path(tempfile.mkdtemp(prefix="hma-bench-")))
     rows = [
-        run(model_dir, hma, args.prefixes, args.blocks, args.memory_blocks) for hma in (False, True)
+        run(model_dir, hma, args.prefixes, args.blocks, args.memory_blocks, args.tail)
+        for hma in (False, True)
     ]
     for r in rows:
         print(
