@@ -13,7 +13,6 @@ import pytest
 import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
-from flexkv_py.errors import ConfigError
 from flexkv_py.integration.vllm import FlexKVConnectorV1
 
 # Dynamo's disaggregated prefill worker, exactly as its recipe writes it.
@@ -51,7 +50,7 @@ def run_twice(e: vh.Engine, prompt: list[int], bs: int) -> None:
 
 # ------------------------------------------------------------------- Dynamo's PdConnector
 def pd_engine(model_dir: str, transfer: dict[str, Any] = PD_PREFILL, **kw: Any) -> vh.Engine:
-    # NIXL's CPU path wants blocks of 32 tokens; HMA off (see test_pd_with_hma_on_...).
+    # NIXL's CPU path wants blocks of 32 tokens; HMA off: this model has one group anyway.
     return vh.Engine(
         model_dir,
         json.loads(json.dumps(transfer)),
@@ -143,9 +142,29 @@ def test_pd_connector_preemption(model_dir: str, monkeypatch: pytest.MonkeyPatch
     e.shutdown()
 
 
-def test_pd_with_hma_on_is_a_clear_error(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # vLLM keeps HMA on for PdConnector (it subclasses MultiConnector under its own name) and
-    # then asserts in MultiConnector; we say which flag to add instead.
-    monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", "0.004")
-    with pytest.raises(ConfigError, match="--disable-hybrid-kv-cache-manager"):
-        vh.Engine(model_dir, json.loads(json.dumps(PD_PREFILL)), block_size=32, disable_hma=False)
+@pytest.mark.parametrize("wrapper", ["PdConnector", "MultiConnector"])
+def test_pd_connector_with_nixl_keeps_hma(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrapper: str
+) -> None:
+    # Both wrappers declare HMA only when every child does: with ours and NIXL's, vLLM keeps its
+    # hybrid KV cache manager on, and a sliding-window model stores and reloads through us.
+    monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", "0.01")
+    transfer = {"PdConnector": PD_PREFILL, "MultiConnector": MULTI_PREFILL}[wrapper]
+    e = vh.Engine(
+        vh.hybrid_model_dir(tmp_path),
+        json.loads(json.dumps(transfer)),
+        block_size=32,
+        num_blocks=64,
+        process_group=True,
+        hybrid=True,
+    )
+    assert e.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert len(e.kv_cache_config.kv_cache_groups) == 2
+    prompt = vh.prompt_tokens(304, 10 * 32)
+    run_twice(e, prompt, 32)
+    assert loaded(e, "B")
+    assert e.workers[0].model.written["B"] == 32 + 3  # the last block and the decode tokens
+    assert e.outputs["B"] == e.outputs["A"]
+    assert not e.mismatches()
+    vh.assert_no_leaks(e)
+    e.shutdown()

@@ -59,7 +59,11 @@ from vllm.distributed.utils import get_pp_indices
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.plugins import load_general_plugins
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+from vllm.v1.core.kv_cache_planning import (
+    get_global_kv_cache_groups,
+    get_kv_cache_config_from_groups,
+    get_kv_cache_configs,
+)
 from vllm.v1.core.kv_cache_utils import (
     generate_scheduler_kv_cache_config,
     get_request_block_hasher,
@@ -72,6 +76,8 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -107,12 +113,42 @@ TINY_CONFIG = {
 }
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
 
+# Hybrid models (vLLM's hybrid KV cache manager): a Gemma-3-shaped text model, 4 layers, the
+# odd ones sliding-window (explicit layer_types), planned by vLLM's own get_kv_cache_configs.
+WINDOW = 128
+HYBRID_LAYERS = 4
+GEMMA3_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": NUM_KV_HEADS,
+    "head_dim": HEAD_SIZE,
+    "num_hidden_layers": HYBRID_LAYERS,
+    "layer_types": ["full_attention", "sliding_attention"] * (HYBRID_LAYERS // 2),
+    "sliding_window": WINDOW,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "query_pre_attn_scalar": HEAD_SIZE,
+    "torch_dtype": "bfloat16",
+}
+HYBRID_MAX_MODEL_LEN = 512
+HYBRID_LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(HYBRID_LAYERS)]
+# layer index -> sliding window in tokens (0: full attention)
+HYBRID_WINDOWS = [WINDOW if i % 2 else 0 for i in range(HYBRID_LAYERS)]
+
 
 # ------------------------------------------------------------------------------------ configs
 @cache
 def _model_config(model_dir: str) -> ModelConfig:
     # Built once per process: ModelConfig parses the HF config (slow).
-    return ModelConfig(model=model_dir, dtype="float16", skip_tokenizer_init=True, seed=0)
+    # The config's own dtype (Gemma 3 refuses float16).
+    dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("torch_dtype")
+    return ModelConfig(model=model_dir, dtype=dtype or "float16", skip_tokenizer_init=True, seed=0)
 
 
 def tiny_model_dir(root: Path) -> str:
@@ -120,6 +156,49 @@ def tiny_model_dir(root: Path) -> str:
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(TINY_CONFIG))
     return str(d)
+
+
+def hybrid_model_dir(root: Path) -> str:
+    d = root / "tiny-gemma3"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(GEMMA3_CONFIG))
+    return str(d)
+
+
+def hybrid_layer_specs(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
+    """What each layer's Attention.get_kv_cache_spec returns for the Gemma-3-shaped model."""
+    bs = vllm_config.cache_config.block_size
+    heads = NUM_KV_HEADS // vllm_config.parallel_config.tensor_parallel_size
+    specs: dict[str, KVCacheSpec] = {}
+    for name, window in zip(HYBRID_LAYER_NAMES, HYBRID_WINDOWS, strict=True):
+        if window:
+            specs[name] = SlidingWindowSpec(
+                block_size=bs,
+                num_kv_heads=heads,
+                head_size=HEAD_SIZE,
+                dtype=torch.bfloat16,
+                sliding_window=window,
+            )
+        else:
+            specs[name] = FullAttentionSpec(
+                block_size=bs, num_kv_heads=heads, head_size=HEAD_SIZE, dtype=torch.bfloat16
+            )
+    return specs
+
+
+def plan_hybrid_kv_cache(vllm_config: VllmConfig, memory: int) -> KVCacheConfig:
+    """vLLM's engine-core planning (get_global_kv_cache_groups + get_kv_cache_configs) of the
+    hybrid model for `memory` bytes of KV cache: several groups with HMA on, one without."""
+    specs = hybrid_layer_specs(vllm_config)
+    groups = get_global_kv_cache_groups(vllm_config, [specs])
+    return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
+
+
+def hybrid_block_bytes(vllm_config: VllmConfig) -> int:
+    """Bytes one block id costs with HMA on: one page per layer slot (the largest group)."""
+    specs = hybrid_layer_specs(vllm_config)
+    page = next(iter(specs.values())).page_size_bytes
+    return page * (HYBRID_LAYERS // 2)
 
 
 def connector_transfer_config(
@@ -143,7 +222,7 @@ def connector_transfer_config(
 
 def make_vllm_config(
     model_dir: str,
-    transfer: dict[str, Any],
+    transfer: dict[str, Any] | None,
     *,
     block_size: int = 16,
     max_num_batched_tokens: int = 256,
@@ -175,7 +254,7 @@ def make_vllm_config(
             tensor_parallel_size=tp_size, pipeline_parallel_size=pp_size
         ),
         device_config=DeviceConfig("cpu"),
-        kv_transfer_config=KVTransferConfig(**transfer),
+        kv_transfer_config=KVTransferConfig(**transfer) if transfer is not None else None,
         kv_events_config=KVEventsConfig(**kv_events) if kv_events is not None else None,
     )
     # The CPU platform turns async scheduling off; a test asking for the CUDA default gets it.
@@ -189,11 +268,21 @@ def stage_layers(pp_rank: int, pp_size: int) -> list[int]:
     return list(range(start, end))
 
 
-def make_stage_kv_cache_configs(vllm_config: VllmConfig, num_blocks: int) -> list[KVCacheConfig]:
+def make_stage_kv_cache_configs(
+    vllm_config: VllmConfig, num_blocks: int, *, hybrid: bool = False
+) -> list[KVCacheConfig]:
     """One KVCacheConfig per PP stage, as vLLM's get_kv_cache_configs plans them: the groups of
     the whole model projected onto each stage's layers, every stage with the same num_blocks
-    (each stage's tensors are sized by its own layers)."""
+    (each stage's tensors are sized by its own layers). `hybrid`: the Gemma-3-shaped model
+    (one stage), with vLLM's own planning."""
     parallel = vllm_config.parallel_config
+    if hybrid:
+        assert parallel.pipeline_parallel_size == 1, "the hybrid model runs on one stage"
+        hma = not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+        per_block = hybrid_block_bytes(vllm_config) * (1 if hma else 2)
+        cfg = plan_hybrid_kv_cache(vllm_config, num_blocks * per_block)
+        assert cfg.num_blocks == num_blocks, (cfg.num_blocks, num_blocks)
+        return [cfg]
     spec = FullAttentionSpec(
         block_size=vllm_config.cache_config.block_size,
         num_kv_heads=NUM_KV_HEADS // parallel.tensor_parallel_size,
@@ -271,12 +360,16 @@ class FakeModel:
     rank: int
     kv_caches: dict[str, torch.Tensor]
     layers: list[int] = field(default_factory=lambda: list(range(NUM_LAYERS)))
+    # Hybrid model: names of all layers, each layer's KV cache group and sliding window.
+    names: Sequence[str] = tuple(LAYER_NAMES)
+    layer_group: dict[int, int] = field(default_factory=dict)  # layer -> group (0 if absent)
+    windows: Sequence[int] = ()  # layer -> sliding window in tokens (0 / absent: full)
     mismatches: list[str] = field(default_factory=list)
     written: dict[str, int] = field(default_factory=dict)  # req_id -> positions computed
     checked: dict[str, int] = field(default_factory=dict)  # req_id -> positions verified
 
     def expected(self, layer: int, digest: int) -> torch.Tensor:
-        cache = self.kv_caches[LAYER_NAMES[layer]]
+        cache = self.kv_caches[self.names[layer]]
         h, c = cache.shape[1], cache.shape[3]
         base = torch.arange(h * c, dtype=torch.int64).reshape(h, c)
         seed = digest ^ (layer * 0x9E3779B1) ^ (self.rank * 0x85EBCA77)
@@ -285,42 +378,70 @@ class FakeModel:
 
     def _slot(self, layer: int, block: int, offset: int) -> torch.Tensor:
         # [B, H, N, C] fp16 view -> int16 bits of one token slot: [H, C]
-        return self.kv_caches[LAYER_NAMES[layer]][block, :, offset, :].view(torch.int16)
+        return self.kv_caches[self.names[layer]][block, :, offset, :].view(torch.int16)
+
+    def _table(self, layer: int, tables: Sequence[Sequence[int]]) -> Sequence[int]:
+        return tables[self.layer_group.get(layer, 0)]
+
+    def _window(self, layer: int) -> int:
+        return self.windows[layer] if layer < len(self.windows) else 0
 
     def check(
-        self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], upto: int
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        upto: int,
+        *,
+        tables: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """KV of positions [0, upto) the next token reads: all of a full-attention layer's,
+        the last window - 1 of a sliding-window layer's (`tables`: per group, hybrid)."""
         digests = _prefix_digests(tokens[:upto])
         bs = self._block_size()
+        groups = tables if tables is not None else (block_ids,)
         for p in range(upto):
             for layer in self.layers:
-                got = self._slot(layer, block_ids[p // bs], p % bs)
+                window = self._window(layer)
+                if window and p < upto - window + 1:
+                    continue  # out of the window: vLLM freed the block
+                got = self._slot(layer, self._table(layer, groups)[p // bs], p % bs)
                 if not torch.equal(got, self.expected(layer, digests[p])):
                     self.mismatches.append(f"{req_id} pos {p} layer {layer} rank {self.rank}")
                     return
             self.checked[req_id] = self.checked.get(req_id, 0) + 1
 
     def write(
-        self, req_id: str, tokens: Sequence[int], block_ids: Sequence[int], start: int, end: int
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        start: int,
+        end: int,
+        *,
+        tables: Sequence[Sequence[int]] | None = None,
     ) -> None:
         digests = _prefix_digests(tokens[:end])
         bs = self._block_size()
+        groups = tables if tables is not None else (block_ids,)
         for p in range(start, end):
             for layer in self.layers:
-                self._slot(layer, block_ids[p // bs], p % bs).copy_(
+                self._slot(layer, self._table(layer, groups)[p // bs], p % bs).copy_(
                     self.expected(layer, digests[p])
                 )
         self.written[req_id] = self.written.get(req_id, 0) + (end - start)
 
-    def block_bits(self, block_id: int) -> list[torch.Tensor]:
-        """This rank's layers' bytes of one block (for bit-exact comparisons between requests)."""
+    def block_bits(self, block_id: int, group: int | None = None) -> list[torch.Tensor]:
+        """This rank's layers' bytes of one block (for bit-exact comparisons between requests);
+        `group`: only that KV cache group's layers (hybrid)."""
         return [
-            self.kv_caches[LAYER_NAMES[i]][block_id].contiguous().view(torch.int16).clone()
+            self.kv_caches[self.names[i]][block_id].contiguous().view(torch.int16).clone()
             for i in self.layers
+            if group is None or self.layer_group.get(i, 0) == group
         ]
 
     def _block_size(self) -> int:
-        return int(self.kv_caches[LAYER_NAMES[self.layers[0]]].shape[2])
+        return int(self.kv_caches[self.names[self.layers[0]]].shape[2])
 
 
 def sampled_token(tokens: Sequence[int]) -> int:
@@ -353,6 +474,7 @@ class StepRecord:
     finished_recving: set[str]
     invalid_block_ids: set[int]
     loaded_req_ids: set[str]
+    failed_recving: set[str] = field(default_factory=set)
 
 
 class Engine:
@@ -374,6 +496,8 @@ class Engine:
         disable_hma: bool | None = None,
         process_group: bool = False,
         recover: bool = True,
+        hybrid: bool = False,
+        max_model_len: int = HYBRID_MAX_MODEL_LEN,
     ) -> None:
         """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
         kept. Without it, what the scheduler publishes is recorded in `events`.
@@ -384,8 +508,11 @@ class Engine:
         the scheduler gets stage 0's (what vLLM's engine core hands it). Steps stay synchronous
         (one batch in flight, not vLLM's batch queue of pp_size batches).
         `recover`: step (idle) until FlexKV adopted the restart inventory, so a test's first
-        request can hit what a previous engine stored (lookups miss those blocks until then)."""
+        request can hit what a previous engine stored (lookups miss those blocks until then).
+        `hybrid`: `model_dir` is `hybrid_model_dir`'s Gemma-3-shaped model, planned by vLLM
+        (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`)."""
         self.block_size = block_size
+        self.hybrid = hybrid
         self.vllm_config = make_vllm_config(
             model_dir,
             transfer,
@@ -402,7 +529,13 @@ class Engine:
         if process_group:
             assert tp_size == pp_size == 1, "a one-process group holds one rank"
             self._process_group = _init_process_group(self.vllm_config)
-        self.stage_kv_cache_configs = make_stage_kv_cache_configs(self.vllm_config, num_blocks)
+        if hybrid:
+            # vLLM's planning checks that one max-length request fits: keep the tests' pools small.
+            self.vllm_config.model_config.max_model_len = max_model_len
+            self.vllm_config.scheduler_config.max_model_len = max_model_len
+        self.stage_kv_cache_configs = make_stage_kv_cache_configs(
+            self.vllm_config, num_blocks, hybrid=hybrid
+        )
         self.kv_cache_config = generate_scheduler_kv_cache_config(self.stage_kv_cache_configs)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         sched_cls = AsyncScheduler if async_scheduling else Scheduler
@@ -447,7 +580,24 @@ class Engine:
 
         kv = allocate_kv_cache(stage_config, torch.device("cpu"), KVCacheLayout[layout])
         connector.register_kv_caches(kv)
-        return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
+        if not self.hybrid:
+            return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
+        layer_group = {
+            HYBRID_LAYER_NAMES.index(name): gid
+            for gid, group in enumerate(stage_config.kv_cache_groups)
+            for name in group.layer_names
+        }
+        # With HMA off vLLM promotes sliding-window layers to full attention: all KV is kept.
+        hma = len(stage_config.kv_cache_groups) > 1
+        model = FakeModel(
+            rank,
+            kv,
+            list(range(HYBRID_LAYERS)),
+            names=tuple(HYBRID_LAYER_NAMES),
+            layer_group=layer_group,
+            windows=tuple(HYBRID_WINDOWS) if hma else (),
+        )
+        return Worker(connector, kv, model)
 
     # -------------------------------------------------------------- driving
     def add(self, request: Request) -> Request:
@@ -521,11 +671,12 @@ class Engine:
         for req_id, n in so.num_scheduled_tokens.items():
             req = self.scheduler.requests[req_id]
             tokens = req.all_token_ids
-            block_ids = mgr.get_block_ids(req_id)[0]
+            tables = mgr.get_block_ids(req_id)
+            block_ids = tables[0]
             start = starts[req_id]
             if req_id in joining:
-                w.model.check(req_id, tokens, block_ids, start)
-            w.model.write(req_id, tokens, block_ids, start, start + n)
+                w.model.check(req_id, tokens, block_ids, start, tables=tables)
+            w.model.write(req_id, tokens, block_ids, start, start + n, tables=tables)
 
     def _sample(self, so: SchedulerOutput) -> list[list[int]]:
         starts = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
@@ -550,6 +701,7 @@ class Engine:
             finished_recving=set(kvo.finished_recving or ()) if kvo else set(),
             invalid_block_ids=set(kvo.invalid_block_ids) if kvo else set(),
             loaded_req_ids=set(),
+            failed_recving=set(kvo.failed_recving or ()) if kvo else set(),
         )
         engine_outputs = self.scheduler.update_from_output(so, mro)
         for eco in engine_outputs.values():

@@ -9,6 +9,11 @@ for the base model, a digest of the LoRA adapter's identity otherwise. The
 scheduler-side manager has no rank, so the prefix leaves the ranks out; each rank isolates its
 shard physically with a rank tag in front of the stored key (`storage_key`) and its own SSD
 subdirectory (`shard_dir_name`).
+
+Hybrid models (vLLM's HMA: several KV cache groups, e.g. full attention + sliding window) key
+each group's blocks in its own namespace: the group's id, kind and window are digested into the
+prefix (`for_group`), not appended, so keys keep their length and the index's `(head, hash)`
+lookup stays one head per group. A single-group model is group 0, kind "full", window 0.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ VARIANT_LEN = 8
 BASE_VARIANT = bytes(VARIANT_LEN)
 # Bump when the page or key format changes so old SSD contents stop matching (they are never
 # adopted at restart and age out of the store). 2: model identity, KV cache format, variants.
-FORMAT_VERSION = 2
+# 3: the KV cache group (id, kind, window) in the prefix.
+FORMAT_VERSION = 3
+GROUP_KINDS = ("full", "sliding")
 # Rank tag in front of every stored key: (tp_rank, pp_rank), big-endian u16 each.
 SHARD_TAG = struct.Struct(">HH")
 
@@ -47,6 +54,13 @@ class Namespace:
     page_bytes: int = 0
     # Digest of the model's config, weights and epoch, or an operator's override (identity.py).
     model_identity: str = ""
+    # vLLM KV cache group this namespace keys (hybrid models have several; see for_group).
+    group_id: int = 0
+    group_kind: str = "full"
+    window: int = 0  # sliding window in tokens (0: none)
+    # Every group of the engine as (group_id, kind, window, page_bytes): `owns` accepts the keys
+    # of all of them (one host pool, one SSD shard hold every group's blocks). Not digested.
+    groups: tuple[tuple[int, str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -55,6 +69,11 @@ class Namespace:
             raise ConfigError(f"namespace.block_size: must be > 0, got {self.block_size}")
         if self.page_bytes < 0:
             raise ConfigError(f"namespace.page_bytes: must be >= 0, got {self.page_bytes}")
+        if self.group_kind not in GROUP_KINDS or self.group_id < 0 or self.window < 0:
+            raise ConfigError(
+                f"namespace.group: id {self.group_id} kind {self.group_kind!r} window "
+                f"{self.window} (kinds: {', '.join(GROUP_KINDS)}; id and window >= 0)"
+            )
         for rank_key, size_key in (("tp_rank", "tp_size"), ("pp_rank", "pp_size")):
             rank, size = getattr(self, rank_key), getattr(self, size_key)
             if size < 1 or not 0 <= rank < size or size > 0xFFFF:
@@ -74,6 +93,9 @@ class Namespace:
             "hash_algo": self.hash_algo.lower(),
             "page_bytes": self.page_bytes,
             "model_identity": self.model_identity,
+            "group_id": self.group_id,
+            "group_kind": self.group_kind,
+            "window": self.window,
         }
         canonical = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.blake2b(canonical, digest_size=PREFIX_LEN).digest()
@@ -89,8 +111,17 @@ class Namespace:
         # bytes); the call per block was most of the cost of building keys.
         return [head + h for h in block_hashes]
 
+    @cached_property
+    def prefixes(self) -> frozenset[bytes]:
+        """The prefixes of every group of this engine (this one's alone without `groups`)."""
+        siblings = (
+            replace(self, group_id=g, group_kind=k, window=w, page_bytes=p, groups=()).prefix
+            for g, k, w, p in self.groups
+        )
+        return frozenset((self.prefix, *siblings))
+
     def owns(self, key: bytes) -> bool:
-        return len(key) > PREFIX_LEN + VARIANT_LEN and key[:PREFIX_LEN] == self.prefix
+        return len(key) > PREFIX_LEN + VARIANT_LEN and key[:PREFIX_LEN] in self.prefixes
 
     def block_hash(self, key: bytes) -> bytes:
         """The engine's block hash inside a logical key of this namespace."""
@@ -128,3 +159,15 @@ class Namespace:
 
     def for_rank(self, tp_rank: int, pp_rank: int = 0) -> Namespace:
         return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)
+
+    def for_group(
+        self, group_id: int, kind: str, window: int = 0, *, page_bytes: int | None = None
+    ) -> Namespace:
+        """The namespace of one KV cache group (ranks and model kept)."""
+        return replace(
+            self,
+            group_id=group_id,
+            group_kind=kind,
+            window=window,
+            page_bytes=self.page_bytes if page_bytes is None else page_bytes,
+        )

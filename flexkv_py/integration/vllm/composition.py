@@ -15,12 +15,7 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from flexkv_py.errors import ConfigError
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+from typing import Any
 
 _MAX_FRAMES = 32  # far above any MultiConnector nesting; bounds the walk
 
@@ -71,16 +66,3 @@ def find_parent(depth: int = 1) -> ParentLink | None:
                 link.config = config
         frame = frame.f_back  # type: ignore[assignment]
     return link
-
-
-def check_child_without_hma(vllm_config: VllmConfig, parent: ParentLink | None) -> None:
-    """vLLM decides HMA from the top-level connector's class; `PdConnector` (a MultiConnector
-    subclass under its own name) claims HMA support, so vLLM keeps HMA on and MultiConnector
-    then asserts. Say what to do instead of a bare AssertionError."""
-    if parent is None or vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is not False:
-        return
-    raise ConfigError(
-        f"kv_transfer_config: {parent.name} keeps vLLM's hybrid KV cache manager (HMA) on, and "
-        "flexkv-py's FlexKVConnectorV1 does not support HMA yet. Start the prefill and the "
-        "decode workers with --disable-hybrid-kv-cache-manager."
-    )

@@ -7,6 +7,10 @@ It subclasses vLLM's built-in `FlexKVConnectorV1` shim, so type checks against v
 (Dynamo's `PdConnector` checks its first child that way) pass whether it was built through the
 plugin's registry entry or `kv_connector_module_path`. The shim's constructor (which imports the
 original FlexKV) is skipped, and every hook the shim forwards is overridden here.
+
+It implements `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on (sliding-window models
+get their full GPU block count), alone, under the built-in name, or inside a MultiConnector /
+PdConnector whose other children support HMA too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (
     FlexKVConnectorV1 as VllmFlexKVConnectorV1,
@@ -28,7 +34,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from flexkv_py.errors import InternalStateError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.coexistence import check_flexkv_owner
-from flexkv_py.integration.vllm.composition import check_child_without_hma, find_parent
+from flexkv_py.integration.vllm.composition import find_parent
 from flexkv_py.integration.vllm.engine_info import (
     read_engine_info,
     read_flexkv_config,
@@ -67,7 +73,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class FlexKVConnectorV1(VllmFlexKVConnectorV1):
+class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
@@ -80,7 +86,6 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
         check_flexkv_owner()
         self._parent = find_parent()
-        check_child_without_hma(vllm_config, self._parent)
         self._config = read_flexkv_config(vllm_config)
         self._info = read_engine_info(vllm_config, kv_cache_config, self._config)
         self._scheduler: SchedulerSide | None = None
@@ -163,6 +168,14 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self.worker_side.get_finished(finished_req_ids)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving = self.worker_side.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=set(sending or ()),
+            finished_recving=set(recving or ()),
+            failed_recving=self.worker_side.take_failed_recving(),
+        )
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_side.take_load_errors()
 
@@ -222,6 +235,12 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler_side.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        # vLLM already freed the sliding-window blocks out of the window (their ids are 0).
         return self.scheduler_side.request_finished(request, block_ids)
 
     def has_pending_push_work(self) -> bool:

@@ -7,7 +7,7 @@ Both halves derive the namespace from the same `VllmConfig` + `KVCacheConfig`, s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.config import FlexKVConfig, load_config
@@ -29,8 +29,27 @@ class UnsupportedKVCacheError(ConfigError):
 
 
 @dataclass(frozen=True)
+class GroupInfo:
+    """One vLLM KV cache group: its layers share a block table and a kind of attention."""
+
+    group_id: int
+    kind: str  # "full" | "sliding"
+    block_size: int
+    window: int  # sliding window in tokens (0 for full attention)
+    layer_names: tuple[str, ...]
+    page_bytes: int  # one block of this group: all its layers of this rank's shard
+    namespace: Namespace  # rank-less, keys this group's blocks
+
+    @property
+    def window_blocks(self) -> int:
+        """Blocks before a boundary that a request resuming there reads (vLLM's
+        SlidingWindowManager: the last W-1 tokens); 0 for full attention (all of them)."""
+        return -(-(self.window - 1) // self.block_size) if self.kind == "sliding" else 0
+
+
+@dataclass(frozen=True)
 class EngineInfo:
-    namespace: Namespace  # rank-less; workers use namespace.for_rank(...)
+    namespace: Namespace  # rank-less; workers use namespace.for_rank(...); group 0's
     block_size: int
     page_bytes: int  # one block, all layers of this rank's shard (of its PP stage's layers)
     tp_size: int
@@ -39,29 +58,69 @@ class EngineInfo:
     can_store: bool  # kv_role producer or both
     # DYNAMO_USE_FLEXKV=1 or vLLM's KV events on: tier events become vLLM KV events.
     publish_kv_events: bool = False
+    # vLLM's KV cache groups (one unless the hybrid allocator runs a hybrid model).
+    groups: tuple[GroupInfo, ...] = ()
 
     @property
     def num_workers(self) -> int:
         return self.tp_size * self.pp_size
 
+    @property
+    def hybrid(self) -> bool:
+        return len(self.groups) > 1
 
-def _single_full_attention_group(kv_cache_config: KVCacheConfig) -> tuple[Any, list[str]]:
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
+def _group_kind(gid: int, spec: Any) -> tuple[str, int]:
+    """(kind, window) of a group's spec; UnsupportedKVCacheError names what cannot be stored."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    if isinstance(spec, FullAttentionSpec):
+        return "full", 0
+    if type(spec) is SlidingWindowSpec:
+        return "sliding", int(spec.sliding_window)
+    if isinstance(spec, MambaSpec):
         raise UnsupportedKVCacheError(
-            f"kv_cache_groups: FlexKVConnectorV1 needs exactly one KV cache group (hybrid "
-            f"allocator off); got {len(groups)}: "
-            f"{[type(g.kv_cache_spec).__name__ for g in groups]}"
+            f"kv_cache_groups[{gid}]: a state-space (Mamba / linear-attention) group "
+            f"({type(spec).__name__}, mamba_type={getattr(spec, 'mamba_type', '?')}) is not "
+            "supported yet: FlexKVConnectorV1 stores full-attention and sliding-window groups"
         )
-    spec = groups[0].kv_cache_spec
-    if not isinstance(spec, FullAttentionSpec):
+    raise UnsupportedKVCacheError(
+        f"kv_cache_groups[{gid}]: {type(spec).__name__} is not supported (full-attention and "
+        "sliding-window groups only)"
+    )
+
+
+def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupInfo, ...]:
+    """Every KV cache group, each with its own namespace derived from `base` (each namespace
+    owns the keys of all groups: they share the host pool and the SSD shard)."""
+    rows = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        kind, window = _group_kind(gid, spec)
+        layers = tuple(group.layer_names)
+        rows.append((gid, kind, window, int(spec.page_size_bytes) * len(layers), spec, layers))
+    if not rows:
+        raise UnsupportedKVCacheError("kv_cache_groups: the engine has no KV cache group")
+    sizes = {int(r[4].block_size) for r in rows}
+    if len(sizes) > 1:
         raise UnsupportedKVCacheError(
-            f"kv_cache_spec: {type(spec).__name__} is not supported (full attention only; "
-            "sliding-window and state-space caches cannot be restored from a prefix)"
+            f"kv_cache_groups: block sizes {sorted(sizes)} differ between groups; one block "
+            "size for every group is supported"
         )
-    return spec, list(groups[0].layer_names)
+    if len(rows) > 1:
+        base = replace(base, groups=tuple((g, k, w, p) for g, k, w, p, _, _ in rows))
+    return tuple(
+        GroupInfo(
+            gid,
+            kind,
+            int(spec.block_size),
+            window,
+            layers,
+            page,
+            base.for_group(gid, kind, window, page_bytes=page),
+        )
+        for gid, kind, window, page, spec, layers in rows
+    )
 
 
 def read_engine_info(
@@ -72,38 +131,44 @@ def read_engine_info(
         config = read_flexkv_config(vllm_config)
     ktc = vllm_config.kv_transfer_config
     assert ktc is not None
-    spec, layer_names = _single_full_attention_group(kv_cache_config)
+    if not kv_cache_config.kv_cache_groups:
+        raise UnsupportedKVCacheError("kv_cache_groups: the engine has no KV cache group")
+    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    _group_kind(0, spec)  # a clear error before anything reads the spec's fields
     check_even_stages(vllm_config)  # PP: the page below is this stage's, the same on every stage
     cache_config = vllm_config.cache_config
     layout = kv_cache_config.kv_cache_layout or cache_config.kv_cache_layout or "LBNHC"
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
-    page_bytes = int(spec.page_size_bytes) * len(layer_names)
     # An operator's model_identity replaces everything about this copy, its path included.
     override = config.model_identity
-    namespace = Namespace(
+    base = Namespace(
         model=override or str(model_config.model),
         revision=None if override else model_config.revision,
-        kv_dtype=kv_cache_format(cache_config, spec.dtype),
+        kv_dtype=kv_cache_format(cache_config, getattr(spec, "dtype", None)),
         kv_layout=str(layout),
         block_size=int(spec.block_size),
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
         hash_algo=str(cache_config.prefix_caching_hash_algo),
-        page_bytes=page_bytes,
         model_identity=model_identity(
             model_config, override=config.model_identity, epoch=config.model_epoch
         ),
     )
+    groups = read_groups(kv_cache_config, base)
+    # One host slot holds one block of any group (HMA aliases every group onto the same
+    # per-slot tensors, so pages are equal; the largest one otherwise).
+    page_bytes = max(g.page_bytes for g in groups)
     return EngineInfo(
-        namespace=namespace,
-        block_size=int(spec.block_size),
+        namespace=groups[0].namespace,
+        block_size=groups[0].block_size,
         page_bytes=page_bytes,
-        tp_size=namespace.tp_size,
-        pp_size=namespace.pp_size,
+        tp_size=base.tp_size,
+        pp_size=base.pp_size,
         can_load=bool(ktc.is_kv_consumer),
         can_store=bool(ktc.is_kv_producer),
         publish_kv_events=events_enabled(vllm_config.kv_events_config),
+        groups=groups,
     )
 
 

@@ -39,6 +39,9 @@ class FlexKVConnectorMetadata(KVConnectorMetadata):
     # Preempted requests: their GPU blocks are reused from this step on, so in-flight stores
     # reading them must finish before the forward (handle_preemptions).
     flush_req_ids: set[str] = field(default_factory=set)
+    # Store jobs still reading sliding-window blocks that this step hands out again (vLLM
+    # freed them under a running request): their GPU->host copies must end before the forward.
+    flush_job_ids: set[int] = field(default_factory=set)
     # Finished requests whose blocks vLLM keeps until we name them in finished_sending.
     delayed_free_req_ids: set[str] = field(default_factory=set)
 

@@ -77,12 +77,16 @@ class RequestKeys:
         total = len(hashes)
         if first >= total:
             return 0
+        return readable_hashes(self.head(variant), hashes, first, total) - first
+
+    def head(self, variant: bytes) -> bytes:
+        """prefix + variant: what the index files this namespace's keys under."""
         head = self._heads.get(variant)
         if head is None:
             if len(variant) != VARIANT_LEN:
                 raise ValueError(f"key variant must be {VARIANT_LEN} bytes, got {len(variant)}")
             head = self._heads[variant] = self._prefix + variant
-        return readable_hashes(head, hashes, first, total) - first
+        return head
 
     # ------------------------------------------------------------------ internals
     def _get(self, request: Request, variant: bytes) -> _Memo:

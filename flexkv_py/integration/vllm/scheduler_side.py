@@ -8,14 +8,16 @@ vLLM's request lifecycle into manager calls and picklable jobs:
 - finish: GPU blocks stay allocated (delay_free) only while a store still reads them: until every
   rank reported the store's GPU->host copy ended (`gpu_read_done`), not until its SSD
   write-through is done; the manager still commits or fails the keys only from the job's results;
-- preemption: workers finish the stores of preempted requests before the blocks are reused.
+- preemption: workers finish the stores of preempted requests before the blocks are reused;
+- hybrid models (several KV cache groups): a hit is what every group can restore
+  (hybrid_hit.py), one job moves every group's blocks (group_plans.py), and stores reading
+  sliding-window blocks that vLLM hands out again are waited for (group_plans.ReuseFence).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import CacheManager, JobResult
@@ -27,6 +29,9 @@ from flexkv_py.integration.vllm.events import (
     BlockOrigins,
     to_vllm_events,
 )
+from flexkv_py.integration.vllm.group_plans import allocated_block_ids
+from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
+from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
@@ -34,6 +39,7 @@ from flexkv_py.integration.vllm.metadata import (
     JobEntry,
 )
 from flexkv_py.integration.vllm.request_keys import RequestKeys
+from flexkv_py.integration.vllm.request_state import JobInfo, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
@@ -47,30 +53,6 @@ if TYPE_CHECKING:
     from flexkv_py.config import FlexKVConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _RequestState:
-    request: Request
-    # Leading blocks already handed to the store planner (stored, in flight, or skipped).
-    planned_blocks: int = 0
-    # Store jobs that still read GPU blocks this request holds (on some rank).
-    store_jobs: set[int] = field(default_factory=set)
-    load_job: int | None = None
-    # Between the async-load answer and the request's finished_recving (vLLM's view).
-    loading: bool = False
-    finished: bool = False
-
-
-@dataclass
-class _JobInfo:
-    job_id: int
-    req_id: str | None
-    kind: str
-    keys: tuple[bytes, ...]
-    results: list[Any] = field(default_factory=list)
-    # Ranks whose GPU->host copy of this store ended (counted like results: one per rank).
-    gpu_read_ranks: int = 0
 
 
 class SchedulerSide:
@@ -91,13 +73,13 @@ class SchedulerSide:
             config, self._ns, info.page_bytes, usable_host_slots=0 if background else None
         )
         self._ready_slots: dict[tuple[int, int], int] = {}
-        self._reqs: dict[str, _RequestState] = {}
+        self._reqs: dict[str, RequestState] = {}
         # req_id -> (local tokens given to the lookup, hit blocks): remembered between
         # get_num_new_matched_tokens and update_state_after_alloc.
         self._lookups: dict[str, tuple[int, int]] = {}
         # req_id -> tokens of its external hit per tier, for vLLM's hit-source metrics.
         self._hit_sources: dict[str, dict[Tier, int]] = {}
-        self._jobs: dict[int, _JobInfo] = {}
+        self._jobs: dict[int, JobInfo] = {}
         self._loading_keys: dict[bytes, int] = {}
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
@@ -110,6 +92,8 @@ class SchedulerSide:
         self._variants = AdapterVariants()
         # Keys per request, kept across its scheduling attempts (vLLM asks every step).
         self._keys = RequestKeys(self._ns)
+        # Hybrid models: one namespace (and key memo) per KV cache group.
+        self._hybrid = HybridPlan(info.groups, self._bs) if info.hybrid else None
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
@@ -124,15 +108,21 @@ class SchedulerSide:
         if first >= len(hashes):
             return 0, False
         variant = self._variants.variant(request.lora_request)
-        hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
+        if self._hybrid is not None:
+            hit = self._hybrid.hit(request, first, variant, self._mgr.readable_hashes)
+        else:
+            hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
             return 0, False
         loading = self._loading_keys
         if loading:
-            keys = self._keys.keys(request, variant, first + hit)
-            if any(k in loading for k in keys[first : first + hit]):
+            if self._hybrid is not None:
+                keys = self._hybrid.prefix_keys(request, variant, first, first + hit)
+            else:
+                keys = self._keys.keys(request, variant, first + hit)[first : first + hit]
+            if any(k in loading for k in keys):
                 # Another request is loading this prefix: wait, then take it from the GPU cache.
                 return None, False
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
@@ -151,56 +141,47 @@ class SchedulerSide:
         local_tokens, _ = lookup
         first = local_tokens // self._bs
         count = -(-num_external_tokens // self._bs)
-        block_ids = tuple(blocks.get_block_ids()[0][first : first + count])
         variant = self._variants.variant(request.lora_request)
-        keys = tuple(self._keys.keys(request, variant, first + count)[first : first + count])
-        if len(block_ids) != count or len(keys) != count:
-            raise InternalStateError(
-                f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
+        if self._hybrid is not None:
+            keys, block_ids, n_full = self._hybrid.load(
+                request, variant, blocks.get_block_ids(), first, first + count, self._stats
             )
-        job = self._mgr.prepare_load(list(keys), list(block_ids))
+        else:
+            block_ids = list(blocks.get_block_ids()[0][first : first + count])
+            keys = self._keys.keys(request, variant, first + count)[first : first + count]
+            n_full = count
+            if len(block_ids) != count or len(keys) != count:
+                raise InternalStateError(
+                    f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
+                )
+        job = self._mgr.prepare_load(keys, block_ids)
         self._stats.add("hit_blocks", count)
-        self._add_tier_hits(job)
-        split = self._tokens_by_tier(job, count, num_external_tokens)
+        add_tier_hits(self._stats, job)
+        # Hit sources by tier from the first group's blocks (the hit's tokens, once).
+        split = tokens_by_tier(job, n_full, num_external_tokens, self._bs)
         self._hit_sources[request.request_id] = split
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
         else:
-            self._jobs[job.job_id] = _JobInfo(job.job_id, request.request_id, "load", keys)
+            self._jobs[job.job_id] = JobInfo(job.job_id, request.request_id, "load", tuple(keys))
             state.load_job = job.job_id
             for k in keys:
                 self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
         state.loading = True
-        self._step_jobs.append(JobEntry(request.request_id, "load", job, block_ids))
+        self._step_jobs.append(JobEntry(request.request_id, "load", job, tuple(block_ids)))
         # Loaded blocks are already in our tiers: the store planner starts after them.
         state.planned_blocks = max(state.planned_blocks, first + count)
-
-    def _tokens_by_tier(self, job: Any, count: int, num_tokens: int) -> dict[Tier, int]:
-        """The load's tokens split by the tier each block comes from (a Tier; blocks that
-        vanished count as HOST: they are recomputed, and vLLM wants the counts to add up)."""
-        tiers = list(getattr(job, "sources", None) or ()) or [Tier.HOST] * count
-        out: dict[Tier, int] = {}
-        for i, tier in enumerate(tiers[:count]):
-            tokens = max(0, min(self._bs, num_tokens - i * self._bs))
-            key = tier or Tier.HOST
-            out[key] = out.get(key, 0) + tokens
-        return {k: v for k, v in out.items() if v}
 
     def take_hit_sources(self, request: Request) -> dict[Tier, int] | None:
         """Tokens of this request's last external hit per tier (then forgotten)."""
         return self._hit_sources.pop(request.request_id, None)
 
-    def _add_tier_hits(self, job: Any) -> None:
-        tiers = getattr(job, "sources", None)
-        if not tiers:
-            return
-        for tier in tiers:
-            if tier is not None:
-                self._stats.add(f"hit_blocks_{tier.value}", 1)
-
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
         meta = FlexKVConnectorMetadata()
+        if self._hybrid is not None and len(self._hybrid.fence):
+            # Before this step's stores are planned: those read blocks computed this step.
+            meta.flush_job_ids = self._hybrid.fence.reading(allocated_block_ids(so))
         for req_id in so.preempted_req_ids or ():
             state = self._reqs.get(req_id)
             if state is not None:
@@ -223,28 +204,43 @@ class SchedulerSide:
             self._maybe_forget(req_id)
         return meta
 
-    def _plan_store(self, state: _RequestState, tokens_with_kv: int) -> None:
-        """Queue a store for the request's full blocks whose KV exists once the step ran."""
+    def _plan_store(
+        self,
+        state: RequestState,
+        tokens_with_kv: int,
+        block_ids: tuple[list[int], ...] | None = None,
+    ) -> None:
+        """Queue a store for the request's full blocks whose KV exists once the step ran
+        (`block_ids`: the request's tables per group, the manager's when None)."""
         req = state.request
         full = min(tokens_with_kv // self._bs, len(req.block_hashes))
         start = state.planned_blocks
         if full <= start:
             return
         manager: KVCacheManager = self._get_kv_cache_manager()
-        block_ids = manager.get_block_ids(req.request_id)[0]
-        hashes = req.block_hashes[start:full]
-        gpu_ids = list(block_ids[start:full])
+        variant = self._variants.variant(req.lora_request)
         state.planned_blocks = full
-        if len(gpu_ids) != len(hashes):
-            logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
-            return
-        keys = self._ns.keys(hashes, self._variants.variant(req.lora_request))
-        job = self._mgr.prepare_store(keys, gpu_ids)
+        sliding: set[int] = set()
+        if self._hybrid is not None:
+            tables = block_ids or manager.get_block_ids(req.request_id)
+            keys, gpu_ids, sliding = self._hybrid.store(req, variant, tables, start, full)
+        else:
+            gpu_ids = list(manager.get_block_ids(req.request_id)[0][start:full])
+            hashes = req.block_hashes[start:full]
+            if len(gpu_ids) != len(hashes):
+                logger.warning(
+                    "%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids)
+                )
+                return
+            keys = self._ns.keys(hashes, variant)
+        job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
         if job is None:
             return
         if self._events_on:
-            self._origins.remember_request(req, start, hashes, self._bs)
-        self._jobs[job.job_id] = _JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
+            self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
+        if self._hybrid is not None:
+            self._hybrid.planned_store(job, sliding, self._stats)
+        self._jobs[job.job_id] = JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
 
@@ -284,13 +280,17 @@ class SchedulerSide:
 
     def _add_background(self, job: Any) -> None:
         """Spills and SSD deletes: no request, but spills must report back to free slots."""
-        self._jobs[job.job_id] = _JobInfo(job.job_id, None, str(job.kind), tuple(job.keys))
+        self._jobs[job.job_id] = JobInfo(job.job_id, None, str(job.kind), tuple(job.keys))
         self._step_jobs.append(JobEntry(None, "background", job))
 
-    def _gpu_read_done(self, info: _JobInfo) -> None:
+    def _gpu_read_done(self, info: JobInfo) -> None:
         """Every rank's GPU->host copy of a store ended: its request's blocks are not read any
         more (the job may still write to SSD; the manager hears of it from the results)."""
-        if info.kind != "store" or info.req_id is None:
+        if info.kind != "store":
+            return
+        if self._hybrid is not None:
+            self._hybrid.fence.done(info.job_id)
+        if info.req_id is None:
             return
         state = self._reqs.get(info.req_id)
         if state is None:
@@ -298,8 +298,10 @@ class SchedulerSide:
         state.store_jobs.discard(info.job_id)
         self._maybe_forget(info.req_id)
 
-    def _finish_job(self, job_id: int, info: _JobInfo) -> None:
+    def _finish_job(self, job_id: int, info: JobInfo) -> None:
         del self._jobs[job_id]
+        if self._hybrid is not None:
+            self._hybrid.fence.done(job_id)
         merged = JobResult.merge(info.results)
         if info.kind != "drop":  # deletes are fire-and-forget for the manager
             self._mgr.complete(merged)
@@ -325,17 +327,23 @@ class SchedulerSide:
         self._maybe_forget(info.req_id)
 
     # ---------------------------------------------------------------- request end
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, None]:
+        """`block_ids`: the request's blocks per KV cache group."""
         state = self._reqs.get(request.request_id)
         self._lookups.pop(request.request_id, None)
         self._keys.forget(request.request_id)
+        if self._hybrid is not None:
+            self._hybrid.forget(request.request_id)
         self._hit_sources.pop(request.request_id, None)
         if state is None:
             return False, None
         state.finished = True
         if self._info.can_store and not state.loading:
             # Blocks whose hash became known only now (the last decode tokens).
-            self._plan_store(state, request.num_computed_tokens)
+            tables = block_ids if self._hybrid is not None else None
+            self._plan_store(state, request.num_computed_tokens, tables)
         if state.loading:
             # vLLM frees the blocks when the load reports finished_recving.
             return True, None
@@ -356,10 +364,10 @@ class SchedulerSide:
         ):
             del self._reqs[req_id]
 
-    def _state(self, request: Request) -> _RequestState:
+    def _state(self, request: Request) -> RequestState:
         state = self._reqs.get(request.request_id)
         if state is None or state.request is not request:
-            state = _RequestState(request)
+            state = RequestState(request)
             self._reqs[request.request_id] = state
         return state
 

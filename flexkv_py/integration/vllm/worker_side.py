@@ -20,7 +20,10 @@ engine on the worker's own CUDA streams). Ordering rules:
   committed; the scheduler learns it from the job's result when the job really ends, and frees
   its host slots only then) and the step goes on;
 - a load reports its request in finished_recving and its failed blocks in
-  get_block_ids_with_load_errors in the same step, so vLLM recomputes them.
+  get_block_ids_with_load_errors in the same step, so vLLM recomputes them. With several KV
+  cache groups (hybrid models) vLLM refuses block-level errors: a load that fails any block
+  fails its whole request through failed_recving instead (also in finished_recving), and vLLM
+  recomputes the request.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class WorkerSide:
         self._await_free: set[str] = set()
         self._pending: list[JobEntry] = []
         self._finished_recving: set[str] = set()
+        self._failed_recving: set[str] = set()  # hybrid models: failed loads, per request
         self._load_errors: set[int] = set()
         self._out = FlexKVWorkerMetadata()
         self._stats = FlexKVConnectorStats()
@@ -86,6 +90,11 @@ class WorkerSide:
         return self._executor
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self._info.hybrid:
+            from flexkv_py.transfer.group_layouts import check_groups_share_pages
+
+            # One transfer engine moves every group's blocks: the groups alias the same slots.
+            check_groups_share_pages(kv_caches, [g.layer_names for g in self._info.groups])
         self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches, serving=True)
         for tier in self._executor.unavailable:
             # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty
@@ -113,14 +122,16 @@ class WorkerSide:
         self._await_free |= meta.delayed_free_req_ids
 
     def handle_preemptions(self, meta: FlexKVConnectorMetadata) -> None:
-        if not meta.flush_req_ids:
+        if not meta.flush_req_ids and not meta.flush_job_ids:
             return
         # Stores of the previous steps are all submitted (wait_for_save ran); wait for those
-        # reading the preempted requests' blocks.
+        # reading the preempted requests' blocks, and for those reading sliding-window blocks
+        # handed out again this step.
         self.submit_pending()  # jobs of a step whose wait_for_save has not run yet
         self._collect_reads(self.executor.poll_gpu_reads())
-        stores = (j for r in meta.flush_req_ids for j in self._req_stores.get(r, ()))
-        job_ids = [j for j in stores if j in self._inflight]
+        stores = {j for r in meta.flush_req_ids for j in self._req_stores.get(r, ())}
+        stores |= meta.flush_job_ids
+        job_ids = sorted(j for j in stores if j in self._inflight)
         if not job_ids:
             return
         try:
@@ -160,9 +171,7 @@ class WorkerSide:
         for entry in jobs:
             if entry.job is None:
                 # Unplannable load: fail it now so vLLM recomputes.
-                self._load_errors.update(entry.gpu_block_ids)
-                if entry.req_id is not None:
-                    self._finished_recving.add(entry.req_id)
+                self._fail_load(entry.req_id, set(entry.gpu_block_ids))
                 continue
             job_id = entry.job.job_id
             self._inflight[job_id] = (entry.req_id, entry.kind, entry.gpu_block_ids)
@@ -203,12 +212,20 @@ class WorkerSide:
                     failed = set(gpu_ids)  # no per-block detail: treat the whole load as failed
                 failed &= set(gpu_ids)
                 self._stats.add("load_failed_blocks", len(failed))
-                self._load_errors |= failed
-                if req_id is not None:
-                    self._finished_recving.add(req_id)
+                self._fail_load(req_id, failed)
             elif kind == "store":
                 self._stats.add("store_failed_blocks", len(getattr(res, "failed", {}) or {}))
                 self._read_done(res.job_id, req_id)  # a finished job reads nothing any more
+
+    def _fail_load(self, req_id: str | None, failed: set[int]) -> None:
+        """A load ended (`failed`: its GPU blocks whose KV is not valid, maybe none)."""
+        if failed:
+            if self._info.hybrid and req_id is not None:
+                self._failed_recving.add(req_id)  # vLLM refuses block ids with >1 group
+            else:
+                self._load_errors |= failed
+        if req_id is not None:
+            self._finished_recving.add(req_id)
 
     def _collect_reads(self, job_ids: list[int]) -> None:
         """Store jobs whose GPU->host copy ended on this rank (they may still write to SSD)."""
@@ -234,6 +251,13 @@ class WorkerSide:
         if errors:
             logger.warning("%s: %d blocks failed to load", self._label, len(errors))
         return errors
+
+    def take_failed_recving(self) -> set[str]:
+        """Requests whose load failed (hybrid models); already in finished_recving."""
+        failed, self._failed_recving = self._failed_recving, set()
+        if failed:
+            logger.warning("%s: loads of %d requests failed; recomputing", self._label, len(failed))
+        return failed
 
     def build_worker_meta(self) -> FlexKVWorkerMetadata | None:
         ready = self.executor.pool.ready_slots if self._executor is not None else 0

@@ -1,0 +1,101 @@
+"""Which GPU blocks of which KV cache group a load or a store moves (hybrid models), and the
+fence that keeps a store's sliding-window blocks from being rewritten while it reads them.
+
+Block tables come from vLLM per group (`KVCacheBlocks.get_block_ids()[g]`); a position a group
+does not keep is the null block (id 0): sliding-window positions out of the window, freed by
+vLLM while the request runs and before `request_finished_all_groups`. Null blocks are never
+moved. One job carries every group's blocks (keys differ per group; one transfer engine moves
+them all, see transfer/group_layouts.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flexkv_py.integration.vllm.engine_info import GroupInfo
+
+NULL_BLOCK = 0  # vLLM's BlockPool keeps block 0 as the null block
+
+# (group index, block index in the request, GPU block id)
+Target = tuple[int, int, int]
+
+
+def load_targets(
+    groups: Sequence[GroupInfo], block_ids: Sequence[Sequence[int]], first: int, end: int
+) -> list[Target]:
+    """Blocks [first, end) a hit ending at `end` must write: all of a full-attention group's,
+    the window's (the last `window_blocks`) of a sliding-window group's."""
+    out: list[Target] = []
+    for g in groups:
+        ids = block_ids[g.group_id]
+        lo = first if g.kind == "full" else max(first, end - g.window_blocks)
+        out.extend((g.group_id, i, ids[i]) for i in range(lo, min(end, len(ids))) if ids[i])
+    return out
+
+
+def store_targets(
+    groups: Sequence[GroupInfo], block_ids: Sequence[Sequence[int]], start: int, stop: int
+) -> list[Target]:
+    """Blocks [start, stop) each group still holds (non-null)."""
+    out: list[Target] = []
+    for g in groups:
+        ids = block_ids[g.group_id]
+        out.extend((g.group_id, i, ids[i]) for i in range(start, min(stop, len(ids))) if ids[i])
+    return out
+
+
+def allocated_block_ids(so: Any) -> set[int]:
+    """GPU blocks the step's scheduler output hands to requests (new and resumed requests'
+    tables, running requests' new blocks): vLLM's forward writes them this step."""
+    out: set[int] = set()
+    for req in so.scheduled_new_reqs or ():
+        for ids in req.block_ids or ():
+            out.update(ids)
+    for per_group in getattr(so.scheduled_cached_reqs, "new_block_ids", None) or ():
+        for ids in per_group or ():
+            out.update(ids)
+    for copy in getattr(so, "kv_cache_block_copies", None) or ():
+        dst = getattr(copy, "dst_block_id", None)
+        if dst is not None:
+            out.add(int(dst))
+    out.discard(NULL_BLOCK)
+    return out
+
+
+class ReuseFence:
+    """Store jobs still reading blocks that vLLM may free under a running request (sliding
+    window). A job is named in the step metadata when one of its blocks is handed out again,
+    and the workers wait for its GPU->host copy before that step's forward."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, tuple[int, ...]] = {}
+        self._readers: dict[int, set[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def add(self, job_id: int, block_ids: Iterable[int]) -> None:
+        ids = tuple(block_ids)
+        if not ids:
+            return
+        self._jobs[job_id] = ids
+        for b in ids:
+            self._readers.setdefault(b, set()).add(job_id)
+
+    def done(self, job_id: int) -> None:
+        for b in self._jobs.pop(job_id, ()):
+            readers = self._readers.get(b)
+            if readers is not None:
+                readers.discard(job_id)
+                if not readers:
+                    del self._readers[b]
+
+    def reading(self, block_ids: Iterable[int]) -> set[int]:
+        if not self._readers:
+            return set()
+        out: set[int] = set()
+        for b in block_ids:
+            out |= self._readers.get(b, set())
+        return out

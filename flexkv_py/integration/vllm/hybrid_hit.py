@@ -1,0 +1,79 @@
+"""The external hit of a request on a hybrid model: the longest prefix every KV cache group can
+restore, as vLLM's HybridKVCacheCoordinator reconciles its own groups' local hits.
+
+- a full-attention group needs every block of the prefix beyond the local hit;
+- a sliding-window group needs only the `window_blocks` blocks before the hit's end (the last
+  W-1 tokens a request resuming there attends to), mirroring vLLM's SlidingWindowManager;
+  a gap further back is irrelevant.
+
+Each group can only shorten the hit, so the loop below reaches a fixed point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+# readable(group_id, start, stop): index of the group's first unreadable block in [start, stop)
+# (stop when all are readable).
+ReadableFn = Callable[[int, int, int], int]
+
+
+class Group(Protocol):
+    @property
+    def group_id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def window_blocks(self) -> int: ...
+
+
+def window_end(need: int, first: int, end: int, readable: Callable[[int, int], int]) -> int:
+    """Largest e <= end with blocks [max(first, e - need), e) all readable (first if none)."""
+    e = end
+    while e > first:
+        lo = max(first, e - need)
+        if readable(lo, e) >= e:
+            return e
+        i = e - 1
+        while i >= lo and readable(i, i + 1) > i:
+            i -= 1
+        # Every end in (i, e) still has block i inside its window.
+        e = i
+    return first
+
+
+def longest_hybrid_hit(
+    groups: Sequence[Group], first: int, limit: int, readable: ReadableFn
+) -> int:
+    """End block of the longest prefix past `first` (local hit) and up to `limit` that every
+    group can restore; `first` when there is none."""
+    end = limit
+    while end > first:
+        lowered = end
+        for g in groups:
+            gid = g.group_id
+            if g.kind == "full":
+                lowered = readable(gid, first, lowered)
+            else:
+                lowered = window_end(
+                    g.window_blocks,
+                    first,
+                    lowered,
+                    lambda a, b, gid=gid: readable(gid, a, b),  # type: ignore[misc]
+                )
+            if lowered <= first:
+                return first
+        if lowered == end:
+            return end
+        end = lowered
+    return first
+
+
+def hit_limit(num_tokens: int, num_hashes: int, block_size: int, hybrid: bool) -> int:
+    """Blocks a hit may cover. Hybrid: at most (num_tokens - 1) // block_size, so the external
+    tokens end on a block boundary, where the sliding window of the first computed token is
+    exactly the blocks checked (vLLM's OffloadingConnector caps the same way)."""
+    if not hybrid:
+        return num_hashes
+    return min(num_hashes, (num_tokens - 1) // block_size)

@@ -1,0 +1,101 @@
+"""The scheduler side's lookups, loads and stores for a hybrid model (several KV cache groups).
+
+Keys differ per group (each group has its own namespace); a hit is what every group can restore
+(hybrid_hit.py); one job moves every group's blocks (group_plans.py); stores reading
+sliding-window blocks are registered with the `ReuseFence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from flexkv_py.index.namespace import PREFIX_LEN
+from flexkv_py.integration.vllm.group_plans import (
+    ReuseFence,
+    Target,
+    load_targets,
+    store_targets,
+)
+from flexkv_py.integration.vllm.hybrid_hit import hit_limit, longest_hybrid_hit
+from flexkv_py.integration.vllm.request_keys import HashPrefixFn, RequestKeys
+
+if TYPE_CHECKING:
+    from flexkv_py.integration.vllm.engine_info import GroupInfo
+    from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+
+
+class HybridPlan:
+    def __init__(self, groups: Sequence[GroupInfo], block_size: int) -> None:
+        self.groups = tuple(groups)
+        self._bs = block_size
+        self._keys = [RequestKeys(g.namespace) for g in self.groups]
+        self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
+        self.fence = ReuseFence()
+
+    def forget(self, req_id: str) -> None:
+        for rk in self._keys:
+            rk.forget(req_id)
+
+    def __len__(self) -> int:
+        return sum(len(rk) for rk in self._keys)
+
+    def hit(self, request: Any, first: int, variant: bytes, readable: HashPrefixFn) -> int:
+        """Blocks past `first` every group can restore."""
+        hashes = request.block_hashes
+        limit = hit_limit(request.num_tokens, len(hashes), self._bs, hybrid=True)
+        heads = [rk.head(variant) for rk in self._keys]
+
+        def group_readable(gid: int, start: int, stop: int) -> int:
+            return readable(heads[gid], hashes, start, stop)
+
+        return max(0, longest_hybrid_hit(self.groups, first, limit, group_readable) - first)
+
+    def prefix_keys(self, request: Any, variant: bytes, start: int, stop: int) -> list[bytes]:
+        """Keys of blocks [start, stop) in every group."""
+        return [k for rk in self._keys for k in rk.keys(request, variant, stop)[start:stop]]
+
+    def load(
+        self,
+        request: Any,
+        variant: bytes,
+        tables: Sequence[Sequence[int]],
+        first: int,
+        stop: int,
+        stats: FlexKVConnectorStats,
+    ) -> tuple[list[bytes], list[int], int]:
+        """(keys, GPU block ids, blocks of the first group) a hit [first, stop) loads."""
+        targets: list[Target] = load_targets(self.groups, tables, first, stop)
+        memos = [rk.keys(request, variant, stop) for rk in self._keys]
+        for g, _, _ in targets:
+            stats.add(f"group{g}_load_blocks", 1)
+        first_group = self.groups[0].group_id
+        return (
+            [memos[g][i] for g, i, _ in targets],
+            [b for _, _, b in targets],
+            sum(1 for g, _, _ in targets if g == first_group),
+        )
+
+    def store(
+        self,
+        request: Any,
+        variant: bytes,
+        tables: Sequence[Sequence[int]],
+        start: int,
+        stop: int,
+    ) -> tuple[list[bytes], list[int], set[int]]:
+        """(keys, GPU block ids, sliding-window block ids) of the blocks [start, stop) each group
+        still holds (out-of-window blocks are null: vLLM freed them)."""
+        targets = store_targets(self.groups, tables, start, stop)
+        hashes = request.block_hashes
+        keys = [self.groups[g].namespace.key(hashes[i], variant) for g, i, _ in targets]
+        sliding = {b for g, _, b in targets if self.groups[g].kind == "sliding"}
+        return keys, [b for _, _, b in targets], sliding
+
+    def planned_store(self, job: Any, sliding: set[int], stats: FlexKVConnectorStats) -> None:
+        """A store job was made: fence its sliding-window blocks, count its blocks per group."""
+        self.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in sliding))
+        for key in job.keys:
+            gid = self._group_of.get(key[:PREFIX_LEN])
+            if gid is not None:
+                stats.add(f"group{gid}_store_blocks", 1)

@@ -1,0 +1,58 @@
+"""KV cache groups (vLLM's hybrid allocator) over one rank's registered KV tensors.
+
+With HMA, vLLM gives every group the same number of layer slots and makes group i's slot j a
+view of the same memory as group k's slot j (`KVCacheTensor`, vllm/v1/worker/utils.py
+allocate_kv_cache); a block id belongs to one group at a time. So the page of block b over the
+distinct views (`describe_kv_caches` pages aliased views once) holds block b's bytes of
+whichever group owns it, and one transfer engine and one host slot size serve every group.
+`check_groups_share_pages` verifies that before the executor is built: groups whose layers are
+not covered that way (Mamba state views with another dtype or stride) are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flexkv_py.transfer.errors import UnsupportedKVLayoutError
+from flexkv_py.transfer.kv_layout import KVPageGeometry, describe_kv_caches
+
+
+def describe_kv_cache_groups(
+    kv_caches: Mapping[str, Any], groups: Sequence[Sequence[str]]
+) -> dict[int, KVPageGeometry]:
+    """Page geometry of each group's own layers (those this rank registered)."""
+    out: dict[int, KVPageGeometry] = {}
+    for gid, names in enumerate(groups):
+        layers = {n: kv_caches[n] for n in names if n in kv_caches}
+        if layers:
+            out[gid] = describe_kv_caches(layers)
+    return out
+
+
+def _runs(geom: KVPageGeometry) -> list[tuple[int, int, int]]:
+    """(address of block 0's run, block stride, bytes) per segment."""
+    return [
+        (geom.storage_address(s.storage) + s.gpu_offset, s.block_stride, s.nbytes)
+        for s in geom.segments
+    ]
+
+
+def check_groups_share_pages(
+    kv_caches: Mapping[str, Any], groups: Sequence[Sequence[str]]
+) -> KVPageGeometry:
+    """The geometry over every layer, after checking it moves each group's whole block."""
+    whole = describe_kv_caches(kv_caches)
+    if len(groups) <= 1:
+        return whole
+    runs = _runs(whole)
+    for gid, geom in describe_kv_cache_groups(kv_caches, groups).items():
+        for addr, stride, nbytes in _runs(geom):
+            if not any(s == stride and a <= addr and addr + nbytes <= a + n for a, s, n in runs):
+                raise UnsupportedKVLayoutError(
+                    f"KV cache group {gid} ({', '.join(geom.layer_names)}): its blocks are not "
+                    "views of the same memory as the other groups' (page "
+                    f"{geom.page_nbytes} bytes vs {whole.page_nbytes}); groups must share "
+                    "their layer slots as vLLM's hybrid allocator lays them out"
+                )
+    return whole
