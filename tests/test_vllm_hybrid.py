@@ -49,6 +49,16 @@ def loaded(e: vh.Engine, req_id: str) -> bool:
     return any(req_id in rec.finished_recving for rec in e.history)
 
 
+def compute_then_reload(e: vh.Engine, prompt: list[int]) -> None:
+    """A computes `prompt`; the GPU prefix cache is cleared; B asks for it again and loads it."""
+    e.add(vh.make_request("A", prompt, max_tokens=3))
+    e.run()
+    e.reset_gpu_prefix_cache()
+    e.add(vh.make_request("B", prompt, max_tokens=3))
+    e.run()
+    assert loaded(e, "B")
+
+
 def prompt_done(req: Any) -> Any:
     return lambda: (
         req.status == RequestStatus.RUNNING and req.num_computed_tokens >= len(req.prompt_token_ids)
@@ -165,13 +175,7 @@ def test_hybrid_offload_during_chunked_prefill(hybrid_dir: str) -> None:
     # 64-token chunks: the sliding group frees (and vLLM reuses) blocks while A still prefills,
     # so stores of those blocks run under the reuse fence.
     e = engine(hybrid_dir, HOST, max_num_batched_tokens=64)
-    prompt = vh.prompt_tokens(2, PROMPT_BLOCKS * BS)
-    e.add(vh.make_request("A", prompt, max_tokens=3))
-    e.run()
-    e.reset_gpu_prefix_cache()
-    e.add(vh.make_request("B", prompt, max_tokens=3))
-    e.run()
-    assert loaded(e, "B")
+    compute_then_reload(e, vh.prompt_tokens(2, PROMPT_BLOCKS * BS))
     assert e.workers[0].model.written["B"] == BS + 2
     assert e.outputs["A"] == e.outputs["B"]
     assert not e.mismatches()
@@ -196,13 +200,7 @@ def test_hybrid_preemption_keeps_kv_correct(hybrid_dir: str) -> None:
 
 def test_hybrid_tp2_each_rank_own_shard(hybrid_dir: str) -> None:
     e = engine(hybrid_dir, HOST, tp_size=2)
-    prompt = vh.prompt_tokens(5, PROMPT_BLOCKS * BS)
-    e.add(vh.make_request("A", prompt, max_tokens=3))
-    e.run()
-    e.reset_gpu_prefix_cache()
-    e.add(vh.make_request("B", prompt, max_tokens=3))
-    e.run()
-    assert loaded(e, "B")
+    compute_then_reload(e, vh.prompt_tokens(5, PROMPT_BLOCKS * BS))
     for w in e.workers:
         assert w.model.written["B"] == BS + 2, f"rank {w.model.rank} recomputed"
     assert e.outputs["A"] == e.outputs["B"]
