@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -64,19 +65,28 @@ def test_server_killed_then_restarted(s3: S3Server) -> None:
     assert [r.status for r in tier.submit_put(fresh).wait(30)] == ["ok"] * 4
 
 
-def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
-    """A reply cut mid-body (the connection closes early): the block fails, its buffer stays
-    untouched, and the wait is bounded."""
-    prefix = f"cut-{uuid.uuid4().hex[:8]}"
-    common = {
+def _four_stored_blocks(
+    s3: S3Server, tag: str, fill: int
+) -> tuple[str, dict[str, Any], list[tuple[bytes, bytearray]]]:
+    """Four blocks written straight to the server under a fresh prefix; the client options a
+    reader of them needs besides its endpoint."""
+    prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
+    common: dict[str, Any] = {
         "region": s3.region,
         "access_key_id": s3.access_key_id,
         "secret_access_key": s3.secret_access_key,
         "allow_http": True,
     }
     writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
-    stored = [(f"ns/cut/{i}".encode(), bytearray([i + 7]) * BLOCK) for i in range(4)]
+    stored = [(f"ns/{tag}/{i}".encode(), bytearray([i + fill]) * BLOCK) for i in range(4)]
     assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    return prefix, common, stored
+
+
+def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
+    """A reply cut mid-body (the connection closes early): the block fails, its buffer stays
+    untouched, and the wait is bounded."""
+    prefix, common, stored = _four_stored_blocks(s3, "cut", 7)
     # Enough for the status line and headers, not for the 32 KiB body.
     proxy = CountingProxy(s3.ports["s3"], cut_replies_after=BLOCK // 2)
     try:
@@ -101,16 +111,7 @@ def test_truncated_reply_is_never_ok(s3: S3Server) -> None:
 def test_slow_replies_time_out_per_block(s3: S3Server) -> None:
     """Replies held longer than the tier's budget: io_error after about (retries + 1) *
     timeout_s, not after the server finally answers."""
-    prefix = f"slow-{uuid.uuid4().hex[:8]}"
-    common = {
-        "region": s3.region,
-        "access_key_id": s3.access_key_id,
-        "secret_access_key": s3.secret_access_key,
-        "allow_http": True,
-    }
-    writer = _native.ObjectTier(f"s3://{s3.bucket}/{prefix}", endpoint=s3.endpoint, **common)
-    stored = [(f"ns/slow/{i}".encode(), bytearray([i + 3]) * BLOCK) for i in range(4)]
-    assert [r.status for r in writer.submit_put(stored).wait(30)] == ["ok"] * 4
+    prefix, common, stored = _four_stored_blocks(s3, "slow", 3)
     proxy = CountingProxy(s3.ports["s3"])
     try:
         reader = _native.ObjectTier(
