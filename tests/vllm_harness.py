@@ -269,13 +269,17 @@ def stage_layers(pp_rank: int, pp_size: int) -> list[int]:
 
 
 def make_stage_kv_cache_configs(
-    vllm_config: VllmConfig, num_blocks: int, *, hybrid: bool = False
+    vllm_config: VllmConfig, num_blocks: int, *, hybrid: bool | str = False
 ) -> list[KVCacheConfig]:
     """One KVCacheConfig per PP stage, as vLLM's get_kv_cache_configs plans them: the groups of
     the whole model projected onto each stage's layers, every stage with the same num_blocks
     (each stage's tensors are sized by its own layers). `hybrid`: the Gemma-3-shaped model
     (one stage), with vLLM's own planning."""
     parallel = vllm_config.parallel_config
+    if hybrid == "jamba":  # the state-space hybrid of tests/ssm_model.py
+        import ssm_model
+
+        return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks)]
     if hybrid:
         assert parallel.pipeline_parallel_size == 1, "the hybrid model runs on one stage"
         hma = not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
@@ -496,7 +500,7 @@ class Engine:
         disable_hma: bool | None = None,
         process_group: bool = False,
         recover: bool = True,
-        hybrid: bool = False,
+        hybrid: bool | str = False,
         max_model_len: int = HYBRID_MAX_MODEL_LEN,
     ) -> None:
         """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
@@ -510,7 +514,9 @@ class Engine:
         `recover`: step (idle) until FlexKV adopted the restart inventory, so a test's first
         request can hit what a previous engine stored (lookups miss those blocks until then).
         `hybrid`: `model_dir` is `hybrid_model_dir`'s Gemma-3-shaped model, planned by vLLM
-        (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`)."""
+        (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`);
+        "jamba": tests/ssm_model.py's state-space hybrid (vLLM raises its block size: the
+        engine's `block_size` is the one vLLM chose)."""
         self.block_size = block_size
         self.hybrid = hybrid
         self.vllm_config = make_vllm_config(
@@ -525,6 +531,10 @@ class Engine:
             kv_events=kv_events,
             disable_hma=disable_hma,
         )
+        if hybrid == "jamba":
+            import ssm_model
+
+            self.block_size = block_size = ssm_model.align_block_size(self.vllm_config)
         self._process_group: Path | None = None
         if process_group:
             assert tp_size == pp_size == 1, "a one-process group holds one rank"
@@ -582,6 +592,10 @@ class Engine:
         connector.register_kv_caches(kv)
         if not self.hybrid:
             return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
+        if self.hybrid == "jamba":
+            import ssm_model
+
+            return Worker(connector, kv, ssm_model.state_model(rank, kv, stage_config))
         layer_group = {
             HYBRID_LAYER_NAMES.index(name): gid
             for gid, group in enumerate(stage_config.kv_cache_groups)

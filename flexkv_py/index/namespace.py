@@ -34,7 +34,7 @@ BASE_VARIANT = bytes(VARIANT_LEN)
 # adopted at restart and age out of the store). 2: model identity, KV cache format, variants.
 # 3: the KV cache group (id, kind, window) in the prefix.
 FORMAT_VERSION = 3
-GROUP_KINDS = ("full", "sliding")
+GROUP_KINDS = ("full", "sliding", "mamba")  # mamba: one state block per prefix
 # Rank tag in front of every stored key: (tp_rank, pp_rank), big-endian u16 each.
 SHARD_TAG = struct.Struct(">HH")
 

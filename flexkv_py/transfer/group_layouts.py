@@ -5,13 +5,14 @@ view of the same memory as group k's slot j (`KVCacheTensor`, vllm/v1/worker/uti
 allocate_kv_cache); a block id belongs to one group at a time. So the page of block b over the
 distinct views (`describe_kv_caches` pages aliased views once) holds block b's bytes of
 whichever group owns it, and one transfer engine and one host slot size serve every group.
-`check_groups_share_pages` verifies that before the executor is built: groups whose layers are
-not covered that way (Mamba state views with another dtype or stride) are refused.
+`transfer_kv_caches` picks the layers the engine moves (Mamba state views, whose bytes lie inside
+the attention layers' pages, are left out) and verifies that before the executor is built:
+groups whose layers are not covered that way are refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from flexkv_py.transfer.errors import UnsupportedKVLayoutError
@@ -43,8 +44,37 @@ def check_groups_share_pages(
 ) -> KVPageGeometry:
     """The geometry over every layer, after checking it moves each group's whole block."""
     whole = describe_kv_caches(kv_caches)
-    if len(groups) <= 1:
-        return whole
+    if len(groups) > 1:
+        _check_covered(whole, kv_caches, groups)
+    return whole
+
+
+def transfer_kv_caches(
+    kv_caches: Mapping[str, Any],
+    groups: Sequence[Sequence[str]],
+    state_groups: Collection[int] = (),
+) -> dict[str, Any]:
+    """The layers one transfer engine moves so that every group's block travels whole.
+
+    Mamba (state) layers are int8 views with a padded block stride over the same layer slots as
+    the attention layers (vLLM pads the state page up to the attention page): the attention
+    layers' pages already hold every state byte, so the state layers are left out (their dtype
+    differs, and describing them too would page the same bytes twice). Refused, naming the
+    group, when some group's bytes are not covered that way."""
+    state_layers = {n for g in state_groups for n in groups[g]}
+    moved = {n: t for n, t in kv_caches.items() if n not in state_layers}
+    if not moved:
+        raise UnsupportedKVLayoutError(
+            "KV cache groups: only state (Mamba) layers registered; a hybrid model needs an "
+            "attention group whose layer slots hold the states"
+        )
+    _check_covered(describe_kv_caches(moved), kv_caches, groups)
+    return moved
+
+
+def _check_covered(
+    whole: KVPageGeometry, kv_caches: Mapping[str, Any], groups: Sequence[Sequence[str]]
+) -> None:
     runs = _runs(whole)
     for gid, geom in describe_kv_cache_groups(kv_caches, groups).items():
         for addr, stride, nbytes in _runs(geom):
@@ -55,4 +85,3 @@ def check_groups_share_pages(
                     f"{geom.page_nbytes} bytes vs {whole.page_nbytes}); groups must share "
                     "their layer slots as vLLM's hybrid allocator lays them out"
                 )
-    return whole

@@ -33,7 +33,7 @@ class GroupInfo:
     """One vLLM KV cache group: its layers share a block table and a kind of attention."""
 
     group_id: int
-    kind: str  # "full" | "sliding"
+    kind: str  # "full" | "sliding" | "mamba"
     block_size: int
     window: int  # sliding window in tokens (0 for full attention)
     layer_names: tuple[str, ...]
@@ -43,8 +43,18 @@ class GroupInfo:
     @property
     def window_blocks(self) -> int:
         """Blocks before a boundary that a request resuming there reads (vLLM's
-        SlidingWindowManager: the last W-1 tokens); 0 for full attention (all of them)."""
+        SlidingWindowManager: the last W-1 tokens); a Mamba group's one state block (the
+        one ending there); 0 for full attention (all of them)."""
+        if self.kind == "mamba":
+            return 1
         return -(-(self.window - 1) // self.block_size) if self.kind == "sliding" else 0
+
+    @property
+    def restores_state(self) -> bool:
+        """A state-space group: one block holds the state after a prefix (vLLM's Mamba
+        "align" mode); only boundary states vLLM hands off are stored, keyed by the block
+        hash ending there."""
+        return self.kind == "mamba"
 
 
 @dataclass(frozen=True)
@@ -79,14 +89,23 @@ def _group_kind(gid: int, spec: Any) -> tuple[str, int]:
     if type(spec) is SlidingWindowSpec:
         return "sliding", int(spec.sliding_window)
     if isinstance(spec, MambaSpec):
-        raise UnsupportedKVCacheError(
-            f"kv_cache_groups[{gid}]: a state-space (Mamba / linear-attention) group "
-            f"({type(spec).__name__}, mamba_type={getattr(spec, 'mamba_type', '?')}) is not "
-            "supported yet: FlexKVConnectorV1 stores full-attention and sliding-window groups"
-        )
+        mode = getattr(spec, "mamba_cache_mode", None)
+        if mode != "align":
+            raise UnsupportedKVCacheError(
+                f"kv_cache_groups[{gid}]: a state-space group ({type(spec).__name__}, "
+                f"mamba_type={getattr(spec, 'mamba_type', '?')}) with mamba_cache_mode={mode!r}: "
+                "FlexKVConnectorV1 stores the boundary states of mode 'align' only (vLLM sets it "
+                "with --enable-prefix-caching)"
+            )
+        if int(getattr(spec, "num_speculative_blocks", 0) or 0) > 0:
+            raise UnsupportedKVCacheError(
+                f"kv_cache_groups[{gid}]: a state-space group with speculative state blocks "
+                f"(num_speculative_blocks={spec.num_speculative_blocks}) is not supported"
+            )
+        return "mamba", 0
     raise UnsupportedKVCacheError(
-        f"kv_cache_groups[{gid}]: {type(spec).__name__} is not supported (full-attention and "
-        "sliding-window groups only)"
+        f"kv_cache_groups[{gid}]: {type(spec).__name__} is not supported (full-attention, "
+        "sliding-window and Mamba 'align' groups only)"
     )
 
 

@@ -26,7 +26,8 @@ def load_targets(
     groups: Sequence[GroupInfo], block_ids: Sequence[Sequence[int]], first: int, end: int
 ) -> list[Target]:
     """Blocks [first, end) a hit ending at `end` must write: all of a full-attention group's,
-    the window's (the last `window_blocks`) of a sliding-window group's."""
+    the window's (the last `window_blocks`) of a sliding-window group's, the state block at
+    end - 1 of a Mamba group's."""
     out: list[Target] = []
     for g in groups:
         ids = block_ids[g.group_id]
@@ -38,12 +39,59 @@ def load_targets(
 def store_targets(
     groups: Sequence[GroupInfo], block_ids: Sequence[Sequence[int]], start: int, stop: int
 ) -> list[Target]:
-    """Blocks [start, stop) each group still holds (non-null)."""
+    """Blocks [start, stop) each group still holds (non-null). Mamba groups store only the
+    boundary states vLLM hands off (`boundary_targets`): their blocks' positions say nothing."""
     out: list[Target] = []
     for g in groups:
+        if g.restores_state:
+            continue
         ids = block_ids[g.group_id]
         out.extend((g.group_id, i, ids[i]) for i in range(start, min(stop, len(ids))) if ids[i])
     return out
+
+
+class BoundaryStates:
+    """Mamba "align" boundary states vLLM hands off (`kv_connector_block_state.
+    boundary_state_offloads`: per request `(group, block id, boundary tokens)`), kept until the
+    step that computes the boundary has run. They name the exact block: a Mamba group's table
+    holds only the one or two state blocks vLLM keeps, so it cannot be read positionally."""
+
+    def __init__(self, groups: Sequence[GroupInfo], block_size: int) -> None:
+        self._state_groups = {g.group_id for g in groups if g.restores_state}
+        self._bs = block_size
+        self._pending: dict[str, list[tuple[int, int, int]]] = {}
+
+    def offer(self, so: Any) -> None:
+        """Take the step's hand-offs (vLLM drains them every step: only this one sees them)."""
+        block_state = getattr(so, "kv_connector_block_state", None)
+        offloads = getattr(block_state, "boundary_state_offloads", None) or {}
+        for req_id, entries in offloads.items():
+            for g, block_id, boundary in entries:
+                # A sub-block boundary (a prompt's partial tail) has no block hash: not cached.
+                aligned = boundary > 0 and boundary % self._bs == 0
+                if g in self._state_groups and block_id and aligned:
+                    self._pending.setdefault(req_id, []).append((g, block_id, boundary))
+
+    def take(self, req_id: str, tokens_with_kv: int, num_hashes: int) -> list[Target]:
+        """Hand-offs whose boundary the request's KV reaches once this step ran, as targets
+        (group, index of the block ending at the boundary, state block id)."""
+        pending = self._pending.get(req_id)
+        if not pending:
+            return []
+        bs = self._bs
+        ready = [e for e in pending if e[2] <= tokens_with_kv and e[2] // bs <= num_hashes]
+        if not ready:
+            return []
+        rest = [e for e in pending if e not in ready]
+        if rest:
+            self._pending[req_id] = rest
+        else:
+            del self._pending[req_id]
+        return [(g, boundary // bs - 1, block_id) for g, block_id, boundary in ready]
+
+    def forget(self, req_id: str) -> None:
+        """The request's blocks are gone (finished, preempted): its states with them."""
+        self._pending.pop(req_id, None)
 
 
 def allocated_block_ids(so: Any) -> set[int]:

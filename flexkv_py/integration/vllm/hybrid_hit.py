@@ -4,7 +4,10 @@ restore, as vLLM's HybridKVCacheCoordinator reconciles its own groups' local hit
 - a full-attention group needs every block of the prefix beyond the local hit;
 - a sliding-window group needs only the `window_blocks` blocks before the hit's end (the last
   W-1 tokens a request resuming there attends to), mirroring vLLM's SlidingWindowManager;
-  a gap further back is irrelevant.
+  a gap further back is irrelevant;
+- a Mamba (state-space) group needs one block: the state after the hit's last block, keyed by
+  that block's hash (vLLM's MambaManager looks for one cached state block the same way), so it
+  is a window of one block.
 
 Each group can only shorten the hit, so the loop below reaches a fixed point.
 """

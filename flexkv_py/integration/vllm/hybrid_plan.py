@@ -1,8 +1,9 @@
 """The scheduler side's lookups, loads and stores for a hybrid model (several KV cache groups).
 
 Keys differ per group (each group has its own namespace); a hit is what every group can restore
-(hybrid_hit.py); one job moves every group's blocks (group_plans.py); stores reading
-sliding-window blocks are registered with the `ReuseFence`.
+(hybrid_hit.py); one job moves every group's blocks (group_plans.py); Mamba groups store the
+boundary states vLLM hands off (`BoundaryStates`); stores reading sliding-window or state blocks
+are registered with the `ReuseFence`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flexkv_py.index.namespace import PREFIX_LEN
 from flexkv_py.integration.vllm.group_plans import (
+    BoundaryStates,
     ReuseFence,
     Target,
     load_targets,
@@ -32,10 +34,12 @@ class HybridPlan:
         self._keys = [RequestKeys(g.namespace) for g in self.groups]
         self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
         self.fence = ReuseFence()
+        self.states = BoundaryStates(self.groups, block_size)
 
     def forget(self, req_id: str) -> None:
         for rk in self._keys:
             rk.forget(req_id)
+        self.states.forget(req_id)
 
     def __len__(self) -> int:
         return sum(len(rk) for rk in self._keys)
@@ -66,10 +70,12 @@ class HybridPlan:
     ) -> tuple[list[bytes], list[int], int]:
         """(keys, GPU block ids, blocks of the first group) a hit [first, stop) loads."""
         targets: list[Target] = load_targets(self.groups, tables, first, stop)
+        # A full-attention group's blocks first: their tiers are the hit's, block by block.
+        targets.sort(key=lambda t: self.groups[t[0]].kind != "full")
         memos = [rk.keys(request, variant, stop) for rk in self._keys]
         for g, _, _ in targets:
             stats.add(f"group{g}_load_blocks", 1)
-        first_group = self.groups[0].group_id
+        first_group = targets[0][0] if targets else self.groups[0].group_id
         return (
             [memos[g][i] for g, i, _ in targets],
             [b for _, _, b in targets],
@@ -83,18 +89,21 @@ class HybridPlan:
         tables: Sequence[Sequence[int]],
         start: int,
         stop: int,
+        states: Sequence[Target] = (),
     ) -> tuple[list[bytes], list[int], set[int]]:
-        """(keys, GPU block ids, sliding-window block ids) of the blocks [start, stop) each group
-        still holds (out-of-window blocks are null: vLLM freed them)."""
-        targets = store_targets(self.groups, tables, start, stop)
+        """(keys, GPU block ids, ids vLLM may hand out again while the request runs) of the
+        blocks [start, stop) each group still holds (out-of-window blocks are null: vLLM freed
+        them), and of the Mamba boundary `states` (keyed by the hash of the block ending there)."""
+        targets = [*store_targets(self.groups, tables, start, stop), *states]
         hashes = request.block_hashes
         keys = [self.groups[g].namespace.key(hashes[i], variant) for g, i, _ in targets]
-        sliding = {b for g, _, b in targets if self.groups[g].kind == "sliding"}
-        return keys, [b for _, _, b in targets], sliding
+        reused = {b for g, _, b in targets if self.groups[g].kind != "full"}
+        return keys, [b for _, _, b in targets], reused
 
-    def planned_store(self, job: Any, sliding: set[int], stats: FlexKVConnectorStats) -> None:
-        """A store job was made: fence its sliding-window blocks, count its blocks per group."""
-        self.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in sliding))
+    def planned_store(self, job: Any, reused: set[int], stats: FlexKVConnectorStats) -> None:
+        """A store job was made: fence its sliding-window and state blocks, count its blocks
+        per group."""
+        self.fence.add(job.job_id, (b for b in job.gpu_block_ids or () if b in reused))
         for key in job.keys:
             gid = self._group_of.get(key[:PREFIX_LEN])
             if gid is not None:

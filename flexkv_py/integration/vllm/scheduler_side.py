@@ -179,9 +179,11 @@ class SchedulerSide:
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
         meta = FlexKVConnectorMetadata()
-        if self._hybrid is not None and len(self._hybrid.fence):
-            # Before this step's stores are planned: those read blocks computed this step.
-            meta.flush_job_ids = self._hybrid.fence.reading(allocated_block_ids(so))
+        if self._hybrid is not None:
+            if len(self._hybrid.fence):
+                # Before this step's stores are planned: those read blocks computed this step.
+                meta.flush_job_ids = self._hybrid.fence.reading(allocated_block_ids(so))
+            self._hybrid.states.offer(so)
         for req_id in so.preempted_req_ids or ():
             state = self._reqs.get(req_id)
             if state is not None:
@@ -190,6 +192,8 @@ class SchedulerSide:
                 # blocks and re-plans (keys already stored are skipped by the manager).
                 state.store_jobs.clear()
                 state.planned_blocks = 0
+                if self._hybrid is not None:
+                    self._hybrid.states.forget(req_id)
         if self._info.can_store:
             for req_id, num_new in so.num_scheduled_tokens.items():
                 state = self._reqs.get(req_id)
@@ -215,15 +219,19 @@ class SchedulerSide:
         req = state.request
         full = min(tokens_with_kv // self._bs, len(req.block_hashes))
         start = state.planned_blocks
-        if full <= start:
+        hybrid = self._hybrid
+        states = []
+        if hybrid is not None:
+            states = hybrid.states.take(req.request_id, tokens_with_kv, full)
+        if full <= start and not states:
             return
         manager: KVCacheManager = self._get_kv_cache_manager()
         variant = self._variants.variant(req.lora_request)
-        state.planned_blocks = full
-        sliding: set[int] = set()
-        if self._hybrid is not None:
+        full = state.planned_blocks = max(start, full)
+        reused: set[int] = set()
+        if hybrid is not None:
             tables = block_ids or manager.get_block_ids(req.request_id)
-            keys, gpu_ids, sliding = self._hybrid.store(req, variant, tables, start, full)
+            keys, gpu_ids, reused = hybrid.store(req, variant, tables, start, full, states)
         else:
             gpu_ids = list(manager.get_block_ids(req.request_id)[0][start:full])
             hashes = req.block_hashes[start:full]
@@ -238,8 +246,8 @@ class SchedulerSide:
             return
         if self._events_on:
             self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
-        if self._hybrid is not None:
-            self._hybrid.planned_store(job, sliding, self._stats)
+        if hybrid is not None:
+            hybrid.planned_store(job, reused, self._stats)
         self._jobs[job.job_id] = JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))

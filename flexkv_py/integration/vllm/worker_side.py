@@ -91,10 +91,12 @@ class WorkerSide:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if self._info.hybrid:
-            from flexkv_py.transfer.group_layouts import check_groups_share_pages
+            from flexkv_py.transfer.group_layouts import transfer_kv_caches
 
             # One transfer engine moves every group's blocks: the groups alias the same slots.
-            check_groups_share_pages(kv_caches, [g.layer_names for g in self._info.groups])
+            groups = self._info.groups
+            states = [g.group_id for g in groups if g.restores_state]
+            kv_caches = transfer_kv_caches(kv_caches, [g.layer_names for g in groups], states)
         self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches, serving=True)
         for tier in self._executor.unavailable:
             # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty

@@ -1,0 +1,225 @@
+"""A Jamba-shaped state-space hybrid for the vLLM harness: 4 layers, attention at 1 and 3, Mamba-1
+at 0 and 2, planned by vLLM 0.33's own code on CPU (`config.json` only, no weights).
+
+vLLM's path: `VllmConfig` post-init turns Mamba prefix caching to "align" mode, the executor's
+`update_block_size_for_backend` raises the block size until an attention page holds a (padded)
+Mamba page (16 -> 96 here), each layer's spec is what `Attention.get_kv_cache_spec` /
+`MambaBase.get_kv_cache_spec` return (state shapes from the model class), and
+`get_kv_cache_configs` groups and sizes them. The one stub: the platform finds the attention
+backends by walking instantiated layers, which a config-only model has none of.
+
+`StateModel` extends the harness's FakeModel: besides per-position attention KV it keeps, per
+Mamba layer, a "state" that is a deterministic function of the whole token prefix, written into
+the block holding the state after the step's last token (vLLM's align mode: table index
+cdiv(end, block_size) - 1) and checked where a joining request reads it (the block ending at its
+first computed token), so a missing, stale or foreign state is caught when vLLM would read it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm_harness as vh
+from vllm.config import VllmConfig
+from vllm.model_executor.models.registry import ModelRegistry
+from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
+
+JAMBA_CONFIG = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": vh.NUM_KV_HEADS,
+    "num_hidden_layers": 4,
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 1,
+    "num_experts_per_tok": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 8,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "use_mamba_kernels": False,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+}
+JAMBA_LAYERS = 4
+# Attention at odd layers (attn_layer_period 2, offset 1), Mamba-1 at even ones.
+JAMBA_LAYER_NAMES = [
+    f"model.layers.{i}.self_attn.attn" if i % 2 else f"model.layers.{i}.mamba"
+    for i in range(JAMBA_LAYERS)
+]
+STATE_LAYERS = [i for i in range(JAMBA_LAYERS) if i % 2 == 0]
+ATTENTION_LAYERS = [i for i in range(JAMBA_LAYERS) if i % 2]
+HEAD_SIZE = 64 // 4  # hidden_size / num_attention_heads
+
+
+def jamba_model_dir(root: Path) -> str:
+    d = root / "tiny-jamba"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(JAMBA_CONFIG))
+    return str(d)
+
+
+def align_block_size(vllm_config: VllmConfig) -> int:
+    """The executor's `update_block_size_for_backend` (uniproc_executor.py), which for a Mamba
+    hybrid raises the block size to fit the state page; returns the block size."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cls = type(current_platform)
+    saved = cls.__dict__.get("_find_non_ssm_backends")
+    # A config-only model has no layers to walk: every attention layer gets the CPU backend.
+    cls._find_non_ssm_backends = classmethod(lambda c, vc: [CPUAttentionBackend])  # type: ignore[attr-defined]
+    try:
+        current_platform.update_block_size_for_backend(vllm_config)
+    finally:
+        if saved is None:
+            del cls._find_non_ssm_backends  # type: ignore[attr-defined]
+        else:
+            cls._find_non_ssm_backends = saved  # type: ignore[attr-defined]
+    return int(vllm_config.cache_config.block_size)
+
+
+def jamba_layer_specs(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
+    cc = vllm_config.cache_config
+    heads = vh.NUM_KV_HEADS // vllm_config.parallel_config.tensor_parallel_size
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        vllm_config.model_config.architecture, model_config=vllm_config.model_config
+    )
+    specs: dict[str, KVCacheSpec] = {}
+    for i, name in enumerate(JAMBA_LAYER_NAMES):
+        if i % 2:
+            specs[name] = FullAttentionSpec(
+                block_size=cc.block_size,
+                num_kv_heads=heads,
+                head_size=HEAD_SIZE,
+                dtype=torch.bfloat16,
+            )
+        else:
+            specs[name] = MambaSpec(
+                shapes=tuple(model_cls.get_mamba_state_shape_from_config(vllm_config)),
+                dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config)),
+                block_size=cc.mamba_block_size,
+                page_size_padded=cc.mamba_page_size_padded,
+                mamba_type="mamba1",
+                mamba_cache_mode=cc.mamba_cache_mode,
+            )
+    return specs
+
+
+def jamba_block_bytes(vllm_config: VllmConfig) -> int:
+    """Bytes one block id costs with HMA: one attention page per layer slot (2 slots)."""
+    specs = jamba_layer_specs(vllm_config)
+    return specs[JAMBA_LAYER_NAMES[1]].page_size_bytes * 2
+
+
+def plan_jamba_kv_cache(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
+    specs = jamba_layer_specs(vllm_config)
+    groups = get_global_kv_cache_groups(vllm_config, [specs])
+    memory = num_blocks * jamba_block_bytes(vllm_config)
+    return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
+
+
+def _digest(tokens: Sequence[int]) -> int:
+    return vh._prefix_digests(tokens)[-1] if tokens else 0
+
+
+@dataclass
+class StateModel(vh.FakeModel):
+    """FakeModel's attention KV on the attention layers, plus one state per Mamba layer."""
+
+    state_layers: list[int] = field(default_factory=list)
+    block_size: int = 0
+
+    def state(self, layer: int, digest: int) -> torch.Tensor:
+        n = self.kv_caches[self.names[layer]][0].numel()
+        seed = digest ^ (layer * 0x9E3779B1) ^ (self.rank * 0x85EBCA77)
+        vals = (torch.arange(n, dtype=torch.int64) * 2654435761 + seed) % 251 - 125
+        return vals.to(torch.int8).reshape(self.kv_caches[self.names[layer]][0].shape)
+
+    def _state_block(self, layer: int, tables: Sequence[Sequence[int]], tokens: int) -> int:
+        return tables[self.layer_group[layer]][-(-tokens // self.block_size) - 1]
+
+    def check(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        upto: int,
+        *,
+        tables: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        super().check(req_id, tokens, block_ids, upto, tables=tables)
+        if upto == 0 or tables is None:
+            return
+        digest = _digest(tokens[:upto])
+        for layer in self.state_layers:
+            block = self._state_block(layer, tables, upto)
+            got = self.kv_caches[self.names[layer]][block]
+            if block == 0 or not torch.equal(got, self.state(layer, digest)):
+                self.mismatches.append(
+                    f"{req_id} state at {upto} layer {layer} block {block} rank {self.rank}"
+                )
+                return
+        self.checked[req_id] = self.checked.get(req_id, 0) + 1
+
+    def write(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        start: int,
+        end: int,
+        *,
+        tables: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        super().write(req_id, tokens, block_ids, start, end, tables=tables)
+        assert tables is not None
+        digest = _digest(tokens[:end])
+        for layer in self.state_layers:
+            block = self._state_block(layer, tables, end)
+            assert block, f"{req_id}: no state block for {end} tokens"
+            self.kv_caches[self.names[layer]][block].copy_(self.state(layer, digest))
+
+    def block_bits(self, block_id: int, group: int | None = None) -> list[torch.Tensor]:
+        out = super().block_bits(block_id, group)
+        out.extend(
+            self.kv_caches[self.names[i]][block_id].clone()
+            for i in self.state_layers
+            if group is None or self.layer_group[i] == group
+        )
+        return out
+
+    def _block_size(self) -> int:
+        return self.block_size
+
+
+def state_model(rank: int, kv: dict[str, Any], kv_cache_config: KVCacheConfig) -> StateModel:
+    layer_group = {
+        JAMBA_LAYER_NAMES.index(name): gid
+        for gid, group in enumerate(kv_cache_config.kv_cache_groups)
+        for name in group.layer_names
+    }
+    return StateModel(
+        rank,
+        kv,
+        list(ATTENTION_LAYERS),
+        names=tuple(JAMBA_LAYER_NAMES),
+        layer_group=layer_group,
+        state_layers=list(STATE_LAYERS),
+        block_size=int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size),
+    )

@@ -1,0 +1,191 @@
+"""State-space hybrids (vLLM's hybrid KV cache manager with a Mamba group) with FlexKVConnectorV1:
+a Jamba-shaped model (tests/ssm_model.py), planned by vLLM 0.33's own code and run by its real
+Scheduler on CPU tensors. vLLM keeps Mamba state per block boundary in "align" mode and hands the
+boundary states it caches to the connector; a hit must restore the state after its last block
+exactly, and every attention block bit-identical, at the first step that reads them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ssm_model as sm
+import torch
+import vllm_harness as vh
+from vllm.v1.request import RequestStatus
+
+pytestmark = pytest.mark.usefixtures("connector_form")
+
+BS = 96  # vLLM raises Jamba's block size from 16 until an attention page holds a state page
+PROMPT = 10 * BS + 5  # vLLM checkpoints the state at the prompt's last full block: 960
+HIT = 10
+HOST = {"cpu_cache_gb": 0.01}
+STATE_GROUP, ATTN_GROUP = 0, 1
+
+
+@pytest.fixture(scope="module")
+def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return sm.jamba_model_dir(tmp_path_factory.mktemp("jamba"))
+
+
+def engine(model_dir: str, extra: dict[str, Any], **kw: Any) -> vh.Engine:
+    transfer_kw = {k: kw.pop(k) for k in ("failure_policy",) if k in kw}
+    kw.setdefault("num_blocks", 64)
+    kw.setdefault("max_model_len", 2048)
+    e = vh.Engine(
+        model_dir, vh.connector_transfer_config(extra, **transfer_kw), hybrid="jamba", **kw
+    )
+    assert e.block_size == BS
+    return e
+
+
+def request(req_id: str, prompt: list[int]) -> Any:
+    return vh.make_request(req_id, prompt, max_tokens=3, block_size=BS)
+
+
+def stat_total(e: vh.Engine, key: str) -> float:
+    return sum(s.get(key, 0) for s in e.stats)
+
+
+def loaded(e: vh.Engine, req_id: str) -> bool:
+    return any(req_id in rec.finished_recving for rec in e.history)
+
+
+def bits(e: vh.Engine, req_id: str, group: int, lo: int, hi: int) -> list[torch.Tensor]:
+    ids = e.scheduler.kv_cache_manager.get_block_ids(req_id)[group][lo:hi]
+    assert all(ids), f"{req_id}: null block in group {group} [{lo}, {hi}): {ids}"
+    return [t for b in ids for t in e.workers[0].model.block_bits(b, group)]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def computed(req: Any, n: int) -> Any:
+    return lambda: req.num_computed_tokens >= n
+
+
+@pytest.fixture
+def vllm_warnings() -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    sink = _Sink(logging.WARNING)
+    log = logging.getLogger("vllm.config.vllm")
+    log.addHandler(sink)
+    yield seen
+    log.removeHandler(sink)
+
+
+# ----------------------------------------------------------------------------- HMA and plan
+def test_jamba_keeps_hma_and_as_many_blocks_as_without_connector(
+    jamba_dir: str, vllm_warnings: list[str]
+) -> None:
+    def plan(transfer: dict[str, Any] | None) -> Any:
+        cfg = vh.make_vllm_config(jamba_dir, transfer)
+        assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is False
+        assert cfg.cache_config.mamba_cache_mode == "align"
+        assert sm.align_block_size(cfg) == BS
+        return sm.plan_jamba_kv_cache(cfg, 2048)
+
+    bare, ours = plan(None), plan(vh.connector_transfer_config())
+    assert bare.num_blocks == ours.num_blocks == 2048
+    assert [type(g.kv_cache_spec).__name__ for g in ours.kv_cache_groups] == [
+        "MambaSpec",
+        "FullAttentionSpec",
+    ]
+    assert not [m for m in vllm_warnings if "Turning off hybrid" in m]
+
+
+# ----------------------------------------------------------------------------- store / load
+def test_jamba_external_hit_restores_exact_state_and_kv(jamba_dir: str) -> None:
+    e = engine(jamba_dir, HOST)
+    prompt = vh.prompt_tokens(1, PROMPT)
+    a = e.add(request("A", prompt))
+    # The step that computes token 960 writes the state vLLM hands off for that boundary.
+    e.run_until(computed(a, HIT * BS))
+    state_a = bits(e, "A", STATE_GROUP, HIT - 1, HIT)
+    attn_a = bits(e, "A", ATTN_GROUP, 0, HIT)
+    e.run()
+    assert stat_total(e, "group0_store_blocks") >= 1, "no boundary state was stored"
+    e.reset_gpu_prefix_cache()
+
+    e.add(request("B", prompt))
+    e.run_until(lambda: loaded(e, "B"))
+    # Loaded, not yet read: the state block is the one vLLM allocated at the hit's end.
+    assert same(bits(e, "B", STATE_GROUP, HIT - 1, HIT), state_a)
+    assert same(bits(e, "B", ATTN_GROUP, 0, HIT), attn_a)
+    e.run()
+    m = e.workers[0].model
+    assert m.written["B"] == PROMPT - HIT * BS + 2  # only the tail after the hit
+    assert m.checked["B"] >= HIT * BS + 1  # every position, then the state, at the join
+    assert stat_total(e, "group0_load_blocks") == 1  # one state block
+    assert stat_total(e, "group1_load_blocks") == HIT
+    assert e.outputs["A"] == e.outputs["B"]
+    assert not e.mismatches()
+    assert not any(rec.invalid_block_ids or rec.failed_recving for rec in e.history)
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+def test_jamba_hit_needs_a_state_at_its_end(jamba_dir: str) -> None:
+    # A's attention blocks 0..9 are stored, but vLLM hands off A's state only at 960 (its
+    # prompt's checkpoint). B shares A's first 8 blocks: no state exists at 768, so nothing
+    # can resume there and B computes all of it.
+    e = engine(jamba_dir, HOST)
+    prompt = vh.prompt_tokens(2, PROMPT)
+    e.add(request("A", prompt))
+    e.run()
+    e.reset_gpu_prefix_cache()
+    b_prompt = vh.prompt_tokens(3, PROMPT, prefix=prompt[: 8 * BS])
+    e.add(request("B", b_prompt))
+    e.run()
+    assert not loaded(e, "B")
+    assert e.workers[0].model.written["B"] == PROMPT + 2
+    assert not e.mismatches()
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+# ----------------------------------------------------------------------------- SSD
+def test_jamba_restart_same_ssd_dir_hits(jamba_dir: str, tmp_path: Path) -> None:
+    prompt = vh.prompt_tokens(4, PROMPT)
+    e = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
+    e.add(request("A", prompt))
+    e.run()
+    e.shutdown()
+    e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
+    e2.add(request("B", prompt))
+    e2.run()
+    assert loaded(e2, "B")
+    assert e2.workers[0].model.written["B"] == PROMPT - HIT * BS + 2
+    assert e2.outputs["B"] == e.outputs["A"]
+    assert not e2.mismatches()
+    vh.assert_no_leaks(e2)
+    e2.shutdown()
+
+
+def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_path: Path) -> None:
+    prompt = vh.prompt_tokens(5, PROMPT)
+    e = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
+    e.add(request("A", prompt))
+    e.run()
+    e.shutdown()
+    assert vh.corrupt_ssd(tmp_path / "ssd") >= 1
+    e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
+    b = e2.add(request("B", prompt))
+    e2.run()
+    assert any("B" in rec.failed_recving for rec in e2.history), "corruption not reported"
+    assert not any(rec.invalid_block_ids for rec in e2.history)
+    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert e2.workers[0].model.written["B"] == PROMPT + 2  # recomputed in full
+    assert e2.outputs["B"] == e.outputs["A"]
+    assert not e2.mismatches()
+    vh.assert_no_leaks(e2)
+    e2.shutdown()
