@@ -49,10 +49,9 @@ def oracle(groups: list[G], present: list[set[int]], first: int, limit: int) -> 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[list[G], list[set[int]], int, int]:
     n = draw(st.integers(1, 24))
-    kinds = draw(st.lists(st.sampled_from(["full", "sliding"]), min_size=1, max_size=3))
-    groups = [
-        G(i, k, draw(st.integers(0, 6)) if k == "sliding" else 0) for i, k in enumerate(kinds)
-    ]
+    kinds = draw(st.lists(st.sampled_from(["full", "sliding", "mamba"]), min_size=1, max_size=3))
+    window = {"full": st.just(0), "sliding": st.integers(0, 6), "mamba": st.just(1)}
+    groups = [G(i, k, draw(window[k])) for i, k in enumerate(kinds)]
     present = [set(draw(st.sets(st.integers(0, n - 1)))) for _ in groups]
     first = draw(st.integers(0, n))
     return groups, present, first, n
@@ -83,6 +82,50 @@ def test_gap_below_window_is_irrelevant() -> None:
     swa = set(range(7, 10))  # only the last 3 blocks: enough for the end at 10
     assert longest_hybrid_hit(groups, 0, 10, readable_fn([set(range(10)), swa])) == 10
     assert window_end(3, 0, 10, lambda a, b: b if a >= 7 else 7) == 10
+
+
+def test_missing_mamba_state_shortens_hit() -> None:
+    # Attention holds blocks 0..9; the state exists only after blocks 4 and 7 (the
+    # boundaries vLLM handed off): the hit ends where a state does.
+    groups = [G(0, "mamba", 1), G(1, "full")]
+    present = [{3, 6}, set(range(10))]
+    assert longest_hybrid_hit(groups, 0, 10, readable_fn(present)) == 7
+    assert longest_hybrid_hit(groups, 0, 6, readable_fn(present)) == 4
+    # No state past the local hit: nothing to load.
+    assert longest_hybrid_hit(groups, 7, 10, readable_fn(present)) == 7
+
+
+def test_mamba_loads_one_state_block_and_stores_only_hand_offs() -> None:
+    from types import SimpleNamespace
+
+    from flexkv_py.integration.vllm.engine_info import GroupInfo
+    from flexkv_py.integration.vllm.group_plans import BoundaryStates
+
+    ns = Namespace(model="m", revision=None, kv_dtype="bfloat16", kv_layout="LBNHC", block_size=16)
+    mamba = GroupInfo(0, "mamba", 16, 0, ("m",), 64, ns.for_group(0, "mamba"))
+    full = GroupInfo(1, "full", 16, 0, ("a",), 64, ns.for_group(1, "full"))
+    assert mamba.window_blocks == 1 and mamba.restores_state
+    tables = [[0, 0, 0, 5, 9], [1, 2, 3, 4, 6]]
+    # A hit [0, 4): the state block at index 3 (after 64 tokens), every attention block.
+    assert load_targets([mamba, full], tables, 0, 4) == [(0, 3, 5)] + [
+        (1, i, tables[1][i]) for i in range(4)
+    ]
+    # Mamba positions are never stored positionally: only what vLLM hands off.
+    assert all(g == 1 for g, _, _ in store_targets([mamba, full], tables, 0, 5))
+    states = BoundaryStates([mamba, full], 16)
+
+    def step(offloads: dict[str, list[tuple[int, int, int]]]) -> SimpleNamespace:
+        return SimpleNamespace(
+            kv_connector_block_state=SimpleNamespace(boundary_state_offloads=offloads)
+        )
+
+    # A sub-block boundary has no hash (not cached); another group's entry is not a state.
+    states.offer(step({"r": [(0, 5, 64), (0, 7, 70), (1, 2, 32)], "s": [(0, 8, 32)]}))
+    assert states.take("r", 63, 4) == []  # the step computing token 64 has not run yet
+    assert states.take("r", 64, 4) == [(0, 3, 5)]
+    assert states.take("r", 64, 4) == []  # taken once
+    states.forget("s")  # preempted or finished: its state blocks are gone
+    assert states.take("s", 32, 2) == []
 
 
 def test_hit_limit_keeps_the_last_token_for_hybrid() -> None:
@@ -179,7 +222,7 @@ def test_format_version_3_keys_differ_from_v2() -> None:
     assert ns.prefix != hashlib.blake2b(canonical, digest_size=16).digest()
 
 
-@pytest.mark.parametrize("bad", [{"group_kind": "mamba"}, {"group_id": -1}, {"window": -1}])
+@pytest.mark.parametrize("bad", [{"group_kind": "linear"}, {"group_id": -1}, {"window": -1}])
 def test_namespace_rejects_bad_group(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         _ns(**bad)

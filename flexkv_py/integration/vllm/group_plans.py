@@ -43,7 +43,7 @@ def store_targets(
     boundary states vLLM hands off (`boundary_targets`): their blocks' positions say nothing."""
     out: list[Target] = []
     for g in groups:
-        if g.restores_state:
+        if g.kind == "mamba":
             continue
         ids = block_ids[g.group_id]
         out.extend((g.group_id, i, ids[i]) for i in range(start, min(stop, len(ids))) if ids[i])
@@ -57,7 +57,7 @@ class BoundaryStates:
     holds only the one or two state blocks vLLM keeps, so it cannot be read positionally."""
 
     def __init__(self, groups: Sequence[GroupInfo], block_size: int) -> None:
-        self._state_groups = {g.group_id for g in groups if g.restores_state}
+        self._state_groups = {g.group_id for g in groups if g.kind == "mamba"}
         self._bs = block_size
         self._pending: dict[str, list[tuple[int, int, int]]] = {}
 

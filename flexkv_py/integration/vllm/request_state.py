@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,3 +36,30 @@ class JobInfo:
     results: list[Any] = field(default_factory=list)
     # Ranks whose GPU->host copy of this store ended (counted like results: one per rank).
     gpu_read_ranks: int = 0
+
+
+class LoadingKeys:
+    """Keys some load job is bringing into GPU blocks (a count per key: several requests may
+    load the same prefix). A request whose hit overlaps them waits and takes the prefix from
+    the GPU prefix cache once the load is done, rather than load it twice."""
+
+    def __init__(self) -> None:
+        self._count: dict[bytes, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._count)
+
+    def add(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            self._count[k] = self._count.get(k, 0) + 1
+
+    def release(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            n = self._count.get(k, 0) - 1
+            if n > 0:
+                self._count[k] = n
+            else:
+                self._count.pop(k, None)
+
+    def any_of(self, keys: Iterable[bytes]) -> bool:
+        return any(k in self._count for k in keys)

@@ -39,13 +39,14 @@ from flexkv_py.integration.vllm.metadata import (
     JobEntry,
 )
 from flexkv_py.integration.vllm.request_keys import RequestKeys
-from flexkv_py.integration.vllm.request_state import JobInfo, RequestState
+from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+from flexkv_py.integration.vllm.store_planning import StorePlanner
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
@@ -80,7 +81,7 @@ class SchedulerSide:
         # req_id -> tokens of its external hit per tier, for vLLM's hit-source metrics.
         self._hit_sources: dict[str, dict[Tier, int]] = {}
         self._jobs: dict[int, JobInfo] = {}
-        self._loading_keys: dict[bytes, int] = {}
+        self._loading_keys = LoadingKeys()
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
         # What survived a restart on every worker's SSD: adopted once all reported. Until then the
@@ -94,6 +95,8 @@ class SchedulerSide:
         self._keys = RequestKeys(self._ns)
         # Hybrid models: one namespace (and key memo) per KV cache group.
         self._hybrid = HybridPlan(info.groups, self._bs) if info.hybrid else None
+        tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
+        self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
 
@@ -116,13 +119,12 @@ class SchedulerSide:
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
             return 0, False
-        loading = self._loading_keys
-        if loading:
+        if self._loading_keys:
             if self._hybrid is not None:
                 keys = self._hybrid.prefix_keys(request, variant, first, first + hit)
             else:
                 keys = self._keys.keys(request, variant, first + hit)[first : first + hit]
-            if any(k in loading for k in keys):
+            if self._loading_keys.any_of(keys):
                 # Another request is loading this prefix: wait, then take it from the GPU cache.
                 return None, False
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
@@ -165,8 +167,7 @@ class SchedulerSide:
         else:
             self._jobs[job.job_id] = JobInfo(job.job_id, request.request_id, "load", tuple(keys))
             state.load_job = job.job_id
-            for k in keys:
-                self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
+            self._loading_keys.add(keys)
         state.loading = True
         self._step_jobs.append(JobEntry(request.request_id, "load", job, tuple(block_ids)))
         # Loaded blocks are already in our tiers: the store planner starts after them.
@@ -217,37 +218,18 @@ class SchedulerSide:
         """Queue a store for the request's full blocks whose KV exists once the step ran
         (`block_ids`: the request's tables per group, the manager's when None)."""
         req = state.request
-        full = min(tokens_with_kv // self._bs, len(req.block_hashes))
-        start = state.planned_blocks
-        hybrid = self._hybrid
-        states = []
-        if hybrid is not None:
-            states = hybrid.states.take(req.request_id, tokens_with_kv, full)
-        if full <= start and not states:
-            return
-        manager: KVCacheManager = self._get_kv_cache_manager()
         variant = self._variants.variant(req.lora_request)
-        full = state.planned_blocks = max(start, full)
-        reused: set[int] = set()
-        if hybrid is not None:
-            tables = block_ids or manager.get_block_ids(req.request_id)
-            keys, gpu_ids, reused = hybrid.store(req, variant, tables, start, full, states)
-        else:
-            gpu_ids = list(manager.get_block_ids(req.request_id)[0][start:full])
-            hashes = req.block_hashes[start:full]
-            if len(gpu_ids) != len(hashes):
-                logger.warning(
-                    "%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids)
-                )
-                return
-            keys = self._ns.keys(hashes, variant)
+        plan = self._store_planner.plan(state, tokens_with_kv, variant, block_ids)
+        if plan is None:
+            return
+        keys, gpu_ids, start, full = plan.keys, plan.gpu_ids, plan.start, plan.stop
         job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
         if job is None:
             return
         if self._events_on:
             self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
-        if hybrid is not None:
-            hybrid.planned_store(job, reused, self._stats)
+        if self._hybrid is not None:
+            self._hybrid.planned_store(job, plan.reused, self._stats)
         self._jobs[job.job_id] = JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
@@ -314,12 +296,7 @@ class SchedulerSide:
         if info.kind != "drop":  # deletes are fire-and-forget for the manager
             self._mgr.complete(merged)
         if info.kind == "load":
-            for k in info.keys:
-                n = self._loading_keys.get(k, 0) - 1
-                if n > 0:
-                    self._loading_keys[k] = n
-                else:
-                    self._loading_keys.pop(k, None)
+            self._loading_keys.release(info.keys)
         if info.req_id is None:
             return
         state = self._reqs.get(info.req_id)

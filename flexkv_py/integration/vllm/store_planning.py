@@ -1,0 +1,72 @@
+"""Which blocks of a request a store takes once a step ran: its full blocks past those already
+planned, per KV cache group for a hybrid model (plus the Mamba boundary states vLLM handed off),
+with their keys. The scheduler side turns the plan into a job."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flexkv_py.index.namespace import Namespace
+    from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
+    from flexkv_py.integration.vllm.request_state import RequestState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StorePlan:
+    start: int  # first block position planned now
+    stop: int  # positions [start, stop) are planned (stored, skipped or in flight) after it
+    keys: list[bytes]
+    gpu_ids: list[int]
+    # GPU blocks vLLM may hand out again while the request runs (sliding window, Mamba state).
+    reused: set[int] = field(default_factory=set)
+
+
+class StorePlanner:
+    def __init__(
+        self,
+        ns: Namespace,
+        block_size: int,
+        hybrid: HybridPlan | None,
+        block_tables: Callable[[str], Sequence[Sequence[int]]],
+    ) -> None:
+        self._ns = ns
+        self._bs = block_size
+        self._hybrid = hybrid
+        self._tables = block_tables  # req_id -> the request's block ids per group
+
+    def plan(
+        self,
+        state: RequestState,
+        tokens_with_kv: int,
+        variant: bytes,
+        block_ids: Sequence[Sequence[int]] | None = None,
+    ) -> StorePlan | None:
+        """Blocks whose KV exists once `tokens_with_kv` tokens are computed and that are not
+        planned yet (`block_ids`: the request's tables, the manager's when None); advances
+        `state.planned_blocks`. None when there is nothing new."""
+        req = state.request
+        full = min(tokens_with_kv // self._bs, len(req.block_hashes))
+        start = state.planned_blocks
+        hybrid = self._hybrid
+        states: list[Any] = []
+        if hybrid is not None:
+            states = hybrid.states.take(req.request_id, tokens_with_kv, full)
+        if full <= start and not states:
+            return None
+        full = state.planned_blocks = max(start, full)
+        tables = block_ids or self._tables(req.request_id)
+        if hybrid is not None:
+            keys, gpu_ids, reused = hybrid.store(req, variant, tables, start, full, states)
+            return StorePlan(start, full, keys, gpu_ids, reused)
+        gpu_ids = list(tables[0][start:full])
+        hashes = req.block_hashes[start:full]
+        if len(gpu_ids) != len(hashes):
+            logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
+            return None
+        return StorePlan(start, full, self._ns.keys(hashes, variant), gpu_ids)
