@@ -314,3 +314,26 @@ def test_mamba_group_is_refused_by_name() -> None:
     )
     with pytest.raises(UnsupportedKVCacheError, match=r"kv_cache_groups\[0\].*Mamba"):
         read_groups(cfg, base)
+
+
+# ----------------------------------------------------------------------------- KV events
+def test_hybrid_kv_events_name_each_group(hybrid_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    monkeypatch.setenv("DYNAMO_USE_FLEXKV", "1")
+    e = engine(hybrid_dir, HOST)
+    a = e.add(vh.make_request("A", vh.prompt_tokens(9, PROMPT_BLOCKS * BS), max_tokens=3))
+    e.run()
+    e.shutdown()
+    stored = [ev for ev in e.events if isinstance(ev, BlockStored) and ev.medium == "CPU"]
+    by_group: dict[int, set[Any]] = {}
+    for ev in stored:
+        by_group.setdefault(ev.group_idx, set()).update(ev.block_hashes)
+        # What vLLM's KVCacheManager annotates its own events with, per group.
+        want = ("full_attention", None) if ev.group_idx == 0 else ("sliding_window", vh.WINDOW)
+        assert (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window) == want
+    hashes = [maybe_convert_block_hash(h) for h in a.block_hashes]
+    assert set(hashes[:PROMPT_BLOCKS]) <= by_group[0]
+    # The sliding group's blocks are announced as its own, the last ones (in the window) too.
+    assert hashes[PROMPT_BLOCKS - 1] in by_group[1]

@@ -189,3 +189,22 @@ def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_pat
     assert not e2.mismatches()
     vh.assert_no_leaks(e2)
     e2.shutdown()
+
+
+def test_jamba_kv_events_name_the_state_group(
+    jamba_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    monkeypatch.setenv("DYNAMO_USE_FLEXKV", "1")
+    e = engine(jamba_dir, HOST)
+    a = e.add(request("A", vh.prompt_tokens(6, PROMPT)))
+    e.run()
+    e.shutdown()
+    stored = [ev for ev in e.events if isinstance(ev, BlockStored) and ev.medium == "CPU"]
+    state = [ev for ev in stored if ev.group_idx == STATE_GROUP]
+    # One state, the one after block 9 (960 tokens), announced under the Mamba group.
+    assert [ev.block_hashes for ev in state] == [[maybe_convert_block_hash(a.block_hashes[9])]]
+    assert state[0].kv_cache_spec_kind == "mamba"
+    assert sum(len(ev.block_hashes) for ev in stored if ev.group_idx == ATTN_GROUP) == HIT

@@ -11,7 +11,7 @@ import itertools
 import math
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from flexkv_py.config import FlexKVConfig
@@ -19,7 +19,7 @@ from flexkv_py.coordinator.jobs import Job
 from flexkv_py.coordinator.planning import host_slots_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import Victim
-from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.namespace import PREFIX_LEN, Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
@@ -36,6 +36,8 @@ class KVEvent:
     kind: Literal["stored", "removed"]
     block_hash: bytes
     medium: Medium
+    # The key's namespace prefix: which KV cache group of a hybrid model the block is of.
+    group_prefix: bytes = field(default=b"", compare=False)
 
 
 @dataclass
@@ -102,7 +104,8 @@ class ManagerState:
         return self.index.num_host_slots
 
     def _event(self, kind: Literal["stored", "removed"], key: bytes, tier: Tier) -> None:
-        self._events.append(KVEvent(kind, self.namespace.block_hash(key), MEDIUM[tier]))
+        block_hash = self.namespace.block_hash(key)
+        self._events.append(KVEvent(kind, block_hash, MEDIUM[tier], key[:PREFIX_LEN]))
 
     def take_events(self) -> list[KVEvent]:
         with self._lock:

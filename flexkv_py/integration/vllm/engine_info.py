@@ -39,6 +39,9 @@ class GroupInfo:
     layer_names: tuple[str, ...]
     page_bytes: int  # one block of this group: all its layers of this rank's shard
     namespace: Namespace  # rank-less, keys this group's blocks
+    # What vLLM's own KV events say of the group (kv_cache_spec_kind, sliding window).
+    event_kind: str | None = None
+    event_window: int | None = None
 
     @property
     def window_blocks(self) -> int:
@@ -128,6 +131,11 @@ def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupI
         )
     if len(rows) > 1:
         base = replace(base, groups=tuple((g, k, w, p) for g, k, w, p, _, _ in rows))
+    from vllm.v1.kv_cache_interface import (
+        get_kv_cache_spec_kind,
+        get_kv_cache_spec_sliding_window,
+    )
+
     return tuple(
         GroupInfo(
             gid,
@@ -137,6 +145,8 @@ def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupI
             layers,
             page,
             base.for_group(gid, kind, window, page_bytes=page),
+            get_kv_cache_spec_kind(spec).value,
+            get_kv_cache_spec_sliding_window(spec),
         )
         for gid, kind, window, page, spec, layers in rows
     )

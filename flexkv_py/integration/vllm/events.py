@@ -3,7 +3,8 @@
 Published when DYNAMO_USE_FLEXKV=1 (FlexKV's switch) or when vLLM's own KV events are on
 (`--kv-events-config` with `enable_kv_cache_events`: other routers, e.g. llm-d's, read the same
 stream); otherwise drained and dropped. The events have the shape of vLLM's own prefix-cache
-events (token ids, block size, parent hash, LoRA, per-block extra keys, group 0; no session id),
+events (token ids, block size, parent hash, LoRA, per-block extra keys, the KV cache group with
+its spec kind and sliding window as vLLM's KVCacheManager annotates them; no session id),
 with the medium that gained or lost the block: "CPU" for host memory, "DISK" for the SSD tier.
 Those are the names Dynamo's router maps to its host-pinned and disk tiers; it does not know
 FlexKV's "SSD" (an unknown medium is dropped or filed as GPU).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,15 +97,28 @@ class BlockOrigins:
         self._items.clear()
 
 
+# A KV cache group as vLLM's own events describe it: (group_idx, kv_cache_spec_kind,
+# kv_cache_spec_sliding_window), found by the group's key prefix.
+EventGroup = tuple[int, str | None, int | None]
+_GROUP_0: EventGroup = (0, None, None)
+
+
 def to_vllm_events(
-    tier_events: Iterable[Any], origins: BlockOrigins, block_size: int
+    tier_events: Iterable[Any],
+    origins: BlockOrigins,
+    block_size: int,
+    groups: Mapping[bytes, EventGroup] | None = None,
 ) -> list[KVCacheEvent]:
-    """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium`."""
+    """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium` and
+    `group_prefix` (hybrid models: `groups` maps it to the group; group 0 otherwise)."""
     out: list[KVCacheEvent] = []
     for ev in tier_events:
         medium = PUBLISHED_MEDIUM.get(str(ev.medium).upper())
         if medium is None:
             continue
+        group_idx, spec_kind, spec_window = (groups or {}).get(
+            getattr(ev, "group_prefix", b""), _GROUP_0
+        )
         block_hash = bytes(ev.block_hash)
         if ev.kind == "stored":
             origin = origins.get(block_hash)
@@ -123,7 +137,9 @@ def to_vllm_events(
                     lora_name=origin.lora_name if origin is not None else None,
                     # One entry per block, None for a block without extra keys (as vLLM does).
                     extra_keys=[origin.extra_keys] if origin is not None else None,
-                    group_idx=0,
+                    group_idx=group_idx,
+                    kv_cache_spec_kind=spec_kind,
+                    kv_cache_spec_sliding_window=spec_window,
                 )
             )
         elif ev.kind == "removed":
@@ -131,7 +147,7 @@ def to_vllm_events(
                 BlockRemoved(
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                     medium=medium,
-                    group_idx=0,
+                    group_idx=group_idx,
                 )
             )
     return out

@@ -98,6 +98,9 @@ class SchedulerSide:
         tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._events_on = info.publish_kv_events
+        self._event_groups = {
+            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window) for g in info.groups
+        }
         self._stats = FlexKVConnectorStats()
 
     # ---------------------------------------------------------------- lookup / load
@@ -361,7 +364,7 @@ class SchedulerSide:
         tier_events = self._mgr.take_events()
         if not self._events_on:
             return []
-        return to_vllm_events(tier_events, self._origins, self._bs)
+        return to_vllm_events(tier_events, self._origins, self._bs, self._event_groups)
 
     def reset_cache(self) -> bool:
         self._inventory.forget()
