@@ -73,10 +73,12 @@ def longest_hybrid_hit(
     return first
 
 
-def hit_limit(num_tokens: int, num_hashes: int, block_size: int, hybrid: bool) -> int:
-    """Blocks a hit may cover. Hybrid: at most (num_tokens - 1) // block_size, so the external
-    tokens end on a block boundary, where the sliding window of the first computed token is
-    exactly the blocks checked (vLLM's OffloadingConnector caps the same way)."""
-    if not hybrid:
+def hit_limit(num_tokens: int, num_hashes: int, block_size: int, state_groups: bool) -> int:
+    """Blocks a hit may cover. A hit of the whole prompt is fine for attention groups: vLLM
+    then recomputes its last token (scheduler `_update_waiting_for_remote_kv`), whose sliding
+    window ends inside the blocks checked. A state (Mamba) group cannot serve that: the state
+    one token before the end is never cached, so the hit keeps at least the last token,
+    (num_tokens - 1) // block_size blocks (vLLM's OffloadingConnector caps the same way)."""
+    if not state_groups:
         return num_hashes
     return min(num_hashes, (num_tokens - 1) // block_size)

@@ -35,6 +35,7 @@ class HybridPlan:
         self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
         self.fence = ReuseFence()
         self.states = BoundaryStates(self.groups, block_size)
+        self._state_groups = any(g.kind == "mamba" for g in self.groups)
 
     def forget(self, req_id: str) -> None:
         for rk in self._keys:
@@ -47,7 +48,7 @@ class HybridPlan:
     def hit(self, request: Any, first: int, variant: bytes, readable: HashPrefixFn) -> int:
         """Blocks past `first` every group can restore."""
         hashes = request.block_hashes
-        limit = hit_limit(request.num_tokens, len(hashes), self._bs, hybrid=True)
+        limit = hit_limit(request.num_tokens, len(hashes), self._bs, self._state_groups)
         heads = [rk.head(variant) for rk in self._keys]
 
         def group_readable(gid: int, start: int, stop: int) -> int:
