@@ -154,6 +154,35 @@ def test_targets_skip_null_blocks_and_load_only_the_window() -> None:
     ]
 
 
+def test_sliding_store_interval_keeps_windows_before_boundaries_and_the_tail() -> None:
+    from flexkv_py.integration.vllm.engine_info import GroupInfo
+
+    ns = Namespace(model="m", revision=None, kv_dtype="bfloat16", kv_layout="LBNHC", block_size=16)
+    full = GroupInfo(0, "full", 16, 0, ("a",), 64, ns)
+    swa = GroupInfo(1, "sliding", 16, 32, ("b",), 64, ns.for_group(1, "sliding", 32))
+    assert swa.window_blocks == 2
+    tables = [list(range(1, 12)), list(range(21, 32))]
+
+    def sliding(start: int, stop: int, final: bool = False) -> list[int]:
+        targets = store_targets([full, swa], tables, start, stop, interval=4, final=final)
+        assert [i for g, i, _ in targets if g == 0] == list(range(start, stop))  # full: all
+        return [i for g, i, _ in targets if g == 1]
+
+    # Windows before boundaries 4 and 8: blocks 2, 3, 6, 7; what the run planned in two parts.
+    assert sliding(0, 5) + sliding(5, 9) == [2, 3, 6, 7]
+    # The request ends at 11: its last window, 9 and 10, though the plan starts at 11.
+    assert sliding(9, 11, final=True) == [9, 10]
+    # Ending on a boundary's window, nothing is planned twice.
+    assert sliding(8, 8, final=True) == []
+    # The lookup side: a hit ends only where a whole window was stored.
+    stored = {2, 3, 6, 7, 9, 10}
+    groups = [G(0, "full"), G(1, "sliding", 2)]
+    got = [
+        longest_hybrid_hit(groups, 0, e, readable_fn([set(range(11)), stored])) for e in (11, 10, 7)
+    ]
+    assert got == [11, 8, 4]
+
+
 def test_reuse_fence_names_jobs_reading_reused_blocks() -> None:
     fence = ReuseFence()
     fence.add(7, [3, 4])
@@ -228,3 +257,11 @@ def test_format_version_3_keys_differ_from_v2() -> None:
 def test_namespace_rejects_bad_group(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         _ns(**bad)
+
+
+def test_sliding_store_interval_must_be_positive() -> None:
+    from flexkv_py.config import load_config
+
+    assert load_config({"sliding_store_interval_blocks": "16"}).sliding_store_interval_blocks == 16
+    with pytest.raises(ConfigError, match="sliding_store_interval_blocks: must be >= 1, got 0"):
+        load_config({"sliding_store_interval_blocks": 0})

@@ -318,6 +318,28 @@ def test_mamba_group_is_refused_by_name() -> None:
         read_groups(cfg, base)
 
 
+def test_sliding_store_interval_stores_boundary_windows_and_hits_on_them(hybrid_dir: str) -> None:
+    # Interval 16: the sliding group keeps the 8-block window before block 16 and A's last
+    # window (12..19): 12 of 20 blocks. C shares A's first 17 blocks: the window before 17
+    # (9..16) is among them, so C resumes at 17.
+    e = engine(hybrid_dir, {**HOST, "sliding_store_interval_blocks": 16})
+    prompt = vh.prompt_tokens(10, PROMPT_BLOCKS * BS)
+    e.add(vh.make_request("A", prompt, max_tokens=3))
+    e.run()
+    assert stat_total(e, "group1_store_blocks") == 12
+    assert stat_total(e, "group0_store_blocks") == PROMPT_BLOCKS
+    e.reset_gpu_prefix_cache()
+    c_prompt = vh.prompt_tokens(11, PROMPT_BLOCKS * BS, prefix=prompt[: 17 * BS])
+    e.add(vh.make_request("C", c_prompt, max_tokens=3))
+    e.run()
+    assert loaded(e, "C")
+    assert e.workers[0].model.written["C"] == (PROMPT_BLOCKS - 17) * BS + 2
+    assert stat_total(e, "group1_load_blocks") == WINDOW_BLOCKS
+    assert not e.mismatches()
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
 # ----------------------------------------------------------------------------- KV events
 def test_hybrid_kv_events_name_each_group(hybrid_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.distributed.kv_events import BlockStored

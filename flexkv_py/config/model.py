@@ -51,6 +51,7 @@ class FlexKVConfig:
     model_epoch: int = 0
     instance_num: int = 1
     instance_id: int = 0
+    sliding_store_interval_blocks: int = 1
 
     @property
     def ssd_enabled(self) -> bool:

@@ -230,6 +230,13 @@ FIELDS: tuple[Field, ...] = (
         "FlexKV: engines sharing this node's cache (only 1 is supported so far)",
     ),
     Field("instance_id", _as_int, 0, "FlexKV: this engine's index among instance_num"),
+    Field(
+        "sliding_store_interval_blocks",
+        _as_int,
+        1,
+        "hybrid models: a sliding-window group stores only the window before every N-th block "
+        "boundary and a request's last window (1: every block); hits then end on those",
+    ),
 )
 
 FIELDS_BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}

@@ -99,6 +99,10 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
         raise ConfigError(
             f"write_behind_mib_s: must be a finite number > 0, got {cfg.write_behind_mib_s}"
         )
+    if cfg.sliding_store_interval_blocks < 1:
+        raise ConfigError(
+            f"sliding_store_interval_blocks: must be >= 1, got {cfg.sliding_store_interval_blocks}"
+        )
     if not 1 <= cfg.zstd_level <= 22:
         raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
     parse_admission(cfg.admission)

@@ -37,16 +37,39 @@ def load_targets(
 
 
 def store_targets(
-    groups: Sequence[GroupInfo], block_ids: Sequence[Sequence[int]], start: int, stop: int
+    groups: Sequence[GroupInfo],
+    block_ids: Sequence[Sequence[int]],
+    start: int,
+    stop: int,
+    *,
+    interval: int = 1,
+    final: bool = False,
 ) -> list[Target]:
     """Blocks [start, stop) each group still holds (non-null). Mamba groups store only the
-    boundary states vLLM hands off (`boundary_targets`): their blocks' positions say nothing."""
+    boundary states vLLM hands off (`BoundaryStates`): their blocks' positions say nothing.
+    `interval` > 1: a sliding-window group keeps only what a later hit can use, the window
+    before every `interval`-th boundary, and (`final`: the request's last plan) the window
+    before `stop`, even where an earlier plan skipped it (vLLM's reachable_block_mask)."""
     out: list[Target] = []
     for g in groups:
         if g.kind == "mamba":
             continue
         ids = block_ids[g.group_id]
-        out.extend((g.group_id, i, ids[i]) for i in range(start, min(stop, len(ids))) if ids[i])
+        end = min(stop, len(ids))
+        if g.kind != "sliding" or interval <= 1:
+            out.extend((g.group_id, i, ids[i]) for i in range(start, end) if ids[i])
+            continue
+        need = g.window_blocks
+
+        def before_boundary(i: int, need: int = need) -> bool:
+            return (i // interval + 1) * interval - i <= need
+
+        keep = {i for i in range(start, end) if before_boundary(i)}
+        if final:
+            # The tail's window; blocks before `start` an earlier plan kept are planned already.
+            tail = range(max(0, end - need), end)
+            keep.update(i for i in tail if i >= start or not before_boundary(i))
+        out.extend((g.group_id, i, ids[i]) for i in sorted(keep) if ids[i])
     return out
 
 

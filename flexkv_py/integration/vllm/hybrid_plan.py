@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 
 
 class HybridPlan:
-    def __init__(self, groups: Sequence[GroupInfo], block_size: int) -> None:
+    def __init__(
+        self, groups: Sequence[GroupInfo], block_size: int, sliding_interval: int = 1
+    ) -> None:
         self.groups = tuple(groups)
+        self._sliding_interval = sliding_interval  # sliding_store_interval_blocks
         self._bs = block_size
         self._keys = [RequestKeys(g.namespace) for g in self.groups]
         self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
@@ -91,11 +94,16 @@ class HybridPlan:
         start: int,
         stop: int,
         states: Sequence[Target] = (),
+        *,
+        final: bool = False,
     ) -> tuple[list[bytes], list[int], set[int]]:
         """(keys, GPU block ids, ids vLLM may hand out again while the request runs) of the
         blocks [start, stop) each group still holds (out-of-window blocks are null: vLLM freed
         them), and of the Mamba boundary `states` (keyed by the hash of the block ending there)."""
-        targets = [*store_targets(self.groups, tables, start, stop), *states]
+        positional = store_targets(
+            self.groups, tables, start, stop, interval=self._sliding_interval, final=final
+        )
+        targets = [*positional, *states]
         hashes = request.block_hashes
         keys = [self.groups[g].namespace.key(hashes[i], variant) for g, i, _ in targets]
         reused = {b for g, _, b in targets if self.groups[g].kind != "full"}

@@ -94,7 +94,8 @@ class SchedulerSide:
         # Keys per request, kept across its scheduling attempts (vLLM asks every step).
         self._keys = RequestKeys(self._ns)
         # Hybrid models: one namespace (and key memo) per KV cache group.
-        self._hybrid = HybridPlan(info.groups, self._bs) if info.hybrid else None
+        interval = config.sliding_store_interval_blocks
+        self._hybrid = HybridPlan(info.groups, self._bs, interval) if info.hybrid else None
         tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._events_on = info.publish_kv_events
@@ -217,12 +218,13 @@ class SchedulerSide:
         state: RequestState,
         tokens_with_kv: int,
         block_ids: tuple[list[int], ...] | None = None,
+        final: bool = False,
     ) -> None:
         """Queue a store for the request's full blocks whose KV exists once the step ran
         (`block_ids`: the request's tables per group, the manager's when None)."""
         req = state.request
         variant = self._variants.variant(req.lora_request)
-        plan = self._store_planner.plan(state, tokens_with_kv, variant, block_ids)
+        plan = self._store_planner.plan(state, tokens_with_kv, variant, block_ids, final=final)
         if plan is None:
             return
         keys, gpu_ids, start, full = plan.keys, plan.gpu_ids, plan.start, plan.stop
@@ -331,7 +333,7 @@ class SchedulerSide:
         if self._info.can_store and not state.loading:
             # Blocks whose hash became known only now (the last decode tokens).
             tables = block_ids if self._hybrid is not None else None
-            self._plan_store(state, request.num_computed_tokens, tables)
+            self._plan_store(state, request.num_computed_tokens, tables, final=True)
         if state.loading:
             # vLLM frees the blocks when the load reports finished_recving.
             return True, None

@@ -46,10 +46,13 @@ class StorePlanner:
         tokens_with_kv: int,
         variant: bytes,
         block_ids: Sequence[Sequence[int]] | None = None,
+        *,
+        final: bool = False,
     ) -> StorePlan | None:
         """Blocks whose KV exists once `tokens_with_kv` tokens are computed and that are not
         planned yet (`block_ids`: the request's tables, the manager's when None); advances
-        `state.planned_blocks`. None when there is nothing new."""
+        `state.planned_blocks`; `final`: the request's last plan. None when there is nothing
+        new."""
         req = state.request
         full = min(tokens_with_kv // self._bs, len(req.block_hashes))
         start = state.planned_blocks
@@ -57,12 +60,16 @@ class StorePlanner:
         states: list[Any] = []
         if hybrid is not None:
             states = hybrid.states.take(req.request_id, tokens_with_kv, full)
-        if full <= start and not states:
+        if full <= start and not states and not (final and hybrid is not None):
             return None
         full = state.planned_blocks = max(start, full)
         tables = block_ids or self._tables(req.request_id)
         if hybrid is not None:
-            keys, gpu_ids, reused = hybrid.store(req, variant, tables, start, full, states)
+            keys, gpu_ids, reused = hybrid.store(
+                req, variant, tables, start, full, states, final=final
+            )
+            if not keys:
+                return None
             return StorePlan(start, full, keys, gpu_ids, reused)
         gpu_ids = list(tables[0][start:full])
         hashes = req.block_hashes[start:full]
