@@ -7,9 +7,10 @@ blocks each are computed and stored (round 1), the GPU prefix cache is dropped, 
 prompts come back (round 2) and load from FlexKV. Reported per run: GPU blocks the plan gives,
 token hit rate of round 2 (prompt tokens not recomputed), and bytes stored and loaded
 per cached prefix. HMA off stores every layer as full attention; HMA on loads the sliding
-layers' window only.
+layers' window only; with `--sliding-interval N` (sliding_store_interval_blocks) it also stores
+only the window before every N-th block boundary and each prompt's last window.
 
-    python3 benches/hma_bench.py [--prefixes 6] [--blocks 24] [--json]
+    python3 benches/hma_bench.py [--prefixes 6] [--blocks 24] [--sliding-interval 1] [--json]
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ BS = 16
 
 
 def run(
-    model_dir: str, hma: bool, prefixes: int, blocks: int, memory_blocks: int, tail: int
+    model_dir: str,
+    hma: bool,
+    prefixes: int,
+    blocks: int,
+    memory_blocks: int,
+    tail: int,
+    interval: int = 1,
 ) -> dict[str, Any]:
     cfg = vh.make_vllm_config(model_dir, vh.connector_transfer_config(), disable_hma=not hma)
     # The same memory for both: HMA-on's block count at that memory, and what HMA off gets.
@@ -40,14 +47,16 @@ def run(
     num_blocks = memory // per_block
     e = vh.Engine(
         model_dir,
-        vh.connector_transfer_config({"cpu_cache_gb": 0.05}),
+        vh.connector_transfer_config(
+            {"cpu_cache_gb": 0.05, "sliding_store_interval_blocks": interval}
+        ),
         hybrid=True,
         num_blocks=num_blocks,
         disable_hma=not hma,
         max_model_len=blocks * BS + 32,
     )
-    # `tail` tokens past the last full block (0: block-aligned prompts, where HMA on gives up
-    # the last block: its hit ends by (num_tokens - 1) // block_size).
+    # `tail` tokens past the last full block (0: block-aligned prompts, which hit in full: vLLM
+    # recomputes their last token).
     prompts = [vh.prompt_tokens(100 + i, blocks * BS + tail) for i in range(prefixes)]
     for i, p in enumerate(prompts):
         e.add(vh.make_request(f"A{i}", p, max_tokens=2))
@@ -83,12 +92,21 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=24)
     ap.add_argument("--memory-blocks", type=int, default=256, help="HMA-on blocks of memory")
     ap.add_argument("--tail", type=int, default=5, help="prompt tokens past the last block")
+    ap.add_argument("--sliding-interval", type=int, default=1, help="sliding_store_interval_blocks")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     model_dir = vh.hybrid_model_dir(Path(tempfile.mkdtemp(prefix="hma-bench-")))
     rows = [
-        run(model_dir, hma, args.prefixes, args.blocks, args.memory_blocks, args.tail)
+        run(
+            model_dir,
+            hma,
+            args.prefixes,
+            args.blocks,
+            args.memory_blocks,
+            args.tail,
+            args.sliding_interval,
+        )
         for hma in (False, True)
     ]
     for r in rows:
