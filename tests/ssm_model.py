@@ -56,6 +56,37 @@ JAMBA_CONFIG = {
     "rms_norm_eps": 1e-6,
     "torch_dtype": "bfloat16",
 }
+# Qwen3-Next shape: gated delta-net (linear attention) at 0-2, full attention at 3.
+QWEN3NEXT_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": vh.NUM_KV_HEADS,
+    "head_dim": 16,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "partial_rotary_factor": 0.25,
+    "torch_dtype": "bfloat16",
+}
+QWEN3NEXT_LAYER_NAMES = [
+    *(f"model.layers.{i}.linear_attn" for i in range(3)),
+    "model.layers.3.self_attn.attn",
+]
 JAMBA_LAYERS = 4
 # Attention at odd layers (attn_layer_period 2, offset 1), Mamba-1 at even ones.
 JAMBA_LAYER_NAMES = [
@@ -67,10 +98,10 @@ ATTENTION_LAYERS = [i for i in range(JAMBA_LAYERS) if i % 2]
 HEAD_SIZE = 64 // 4  # hidden_size / num_attention_heads
 
 
-def jamba_model_dir(root: Path) -> str:
-    d = root / "tiny-jamba"
+def jamba_model_dir(root: Path, config: dict[str, Any] = JAMBA_CONFIG) -> str:
+    d = root / f"tiny-{config['model_type']}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(JAMBA_CONFIG))
+    (d / "config.json").write_text(json.dumps(config))
     return str(d)
 
 
@@ -94,15 +125,22 @@ def align_block_size(vllm_config: VllmConfig) -> int:
     return int(vllm_config.cache_config.block_size)
 
 
-def jamba_layer_specs(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
+def jamba_layer_specs(
+    vllm_config: VllmConfig, names: Sequence[str] = JAMBA_LAYER_NAMES
+) -> dict[str, KVCacheSpec]:
+    """Attention layers (`...self_attn.attn`) and state layers (the rest) as the model's own
+    layers describe them; `names`: Jamba's, or QWEN3NEXT_LAYER_NAMES."""
     cc = vllm_config.cache_config
     heads = vh.NUM_KV_HEADS // vllm_config.parallel_config.tensor_parallel_size
     model_cls, _ = ModelRegistry.resolve_model_cls(
         vllm_config.model_config.architecture, model_config=vllm_config.model_config
     )
     specs: dict[str, KVCacheSpec] = {}
-    for i, name in enumerate(JAMBA_LAYER_NAMES):
-        if i % 2:
+    mamba_type = (
+        "mamba1" if "jamba" in vllm_config.model_config.architecture.lower() else "gdn_attention"
+    )
+    for name in names:
+        if name.endswith("self_attn.attn"):
             specs[name] = FullAttentionSpec(
                 block_size=cc.block_size,
                 num_kv_heads=heads,
@@ -115,22 +153,21 @@ def jamba_layer_specs(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
                 dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config)),
                 block_size=cc.mamba_block_size,
                 page_size_padded=cc.mamba_page_size_padded,
-                mamba_type="mamba1",
+                mamba_type=mamba_type,
                 mamba_cache_mode=cc.mamba_cache_mode,
             )
     return specs
 
 
-def jamba_block_bytes(vllm_config: VllmConfig) -> int:
-    """Bytes one block id costs with HMA: one attention page per layer slot (2 slots)."""
-    specs = jamba_layer_specs(vllm_config)
-    return specs[JAMBA_LAYER_NAMES[1]].page_size_bytes * 2
-
-
-def plan_jamba_kv_cache(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
-    specs = jamba_layer_specs(vllm_config)
+def plan_jamba_kv_cache(
+    vllm_config: VllmConfig, num_blocks: int, names: Sequence[str] = JAMBA_LAYER_NAMES
+) -> KVCacheConfig:
+    """vLLM's plan for `num_blocks` blocks: one page per layer slot (the largest group's layer
+    count) per block."""
+    specs = jamba_layer_specs(vllm_config, names)
     groups = get_global_kv_cache_groups(vllm_config, [specs])
-    memory = num_blocks * jamba_block_bytes(vllm_config)
+    page = next(s for n, s in specs.items() if n.endswith("self_attn.attn")).page_size_bytes
+    memory = num_blocks * page * max(len(g.layer_names) for g in groups)
     return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
 
 

@@ -71,3 +71,20 @@ def test_state_group_outside_the_attention_slots_is_refused(
     own[groups[0][0]] = torch.zeros_like(kv[groups[0][0]])
     with pytest.raises(UnsupportedKVLayoutError, match=r"KV cache group 0 \(model.layers.0.mamba"):
         transfer_kv_caches(own, groups, state_groups=[0])
+
+
+def test_qwen3_next_gated_delta_net_states_share_the_attention_slot(
+    tmp_path: Path,
+) -> None:
+    # Three linear-attention groups and one attention group of one layer each: vLLM lays all
+    # four onto one layer slot, so the attention layer's page carries every group's block.
+    d = sm.jamba_model_dir(tmp_path, sm.QWEN3NEXT_CONFIG)
+    cfg = vh.make_vllm_config(d, None)
+    assert sm.align_block_size(cfg) == 64
+    cfg.model_config.max_model_len = cfg.scheduler_config.max_model_len = 1024
+    plan = sm.plan_jamba_kv_cache(cfg, 32, sm.QWEN3NEXT_LAYER_NAMES)
+    kinds = [type(g.kv_cache_spec).__name__ for g in plan.kv_cache_groups]
+    assert kinds == ["MambaSpec"] * 3 + ["FullAttentionSpec"]
+    kv = allocate_kv_cache(plan, torch.device("cpu"), KVCacheLayout.LBHNC)
+    groups = [list(g.layer_names) for g in plan.kv_cache_groups]
+    assert list(transfer_kv_caches(kv, groups, state_groups=[0, 1, 2])) == groups[3]
