@@ -208,3 +208,39 @@ def test_jamba_kv_events_name_the_state_group(
     assert [ev.block_hashes for ev in state] == [[maybe_convert_block_hash(a.block_hashes[9])]]
     assert state[0].kv_cache_spec_kind == "mamba"
     assert sum(len(ev.block_hashes) for ev in stored if ev.group_idx == ATTN_GROUP) == HIT
+
+
+def test_jamba_tp2_each_rank_restores_its_state_shard(jamba_dir: str) -> None:
+    e = engine(jamba_dir, HOST, tp_size=2)
+    prompt = vh.prompt_tokens(7, PROMPT)
+    e.add(request("A", prompt))
+    e.run()
+    e.reset_gpu_prefix_cache()
+    e.add(request("B", prompt))
+    e.run()
+    assert loaded(e, "B")
+    for w in e.workers:
+        assert w.model.written["B"] == PROMPT - HIT * BS + 2, f"rank {w.model.rank} recomputed"
+    assert e.outputs["A"] == e.outputs["B"]
+    assert not e.mismatches()
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+def test_jamba_preemption_keeps_state_correct(jamba_dir: str) -> None:
+    # 24 blocks of 96 tokens for 3 requests that each grow to 9 blocks: decode must preempt.
+    e = engine(jamba_dir, HOST, num_blocks=24, max_model_len=1024)
+    reqs = [
+        e.add(
+            vh.make_request(
+                f"P{i}", vh.prompt_tokens(40 + i, 5 * BS), max_tokens=380, block_size=BS
+            )
+        )
+        for i in range(3)
+    ]
+    e.run(timeout_s=300)
+    assert any(r.num_preemptions > 0 for r in reqs), "scenario did not preempt"
+    assert not e.mismatches()
+    assert all(len(e.outputs[r.request_id]) == 380 for r in reqs)
+    vh.assert_no_leaks(e)
+    e.shutdown()

@@ -8,6 +8,7 @@ are registered with the `ReuseFence`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ from flexkv_py.integration.vllm.request_keys import HashPrefixFn, RequestKeys
 if TYPE_CHECKING:
     from flexkv_py.integration.vllm.engine_info import GroupInfo
     from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+
+
+logger = logging.getLogger(__name__)
 
 
 class HybridPlan:
@@ -74,6 +78,12 @@ class HybridPlan:
     ) -> tuple[list[bytes], list[int], int]:
         """(keys, GPU block ids, blocks of the first group) a hit [first, stop) loads."""
         targets: list[Target] = load_targets(self.groups, tables, first, stop)
+        loaded_groups = {g for g, _, _ in targets}
+        if any(g.restores_state and g.group_id not in loaded_groups for g in self.groups):
+            # vLLM gave a state group no block at the hit's end: nothing would write the state
+            # it resumes from, so load nothing (never partial state; vLLM recomputes).
+            logger.warning("%s: no state block at the hit's end; recomputing", request.request_id)
+            return [], [], stop - first
         # A full-attention group's blocks first: their tiers are the hit's, block by block.
         targets.sort(key=lambda t: self.groups[t[0]].kind != "full")
         memos = [rk.keys(request, variant, stop) for rk in self._keys]

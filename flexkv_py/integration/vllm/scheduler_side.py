@@ -160,7 +160,8 @@ class SchedulerSide:
                 raise InternalStateError(
                     f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
                 )
-        job = self._mgr.prepare_load(keys, block_ids)
+        # No keys: a group cannot be written (hybrid_plan.load); the load fails, vLLM recomputes.
+        job = self._mgr.prepare_load(keys, block_ids) if keys else None
         self._stats.add("hit_blocks", count)
         add_tier_hits(self._stats, job)
         # Hit sources by tier from the first group's blocks (the hit's tokens, once).
