@@ -191,16 +191,10 @@ class StateModel(vh.FakeModel):
     def _state_block(self, layer: int, tables: Sequence[Sequence[int]], tokens: int) -> int:
         return tables[self.layer_group[layer]][-(-tokens // self.block_size) - 1]
 
-    def check(
-        self,
-        req_id: str,
-        tokens: Sequence[int],
-        block_ids: Sequence[int],
-        upto: int,
-        *,
-        tables: Sequence[Sequence[int]] | None = None,
-    ) -> None:
-        super().check(req_id, tokens, block_ids, upto, tables=tables)
+    def check(self, req_id: str, tokens: Sequence[int], *args: Any, **kw: Any) -> None:
+        """FakeModel.check, then the state a request joining at `upto` resumes from."""
+        super().check(req_id, tokens, *args, **kw)
+        upto, tables = args[1], kw.get("tables")
         if upto == 0 or tables is None:
             return
         digest = _digest(tokens[:upto])
@@ -214,17 +208,10 @@ class StateModel(vh.FakeModel):
                 return
         self.checked[req_id] = self.checked.get(req_id, 0) + 1
 
-    def write(
-        self,
-        req_id: str,
-        tokens: Sequence[int],
-        block_ids: Sequence[int],
-        start: int,
-        end: int,
-        *,
-        tables: Sequence[Sequence[int]] | None = None,
-    ) -> None:
-        super().write(req_id, tokens, block_ids, start, end, tables=tables)
+    def write(self, req_id: str, tokens: Sequence[int], *args: Any, **kw: Any) -> None:
+        """FakeModel.write, then the state after the step's last token (`end`)."""
+        super().write(req_id, tokens, *args, **kw)
+        end, tables = args[2], kw.get("tables")
         assert tables is not None
         digest = _digest(tokens[:end])
         for layer in self.state_layers:

@@ -7,12 +7,12 @@ exactly the KV the prefix implies."""
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hybrid_helpers as hh
 import pytest
 import torch
 import vllm_harness as vh
@@ -27,7 +27,6 @@ WINDOW_BLOCKS = -(-(vh.WINDOW - 1) // BS)
 HOST = {"cpu_cache_gb": 0.01}
 # A block-aligned prompt hits in full: vLLM recomputes only its last token, then decodes twice.
 RECOMPUTED = 1 + 2
-TURNING_OFF = "Turning off hybrid kv cache manager"
 
 
 @pytest.fixture(scope="module")
@@ -43,54 +42,16 @@ def engine(model_dir: str, extra: dict[str, Any], **kw: Any) -> vh.Engine:
     )
 
 
-def stat_total(e: vh.Engine, key: str) -> float:
-    return sum(s.get(key, 0) for s in e.stats)
-
-
-def loaded(e: vh.Engine, req_id: str) -> bool:
-    return any(req_id in rec.finished_recving for rec in e.history)
-
-
-def compute_then_reload(e: vh.Engine, prompt: list[int]) -> None:
-    """A computes `prompt`; the GPU prefix cache is cleared; B asks for it again and loads it."""
-    e.add(vh.make_request("A", prompt, max_tokens=3))
-    e.run()
-    e.reset_gpu_prefix_cache()
-    e.add(vh.make_request("B", prompt, max_tokens=3))
-    e.run()
-    assert loaded(e, "B")
-
-
 def prompt_done(req: Any) -> Any:
     return lambda: (
         req.status == RequestStatus.RUNNING and req.num_computed_tokens >= len(req.prompt_token_ids)
     )
 
 
-def group_bits(e: vh.Engine, req_id: str, group: int, lo: int, hi: int) -> list[torch.Tensor]:
-    ids = e.scheduler.kv_cache_manager.get_block_ids(req_id)[group][lo:hi]
-    assert all(ids), f"{req_id}: null block in group {group} [{lo}, {hi})"
-    return [t for b in ids for t in e.workers[0].model.block_bits(b, group)]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 @pytest.fixture
 def vllm_warnings() -> Iterator[list[str]]:
-    """Messages vLLM's config module logs (its loggers do not reach caplog)."""
-    seen: list[str] = []
-
-    class _Sink(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    sink = _Sink(logging.WARNING)
-    log = logging.getLogger("vllm.config.vllm")
-    log.addHandler(sink)
-    yield seen
-    log.removeHandler(sink)
+    with hh.vllm_config_warnings() as seen:
+        yield seen
 
 
 # ----------------------------------------------------------------------------- HMA decision
@@ -122,7 +83,7 @@ def test_hma_stays_on_builtin_module_path_multiconnector_pd(
     assert cfg.kv_transfer_config is not None
     assert KVConnectorFactory.supports_hma_config(cfg.kv_transfer_config)
     assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is False
-    assert not [m for m in vllm_warnings if TURNING_OFF in m]
+    assert not [m for m in vllm_warnings if hh.TURNING_OFF in m]
 
 
 def test_kv_plan_blocks_match_no_connector(hybrid_dir: str) -> None:
@@ -147,25 +108,25 @@ def test_hybrid_store_then_external_hit_is_bit_identical(hybrid_dir: str) -> Non
     a = e.add(vh.make_request("A", prompt, max_tokens=3))
     e.run_until(prompt_done(a))
     # A computed all 20 blocks: its window (sliding group) starts at block 12.
-    full_a = group_bits(e, "A", 0, 0, hit)
-    swa_a = group_bits(e, "A", 1, 12, hit)
+    full_a = hh.group_bits(e, "A", 0, 0, hit)
+    swa_a = hh.group_bits(e, "A", 1, 12, hit)
     e.run()
-    assert stat_total(e, "group1_store_blocks") > 0, "no sliding-window block was stored"
+    assert hh.stat_total(e, "group1_store_blocks") > 0, "no sliding-window block was stored"
     e.reset_gpu_prefix_cache()
 
     b = e.add(vh.make_request("B", prompt, max_tokens=3))
     e.run_until(prompt_done(b))
-    assert loaded(e, "B")
-    assert same(group_bits(e, "B", 0, 0, hit), full_a)
-    assert same(group_bits(e, "B", 1, 12, hit), swa_a)
+    assert hh.loaded(e, "B")
+    assert hh.same(hh.group_bits(e, "B", 0, 0, hit), full_a)
+    assert hh.same(hh.group_bits(e, "B", 1, 12, hit), swa_a)
     e.run()
     m = e.workers[0].model
     assert m.written["B"] == RECOMPUTED
     assert m.checked["B"] >= len(prompt) - 1  # every position before the recomputed one
     # Full attention loads the whole hit, the sliding window only the window's blocks.
-    assert stat_total(e, "group0_load_blocks") == hit
-    assert stat_total(e, "group1_load_blocks") == WINDOW_BLOCKS
-    assert stat_total(e, "load_blocks") == hit + WINDOW_BLOCKS
+    assert hh.stat_total(e, "group0_load_blocks") == hit
+    assert hh.stat_total(e, "group1_load_blocks") == WINDOW_BLOCKS
+    assert hh.stat_total(e, "load_blocks") == hit + WINDOW_BLOCKS
     assert e.outputs["A"] == e.outputs["B"]
     assert not e.mismatches()
     assert not any(rec.invalid_block_ids or rec.failed_recving for rec in e.history)
@@ -177,12 +138,9 @@ def test_hybrid_offload_during_chunked_prefill(hybrid_dir: str) -> None:
     # 64-token chunks: the sliding group frees (and vLLM reuses) blocks while A still prefills,
     # so stores of those blocks run under the reuse fence.
     e = engine(hybrid_dir, HOST, max_num_batched_tokens=64)
-    compute_then_reload(e, vh.prompt_tokens(2, PROMPT_BLOCKS * BS))
+    hh.compute_then_reload(e, vh.prompt_tokens(2, PROMPT_BLOCKS * BS))
     assert e.workers[0].model.written["B"] == RECOMPUTED
-    assert e.outputs["A"] == e.outputs["B"]
-    assert not e.mismatches()
-    vh.assert_no_leaks(e)
-    e.shutdown()
+    hh.finish_clean(e, "A", "B")
 
 
 def test_hybrid_preemption_keeps_kv_correct(hybrid_dir: str) -> None:
@@ -202,13 +160,10 @@ def test_hybrid_preemption_keeps_kv_correct(hybrid_dir: str) -> None:
 
 def test_hybrid_tp2_each_rank_own_shard(hybrid_dir: str) -> None:
     e = engine(hybrid_dir, HOST, tp_size=2)
-    compute_then_reload(e, vh.prompt_tokens(5, PROMPT_BLOCKS * BS))
+    hh.compute_then_reload(e, vh.prompt_tokens(5, PROMPT_BLOCKS * BS))
     for w in e.workers:
         assert w.model.written["B"] == RECOMPUTED, f"rank {w.model.rank} recomputed"
-    assert e.outputs["A"] == e.outputs["B"]
-    assert not e.mismatches()
-    vh.assert_no_leaks(e)
-    e.shutdown()
+    hh.finish_clean(e, "A", "B")
 
 
 # ----------------------------------------------------------------------------- SSD
@@ -221,12 +176,10 @@ def test_hybrid_restart_same_ssd_dir_hits(hybrid_dir: str, tmp_path: Path) -> No
     e2 = engine(hybrid_dir, vh.with_ssd(tmp_path / "ssd"))
     e2.add(vh.make_request("B", prompt, max_tokens=3))
     e2.run()
-    assert loaded(e2, "B")
+    assert hh.loaded(e2, "B")
     assert e2.workers[0].model.written["B"] == RECOMPUTED
     assert e2.outputs["B"] == e.outputs["A"]
-    assert not e2.mismatches()
-    vh.assert_no_leaks(e2)
-    e2.shutdown()
+    hh.finish_clean(e2)
 
 
 def test_hybrid_corrupt_ssd_fails_request_via_failed_recving(
@@ -249,9 +202,7 @@ def test_hybrid_corrupt_ssd_fails_request_via_failed_recving(
     assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert e2.workers[0].model.written["B"] == len(prompt) + 2  # recomputed in full
     assert e2.outputs["B"] == e.outputs["A"]
-    assert not e2.mismatches()
-    vh.assert_no_leaks(e2)
-    e2.shutdown()
+    hh.finish_clean(e2)
 
 
 # ----------------------------------------------------------------------------- reuse fence
@@ -273,11 +224,11 @@ def test_swa_block_reused_while_store_pending_is_flushed(
     try:
         a = e.add(vh.make_request("A", prompt, max_tokens=3))
         e.run_until(prompt_done(a))
-        assert stat_total(e, "flush_timeouts") >= 1, "no store was fenced"
+        assert hh.stat_total(e, "flush_timeouts") >= 1, "no store was fenced"
     finally:
         gate.set()
     e.run()
-    assert stat_total(e, "store_abandoned_jobs") >= 1
+    assert hh.stat_total(e, "store_abandoned_jobs") >= 1
     e.reset_gpu_prefix_cache()
     e.add(vh.make_request("B", prompt, max_tokens=3))
     e.run()
@@ -326,18 +277,16 @@ def test_sliding_store_interval_stores_boundary_windows_and_hits_on_them(hybrid_
     prompt = vh.prompt_tokens(10, PROMPT_BLOCKS * BS)
     e.add(vh.make_request("A", prompt, max_tokens=3))
     e.run()
-    assert stat_total(e, "group1_store_blocks") == 12
-    assert stat_total(e, "group0_store_blocks") == PROMPT_BLOCKS
+    assert hh.stat_total(e, "group1_store_blocks") == 12
+    assert hh.stat_total(e, "group0_store_blocks") == PROMPT_BLOCKS
     e.reset_gpu_prefix_cache()
     c_prompt = vh.prompt_tokens(11, PROMPT_BLOCKS * BS, prefix=prompt[: 17 * BS])
     e.add(vh.make_request("C", c_prompt, max_tokens=3))
     e.run()
-    assert loaded(e, "C")
+    assert hh.loaded(e, "C")
     assert e.workers[0].model.written["C"] == (PROMPT_BLOCKS - 17) * BS + 2
-    assert stat_total(e, "group1_load_blocks") == WINDOW_BLOCKS
-    assert not e.mismatches()
-    vh.assert_no_leaks(e)
-    e.shutdown()
+    assert hh.stat_total(e, "group1_load_blocks") == WINDOW_BLOCKS
+    hh.finish_clean(e)
 
 
 # ----------------------------------------------------------------------------- KV events

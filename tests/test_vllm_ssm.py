@@ -6,14 +6,13 @@ exactly, and every attention block bit-identical, at the first step that reads t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hybrid_helpers as hh
 import pytest
 import ssm_model as sm
-import torch
 import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
@@ -46,41 +45,14 @@ def request(req_id: str, prompt: list[int]) -> Any:
     return vh.make_request(req_id, prompt, max_tokens=3, block_size=BS)
 
 
-def stat_total(e: vh.Engine, key: str) -> float:
-    return sum(s.get(key, 0) for s in e.stats)
-
-
-def loaded(e: vh.Engine, req_id: str) -> bool:
-    return any(req_id in rec.finished_recving for rec in e.history)
-
-
-def bits(e: vh.Engine, req_id: str, group: int, lo: int, hi: int) -> list[torch.Tensor]:
-    ids = e.scheduler.kv_cache_manager.get_block_ids(req_id)[group][lo:hi]
-    assert all(ids), f"{req_id}: null block in group {group} [{lo}, {hi}): {ids}"
-    return [t for b in ids for t in e.workers[0].model.block_bits(b, group)]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def computed(req: Any, n: int) -> Any:
     return lambda: req.num_computed_tokens >= n
 
 
 @pytest.fixture
 def vllm_warnings() -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    class _Sink(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    sink = _Sink(logging.WARNING)
-    log = logging.getLogger("vllm.config.vllm")
-    log.addHandler(sink)
-    yield seen
-    log.removeHandler(sink)
+    with hh.vllm_config_warnings() as seen:
+        yield seen
 
 
 # ----------------------------------------------------------------------------- HMA and plan
@@ -100,7 +72,7 @@ def test_jamba_keeps_hma_and_as_many_blocks_as_without_connector(
         "MambaSpec",
         "FullAttentionSpec",
     ]
-    assert not [m for m in vllm_warnings if "Turning off hybrid" in m]
+    assert not [m for m in vllm_warnings if hh.TURNING_OFF in m]
 
 
 # ----------------------------------------------------------------------------- store / load
@@ -110,23 +82,23 @@ def test_jamba_external_hit_restores_exact_state_and_kv(jamba_dir: str) -> None:
     a = e.add(request("A", prompt))
     # The step that computes token 960 writes the state vLLM hands off for that boundary.
     e.run_until(computed(a, HIT * BS))
-    state_a = bits(e, "A", STATE_GROUP, HIT - 1, HIT)
-    attn_a = bits(e, "A", ATTN_GROUP, 0, HIT)
+    state_a = hh.group_bits(e, "A", STATE_GROUP, HIT - 1, HIT)
+    attn_a = hh.group_bits(e, "A", ATTN_GROUP, 0, HIT)
     e.run()
-    assert stat_total(e, "group0_store_blocks") >= 1, "no boundary state was stored"
+    assert hh.stat_total(e, "group0_store_blocks") >= 1, "no boundary state was stored"
     e.reset_gpu_prefix_cache()
 
     e.add(request("B", prompt))
-    e.run_until(lambda: loaded(e, "B"))
+    e.run_until(lambda: hh.loaded(e, "B"))
     # Loaded, not yet read: the state block is the one vLLM allocated at the hit's end.
-    assert same(bits(e, "B", STATE_GROUP, HIT - 1, HIT), state_a)
-    assert same(bits(e, "B", ATTN_GROUP, 0, HIT), attn_a)
+    assert hh.same(hh.group_bits(e, "B", STATE_GROUP, HIT - 1, HIT), state_a)
+    assert hh.same(hh.group_bits(e, "B", ATTN_GROUP, 0, HIT), attn_a)
     e.run()
     m = e.workers[0].model
     assert m.written["B"] == PROMPT - HIT * BS + 2  # only the tail after the hit
     assert m.checked["B"] >= HIT * BS + 1  # every position, then the state, at the join
-    assert stat_total(e, "group0_load_blocks") == 1  # one state block
-    assert stat_total(e, "group1_load_blocks") == HIT
+    assert hh.stat_total(e, "group0_load_blocks") == 1  # one state block
+    assert hh.stat_total(e, "group1_load_blocks") == HIT
     assert e.outputs["A"] == e.outputs["B"]
     assert not e.mismatches()
     assert not any(rec.invalid_block_ids or rec.failed_recving for rec in e.history)
@@ -146,37 +118,36 @@ def test_jamba_hit_needs_a_state_at_its_end(jamba_dir: str) -> None:
     b_prompt = vh.prompt_tokens(3, PROMPT, prefix=prompt[: 8 * BS])
     e.add(request("B", b_prompt))
     e.run()
-    assert not loaded(e, "B")
+    assert not hh.loaded(e, "B")
     assert e.workers[0].model.written["B"] == PROMPT + 2
-    assert not e.mismatches()
-    vh.assert_no_leaks(e)
-    e.shutdown()
+    hh.finish_clean(e)
 
 
 # ----------------------------------------------------------------------------- SSD
-def test_jamba_restart_same_ssd_dir_hits(jamba_dir: str, tmp_path: Path) -> None:
-    prompt = vh.prompt_tokens(4, PROMPT)
-    e = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
+def store_on_ssd(model_dir: str, ssd_dir: Path, prompt: list[int]) -> list[int]:
+    """An engine computes `prompt` with an SSD tier and shuts down; its request's output."""
+    e = engine(model_dir, vh.with_ssd(ssd_dir))
     e.add(request("A", prompt))
     e.run()
     e.shutdown()
+    return e.outputs["A"]
+
+
+def test_jamba_restart_same_ssd_dir_hits(jamba_dir: str, tmp_path: Path) -> None:
+    prompt = vh.prompt_tokens(4, PROMPT)
+    outputs = store_on_ssd(jamba_dir, tmp_path / "ssd", prompt)
     e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
     e2.add(request("B", prompt))
     e2.run()
-    assert loaded(e2, "B")
+    assert hh.loaded(e2, "B")
     assert e2.workers[0].model.written["B"] == PROMPT - HIT * BS + 2
-    assert e2.outputs["B"] == e.outputs["A"]
-    assert not e2.mismatches()
-    vh.assert_no_leaks(e2)
-    e2.shutdown()
+    assert e2.outputs["B"] == outputs
+    hh.finish_clean(e2)
 
 
 def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_path: Path) -> None:
     prompt = vh.prompt_tokens(5, PROMPT)
-    e = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"))
-    e.add(request("A", prompt))
-    e.run()
-    e.shutdown()
+    outputs = store_on_ssd(jamba_dir, tmp_path / "ssd", prompt)
     assert vh.corrupt_ssd(tmp_path / "ssd") >= 1
     e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
     b = e2.add(request("B", prompt))
@@ -185,10 +156,8 @@ def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_pat
     assert not any(rec.invalid_block_ids for rec in e2.history)
     assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert e2.workers[0].model.written["B"] == PROMPT + 2  # recomputed in full
-    assert e2.outputs["B"] == e.outputs["A"]
-    assert not e2.mismatches()
-    vh.assert_no_leaks(e2)
-    e2.shutdown()
+    assert e2.outputs["B"] == outputs
+    hh.finish_clean(e2)
 
 
 def test_jamba_kv_events_name_the_state_group(
@@ -218,13 +187,10 @@ def test_jamba_tp2_each_rank_restores_its_state_shard(jamba_dir: str) -> None:
     e.reset_gpu_prefix_cache()
     e.add(request("B", prompt))
     e.run()
-    assert loaded(e, "B")
+    assert hh.loaded(e, "B")
     for w in e.workers:
         assert w.model.written["B"] == PROMPT - HIT * BS + 2, f"rank {w.model.rank} recomputed"
-    assert e.outputs["A"] == e.outputs["B"]
-    assert not e.mismatches()
-    vh.assert_no_leaks(e)
-    e.shutdown()
+    hh.finish_clean(e, "A", "B")
 
 
 def test_jamba_preemption_keeps_state_correct(jamba_dir: str) -> None:
