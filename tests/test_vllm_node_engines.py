@@ -14,6 +14,7 @@ from test_vllm_connector import block_bits, engine, loaded, prompt_done
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from flexkv_py.config import load_config
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.placement import engine_placement
 
 pytestmark = pytest.mark.usefixtures("connector_form")
@@ -139,6 +140,9 @@ def test_mla_at_tp2_stores_one_copy_every_rank_reads(model_dir: str, tmp_path: P
     e1.run()
     assert shards(ssd) == ["tp0-pp0"], "rank 1 made a shard of its own"
     assert worker_stats(e1, 0)["ssd"]["blocks"] == 4
+    # The one shard gets the whole SSD budget (not the half a rank's shard gets).
+    ssd_tier = e1.workers[0].connector.worker_side._executor.tiers[Tier.SSD]
+    assert ssd_tier.capacity_bytes == int(extra["ssd_cache_gb"] * (1 << 30))
     assert worker_stats(e1, 1)["ssd"] == {"replica_of": "tp0-pp0"}
     assert side_stats(e1)["ssd_written_blocks"] == 4  # both ranks' results counted
     e1.shutdown()

@@ -193,6 +193,13 @@ class Namespace:
         instance_num) shared by `node_engines` engines."""
         return total // (self.world_size * self.node_engines)
 
+    def lower_tier_share(self, total: int) -> int:
+        """One shard's share of a lower-tier size: replicated KV has one shard per PP stage
+        (TP rank 0's), which gets what the TP ranks would have split."""
+        if self.kv_replicated:
+            return total // (self.pp_size * self.node_engines)
+        return self.rank_share(total)
+
     def for_rank(self, tp_rank: int, pp_rank: int = 0) -> Namespace:
         return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)
 
