@@ -219,6 +219,8 @@ class ReplicaReader:
     """Implements `LowerTier` for a TP rank > 0 of replicated (MLA) KV: TP rank 0 writes the one
     copy, this rank reads it (its puts write nothing and report ok)."""
 
+    open_attempts = 5
+
     def __init__(self, namespace: Namespace, shard: ReadOnlyShard) -> None:
         self.namespace = namespace
         self.shard = shard
@@ -250,6 +252,14 @@ class ReplicaReader:
         return []  # rank 0 reports its store's evictions
 
     def keys(self) -> list[bytes]:
+        """Rank 0's blocks (this rank's restart inventory). Ranks start together: rank 0 may
+        be replacing its journal right now, so an unreadable shard is retried a little before
+        it counts as empty (then, as for a rank whose SSD is unavailable, rank 0's blocks are
+        not adopted)."""
+        for _ in range(self.open_attempts - 1):
+            if self.shard.store() is not None:
+                break
+            time.sleep(0.2)
         lk = self.namespace.logical_key
         return [k for k in map(lk, self.shard.keys()) if k is not None]
 
