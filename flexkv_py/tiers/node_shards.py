@@ -39,8 +39,8 @@ JOURNAL_FILE = "flexkv-journal.log"  # rust/store/journal_file.rs: the store's o
 
 
 @dataclass(frozen=True)
-class _Result:
-    """A block result made here (the native store's BlockResult shape)."""
+class MadeResult:
+    """A block result made in Python (the native store's BlockResult shape)."""
 
     status: str
     nbytes: int = 0
@@ -48,20 +48,20 @@ class _Result:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "deduped")
 
 
-class _Done:
-    """A batch that finished at submit."""
+class FinishedBatch:
+    """A batch that completed while it was submitted."""
 
-    def __init__(self, results: list[Any]) -> None:
+    def __init__(self, results: list[MadeResult]) -> None:
         self._results = results
 
     def done(self) -> bool:
         return True
 
     def wait(self, timeout: float | None = None) -> list[Any]:
-        return self._results
+        return list(self._results)
 
 
 class ReadOnlyShard:
@@ -230,14 +230,14 @@ class ReplicaReader:
         return Tier.SSD
 
     def submit_put(self, items: Iterable[Item]) -> BatchLike:
-        return _Done([_Result("ok", _nbytes(buf)) for _, buf in items])
+        return FinishedBatch([MadeResult("ok", _nbytes(buf)) for _, buf in items])
 
     def submit_get(self, items: Iterable[Item]) -> BatchLike:
         sk = self.namespace.storage_key
         stored = [(sk(k), buf) for k, buf in items]
         store = self.shard.store()
         if store is None:
-            return _Done([_Result(NOT_FOUND) for _ in stored])
+            return FinishedBatch([MadeResult(NOT_FOUND) for _ in stored])
         # Misses are blocks rank 0 wrote after the snapshot: read again from a fresh one.
         return _Fallback(store.submit_get(stored), stored, [self.shard])
 
