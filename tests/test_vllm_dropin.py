@@ -260,7 +260,7 @@ def test_instance_num_shares_the_node_cache_and_names_the_shard(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine1-tp0-pp0"]
     e.shutdown()
     monkeypatch.setenv("FLEXKV_INSTANCE_ID", "2")
-    with pytest.raises(ConfigError, match="instance_id: must be in 0..1"):
+    with pytest.raises(ConfigError, match=r"instance_id: must be in 0\.\.1"):
         vh.Engine(model_dir, dict(SEED_LINE))
 
 

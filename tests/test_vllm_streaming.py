@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import vllm_harness as vh
-from test_vllm_connector import block_bits, engine, loaded, prompt_done, stat_total
+from test_vllm_connector import block_bits, engine, loaded, prompt_done
 
 pytestmark = pytest.mark.usefixtures("connector_form")
 
@@ -20,6 +20,7 @@ PAGE = 2 * vh.NUM_LAYERS * vh.NUM_KV_HEADS * BS * vh.HEAD_SIZE * 2  # K and V, f
 HOST_SLOTS = 8
 BLOCKS = 12  # the issue's case: 12 blocks in one prefill step, 8 host slots
 TAIL = 5  # prompt tokens after the last full block
+SLOW_WRITE_MS = 1500  # each SSD write (fault injector): far longer than a scheduler step
 
 
 def streaming_extra(ssd_dir: Path, **kw: Any) -> dict[str, Any]:
@@ -86,21 +87,23 @@ def test_a_store_larger_than_the_host_tier_reaches_the_ssd_and_survives_a_restar
 
 
 def test_the_gpu_blocks_are_freed_once_the_last_rounds_copy_ended(
-    model_dir: str, tmp_path: Path
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """vLLM's delay-free contract: a finished request whose store still streams keeps its GPU
-    blocks (request_finished said delay), and they are freed once every round's GPU->host copy
-    ended, before its last SSD writes are acknowledged."""
+    blocks (request_finished said delay) until every round's GPU->host copy ended, and no
+    longer: they are freed (finished_sending) while the last round's SSD write still runs."""
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"write:DELAY{SLOW_WRITE_MS}:1")
     extra = streaming_extra(tmp_path / "ssd", admission="write_through")
     e = engine(model_dir, extra)
     prompt = vh.prompt_tokens(82, BLOCKS * BS + TAIL)
     e.add(vh.make_request("A", prompt, max_tokens=1))  # finishes in its prefill step
+    e.run_until(lambda: any("A" in rec.finished_sending for rec in e.history))
+    assert manager_stats(e).get("stored_blocks", 0) == 0, "the store ended before the blocks left"
     e.run()
     stats = manager_stats(e)
     assert stats["store_streamed_blocks"] == BLOCKS - HOST_SLOTS + 1
     assert stats["stored_blocks"] == BLOCKS and stats["store_failed_blocks"] == 0
-    # The store's blocks were freed through finished_sending (delay_free), none leaked.
-    assert any("A" in rec.finished_sending for rec in e.history)
+    assert stats["ssd_written_blocks"] == BLOCKS
     vh.assert_no_leaks(e)
     e.shutdown()
 
