@@ -4,12 +4,14 @@ Keys already cached or in flight are skipped.
 
 A store of more blocks than the host slots it can get streams through them when a spill tier
 exists (the host tier is then a staging area): one job copies the first n blocks GPU -> host,
-writes them to the spill tier, refills the same slots with the next n, and so on; only the last
-n - 1 keep a host copy (planning.store_rounds), one slot is left free for loads to stage through. The GPU blocks are read until the last round's copy
-ends, and the job reports its GPU read done right then (the request's blocks are freed, per
-vLLM's delay-free contract, no later than that). Without a spill tier, when every slot is
-pinned, or for a host-only store (its `fill` writes every slot at once), the store is cut at
-the end instead (the earliest blocks of a prefix are the valuable ones).
+writes them to the spill tier, refills the same slots with the next n, and so on
+(planning.store_rounds); only the last n - 1 keep a host copy, one slot is left free for loads
+to stage through. The GPU blocks are read until the last round's copy ends, and the job reports
+its GPU read done right then: a finished request's blocks stay allocated (vLLM's delay-free,
+request_finished -> finished_sending) exactly until that, not until its SSD writes are done.
+Without a spill tier, when every slot is pinned, or for a host-only store (its `fill` writes
+every slot at once), the store is cut at the end instead (the earliest blocks of a prefix are
+the valuable ones).
 
 A store's keys form a chain (vLLM stores a request's consecutive blocks): key i's parent is key
 i-1 unless `parents` says otherwise. The index keeps a parent while its child is cached
