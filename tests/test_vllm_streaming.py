@@ -24,12 +24,14 @@ SLOW_WRITE_MS = 1500  # each SSD write (fault injector): far longer than a sched
 
 
 def streaming_extra(ssd_dir: Path, **kw: Any) -> dict[str, Any]:
-    """A host tier of HOST_SLOTS slots over a 1 GiB SSD tier."""
+    """A host tier of HOST_SLOTS slots over a 1 GiB SSD tier (a sparse file: test machines'
+    temporary directories are shared and small)."""
     ssd_dir.mkdir(parents=True, exist_ok=True)
     return {
         "cpu_cache_gb": HOST_SLOTS * PAGE / (1 << 30),
         "ssd_cache_gb": 1,
         "ssd_cache_dir": str(ssd_dir),
+        "ssd_preallocate": False,
         **kw,
     }
 
