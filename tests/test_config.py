@@ -159,7 +159,9 @@ def test_valid_ssd_config(tmp_path: Path) -> None:
         ({"no_such_key": 1}, "no_such_key"),
         ({"load_failure_policy": "retry"}, "load_failure_policy"),
         ({"instance_num": 0}, "instance_num"),
-        ({"instance_num": 4}, "instance_num"),
+        ({"instance_num": 4, "instance_id": 4}, "instance_id"),
+        ({"cache_size_scope": "rack"}, "cache_size_scope"),
+        ({"share_node_shards": "maybe"}, "share_node_shards"),
         ({"instance_id": 1}, "instance_id"),
     ],
 )

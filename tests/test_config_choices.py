@@ -42,6 +42,7 @@ KEYED = {
     "transfer_engine": choices.TransferEngine,
     "load_failure_policy": choices.LoadFailurePolicy,
     "host_pool_init": choices.HostPoolInit,
+    "cache_size_scope": choices.CacheSizeScope,
 }
 
 

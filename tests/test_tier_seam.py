@@ -16,7 +16,6 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,8 @@ from flexkv_py.errors import ClosedError, InternalStateError
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.host_pool import HostPool
+from flexkv_py.tiers.node_shards import FinishedBatch as _Finished
+from flexkv_py.tiers.node_shards import MadeResult as _Result
 from flexkv_py.tiers.protocol import Item, LowerTier
 from flexkv_py.tiers.ssd_tier import SsdTier
 from flexkv_py.transfer.stream_order import OrderedTransfer
@@ -54,30 +55,6 @@ GIB = 1 << 30
 SLOT = 8192
 SLOTS = 8
 REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class _Result:
-    status: str
-    nbytes: int = 0
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("ok", "deduped")
-
-
-class _Finished:
-    """A batch that completed while it was submitted."""
-
-    def __init__(self, results: list[_Result]) -> None:
-        self._results = results
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        return list(self._results)
 
 
 class MemoryTier:

@@ -244,13 +244,23 @@ def test_load_failure_policy_fail_when_the_user_asks(model_dir: str, tmp_path: P
 
 
 # ------------------------------------------------------------------------ FlexKV's env vars
-def test_instance_num_is_refused_until_engines_can_share_a_node(
-    model_dir: str, monkeypatch: pytest.MonkeyPatch
+def test_instance_num_shares_the_node_cache_and_names_the_shard(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """FlexKV's FLEXKV_INSTANCE_NUM / _ID: the sizes are the node's, split among the engines,
+    and each engine has its own SSD shard (tests/test_vllm_node_engines.py runs two)."""
     monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", "0.004")
+    monkeypatch.setenv("FLEXKV_SSD_CACHE_GB", "0.02")
+    monkeypatch.setenv("FLEXKV_SSD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FLEXKV_INSTANCE_NUM", "2")
     monkeypatch.setenv("FLEXKV_INSTANCE_ID", "1")
-    with pytest.raises(ConfigError, match="instance_num: 2 engines sharing one node"):
+    e = vh.Engine(model_dir, dict(SEED_LINE))
+    (side,) = e.flexkv_scheduler_sides()
+    assert side._mgr.num_host_slots == int(0.004 * (1 << 30)) // 2 // 4096
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine1-tp0-pp0"]
+    e.shutdown()
+    monkeypatch.setenv("FLEXKV_INSTANCE_ID", "2")
+    with pytest.raises(ConfigError, match=r"instance_id: must be in 0\.\.1"):
         vh.Engine(model_dir, dict(SEED_LINE))
 
 

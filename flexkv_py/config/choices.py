@@ -22,6 +22,8 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 TransferEngine = Literal["auto", "staged", "triton", "copy_engine", "torch"]
 LoadFailurePolicy = Literal["recompute", "fail"]  # vLLM's kv_load_failure_policy
 HostPoolInit = Literal["auto", "sync", "background"]
+# What cpu_cache_gb / ssd_cache_gb size: one engine, or every engine of the node together.
+CacheSizeScope = Literal["engine", "node"]
 
 
 def values(literal: Any) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from flexkv_py.config.admission import AdmissionSpec, parse_admission
 from flexkv_py.config.choices import (
+    CacheSizeScope,
     Compression,
     ContentHash,
     Durability,
@@ -51,6 +52,8 @@ class FlexKVConfig:
     model_epoch: int = 0
     instance_num: int = 1
     instance_id: int = 0
+    cache_size_scope: CacheSizeScope = "engine"
+    share_node_shards: bool = True
     sliding_store_interval_blocks: int = 1
 
     @property

@@ -29,6 +29,7 @@ LOG_LEVELS = choices.values(choices.LogLevel)
 TRANSFER_ENGINES = choices.values(choices.TransferEngine)
 LOAD_FAILURE_POLICIES = choices.values(choices.LoadFailurePolicy)
 HOST_POOL_INITS = choices.values(choices.HostPoolInit)
+CACHE_SIZE_SCOPES = choices.values(choices.CacheSizeScope)
 
 # FlexKV server-mode variables that mean nothing for an in-process tier: one info line each.
 INERT_ENV: dict[str, str] = {
@@ -227,9 +228,29 @@ FIELDS: tuple[Field, ...] = (
         "instance_num",
         _as_int,
         1,
-        "FlexKV: engines sharing this node's cache (only 1 is supported so far)",
+        "FlexKV: engines sharing this node's cache; > 1: the sizes are the node's, divided "
+        "among them, and each engine has its own SSD shards (instance_id)",
     ),
-    Field("instance_id", _as_int, 0, "FlexKV: this engine's index among instance_num"),
+    Field(
+        "instance_id",
+        _as_int,
+        0,
+        "FlexKV: this engine's index among instance_num (its SSD shard directory name)",
+    ),
+    Field(
+        "cache_size_scope",
+        _Choice(*CACHE_SIZE_SCOPES),
+        "engine",
+        "cpu_cache_gb / ssd_cache_gb size each engine, or the node: divided among its engines "
+        "(instance_num, else vLLM's data-parallel ranks on this node)",
+    ),
+    Field(
+        "share_node_shards",
+        _as_bool,
+        True,
+        "read blocks other engines of the same model on this node stored in their SSD shards "
+        "(opened read-only)",
+    ),
     Field(
         "sliding_store_interval_blocks",
         _as_int,

@@ -35,22 +35,14 @@ def _check_dir(key: str, path: str) -> None:
 
 
 def _check_instances(cfg: FlexKVConfig) -> None:
-    """FlexKV's several-engines-per-node mode (one node cache shared by `instance_num` engines)
-    does not exist here yet: refuse it rather than give each engine a full-size private cache."""
+    """FlexKV's several-engines-per-node mode: `instance_num` engines share the node's sizes,
+    `instance_id` names this one (its SSD shard directories, index/namespace.py)."""
     if cfg.instance_num < 1:
         raise ConfigError(f"instance_num: must be >= 1, got {cfg.instance_num}")
     if not 0 <= cfg.instance_id < cfg.instance_num:
         raise ConfigError(
             f"instance_id: must be in 0..{cfg.instance_num - 1} (instance_num "
             f"{cfg.instance_num}), got {cfg.instance_id}"
-        )
-    if cfg.instance_num > 1:
-        raise ConfigError(
-            f"instance_num: {cfg.instance_num} engines sharing one node's cache (FlexKV's "
-            "FLEXKV_INSTANCE_NUM) is not supported by flexkv-py yet; run each engine with its "
-            "own cpu_cache_gb and its own ssd_cache_dir, and drop instance_num / instance_id "
-            "(FLEXKV_INSTANCE_NUM / FLEXKV_INSTANCE_ID, or the keys in your config file or "
-            "kv_connector_extra_config)"
         )
 
 

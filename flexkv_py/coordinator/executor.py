@@ -33,9 +33,10 @@ from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.host_side import HostSlots, build_host_side
-from flexkv_py.coordinator.job_bodies import D2h, JobBodies
+from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import INTERNAL, DropJob, Job, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
+from flexkv_py.coordinator.store_copies import D2h
 from flexkv_py.errors import ClosedError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -213,9 +214,10 @@ class JobExecutor:
         stream), or mark the caller's stream for a copy the job issues after its spill."""
         assert job.gpu_block_ids is not None
         try:
-            if job.spill_keys:
-                # The slots must be written out first: remember the point on the caller's
-                # stream the copy has to follow, issue it after the spill.
+            if job.spill_keys or len(set(job.host_slots)) < len(job.host_slots):
+                # The slots must be written out first (a spill, or the round before in a store
+                # streamed through reused slots): remember the point on the caller's stream
+                # the copies have to follow, issue them from the job thread.
                 return self._transfer.mark(), None
             d2h = self._transfer.submit("d2h", job.gpu_block_ids, job.host_slots)
             self._reads.issued(job.job_id, d2h)

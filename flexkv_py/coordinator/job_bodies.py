@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from flexkv_py.coordinator.counters import Counters
-from flexkv_py.coordinator.gpu_reads import Abandoned, GpuReads
+from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.jobs import (
     CORRUPT,
     INTERNAL,
@@ -39,21 +39,20 @@ from flexkv_py.coordinator.jobs import (
     reason_for_status,
 )
 from flexkv_py.coordinator.late_io import LateIo
+from flexkv_py.coordinator.planning import store_rounds
 from flexkv_py.coordinator.staged_load import (
     READ_BATCH_BYTES,
     READS_IN_FLIGHT,
     LoadCopies,
+    load_rounds,
     sub_batches,
 )
+from flexkv_py.coordinator.store_copies import D2h, StoreCopies
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
-from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark, TransferHandleLike
+from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
 
 logger = logging.getLogger(__name__)
-
-# A store's GPU->host copy as handed from submit to the job thread: issued (its handle), to be
-# issued after a spill (the caller's stream mark), or None (host-only store).
-D2h = TransferHandleLike | StreamMark | None
 
 
 class SlotMemory(Protocol):
@@ -82,6 +81,7 @@ class JobBodies:
         self.transfer = transfer
         self.reads = reads
         self.stats = stats
+        self.copies = StoreCopies(transfer, reads, stats)
 
     # ------------------------------------------------------------------ lower-tier I/O
     def tier_batch(
@@ -232,64 +232,75 @@ class JobBodies:
             d2h = d2h_error = None
         if fill is not None:
             fill()
-        if d2h_error is not None or d2h is not None:
-            if self._copy_in(job, d2h, d2h_error):
-                nbytes += len(job.keys) * slot_nbytes
-            else:
-                failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
-        write_failed: dict[Tier, frozenset[bytes]] = {}
-        for tier in _in_order(set().union(*job.write_tiers)):
-            todo = [
-                (k, s)
-                for k, s, w in zip(job.keys, job.host_slots, job.write_tiers, strict=True)
-                if tier in w and k not in failed
-            ]
-            tier_failed = self.tier_batch(tier, True, [k for k, _ in todo], [s for _, s in todo])
-            nbytes += (len(todo) - len(tier_failed)) * slot_nbytes
-            if tier_failed:
-                write_failed[tier] = frozenset(tier_failed)
+        write_failed: dict[Tier, set[bytes]] = {}
+        rounds = store_rounds(job.host_slots)
+        if len(rounds) > 1 and isinstance(d2h, StreamMark):
+            nbytes += self._store_in_rounds(job, d2h, rounds, failed, write_failed)
+        else:
+            if d2h_error is not None or d2h is not None:
+                if self.copies.all_at_once(job, d2h, d2h_error):
+                    nbytes += len(job.keys) * slot_nbytes
+                else:
+                    failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
+            nbytes += self._write_through(job, range(len(job.keys)), failed, write_failed)
         return JobResult(
             job.job_id,
             "store",
             failed=failed,
-            write_failed=write_failed,
+            write_failed={t: frozenset(k) for t, k in write_failed.items()},
             evicted=self.evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
         )
 
-    def _copy_in(self, job: StoreJob, d2h: D2h, d2h_error: BaseException | None) -> bool:
-        """The store's GPU->host copy (issued at submit, or now behind the caller's stream
-        mark); True if every block arrived and the caller did not abandon the job."""
-        try:
-            if d2h_error is not None:
-                raise d2h_error
-            if isinstance(d2h, StreamMark):
-                assert job.gpu_block_ids is not None
-                if self.reads.is_abandoned(job.job_id):
-                    raise Abandoned  # the GPU blocks may hold other KV now: do not copy
-                d2h = self.transfer.submit("d2h", job.gpu_block_ids, job.host_slots, after=d2h)
-                self.reads.issued(job.job_id, d2h)
-            assert d2h is not None
-            d2h.wait()
-            if self.reads.end(job.job_id):
-                raise Abandoned
-            self.stats.add("d2h_blocks", len(job.keys))
-            return True
-        except Abandoned:
-            logger.warning(
-                "store job %d: abandoned before its GPU->host copy finished; its %d blocks "
-                "fail (their GPU blocks may have been reused)",
-                job.job_id,
-                len(job.keys),
-            )
-            self.stats.add("abandoned_store_blocks", len(job.keys))
-        except Exception as e:
-            logger.warning("store job %d: GPU->host copy failed: %s", job.job_id, e)
-        finally:
-            self.reads.end(job.job_id)  # the GPU blocks are free to reuse from here
-        return False
+    def _write_through(
+        self,
+        job: StoreJob,
+        positions: Iterable[int],
+        failed: Mapping[bytes, str],
+        write_failed: dict[Tier, set[bytes]],
+    ) -> int:
+        """Copy the job's blocks at `positions` (not failed) from their slots to each tier in
+        their `write_tiers`, one batch per tier; returns the bytes written."""
+        todo = [i for i in positions if job.keys[i] not in failed]
+        nbytes = 0
+        for tier in _in_order(set().union(*(job.write_tiers[i] for i in todo))):
+            mine = [i for i in todo if tier in job.write_tiers[i]]
+            keys = [job.keys[i] for i in mine]
+            tier_failed = self.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine])
+            nbytes += (len(mine) - len(tier_failed)) * self.pool.slot_nbytes
+            if tier_failed:
+                write_failed.setdefault(tier, set()).update(tier_failed)
+        return nbytes
+
+    def _store_in_rounds(
+        self,
+        job: StoreJob,
+        mark: StreamMark,
+        rounds: Sequence[Sequence[int]],
+        failed: dict[bytes, str],
+        write_failed: dict[Tier, set[bytes]],
+    ) -> int:
+        """A store streamed through fewer slots than blocks (stores.py): per round, GPU -> host
+        copy, then the write to the lower tier, which frees the slots for the next round. A
+        round whose copy fails (or the job abandoned) ends the job: its blocks and every later
+        round's fail, the rounds before it are kept (their copies ended before the abandon).
+        Returns the bytes moved."""
+        nbytes = 0
+        last = len(rounds) - 1
+        for r, part in enumerate(rounds):
+            held = self.late_io.fenced(job.host_slots[i] for i in part)
+            if held:  # a timed-out write of the round before may still read these slots
+                failed.update((job.keys[i], IO_TIMEOUT) for i in part if job.host_slots[i] in held)
+                part = [i for i in part if job.host_slots[i] not in held]
+            if not self.copies.round(job, mark, part, r == last):
+                for i in (i for later in rounds[r:] for i in later):
+                    failed.setdefault(job.keys[i], TRANSFER_ERROR)
+                break
+            nbytes += len(part) * self.pool.slot_nbytes
+            nbytes += self._write_through(job, part, failed, write_failed)
+        return nbytes
 
     # ------------------------------------------------------------------ load
     def load(self, job: LoadJob, started: float) -> JobResult:
@@ -305,26 +316,11 @@ class JobBodies:
         nbytes = 0
         try:
             spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
-            for tier in _in_order(set(job.sources)):
-                staged = job.reads_from(tier)
-                held = self.late_io.fenced(job.host_slots[i] for i in staged)
-                if held:  # a late I/O may still touch these slots: do not read into them
-                    failed.update(
-                        (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
-                    )
-                    staged = [i for i in staged if job.host_slots[i] not in held]
-                keys = [job.keys[i] for i in staged]
-
-                def landed(
-                    lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
-                ) -> None:
-                    copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
-
-                tier_failed = self.read_in_sub_batches(
-                    tier, keys, [job.host_slots[i] for i in staged], landed
-                )
-                failed.update(tier_failed)
-                nbytes += (len(staged) - len(tier_failed)) * slot_nbytes
+            for r, part in enumerate(load_rounds(job)):
+                if r:  # the round before's host->GPU copies read these slots: wait for them
+                    nbytes += copies.finish(failed) * slot_nbytes
+                    copies = LoadCopies(self.transfer, self.stats, job)
+                nbytes += self._stage_round(job, part, copies, failed)
         except BaseException:
             # The job fails whole and its GPU blocks get reused: no copy may still write them.
             copies.finish({})
@@ -344,6 +340,34 @@ class JobBodies:
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
         )
+
+    def _stage_round(
+        self, job: LoadJob, part: Sequence[int], copies: LoadCopies, failed: dict[bytes, str]
+    ) -> int:
+        """Read one round of a load's lower-tier blocks into their slots, tier by tier, each
+        sub-batch copied to the GPU as it lands; returns the bytes read."""
+        nbytes = 0
+        for tier in _in_order({job.sources[i] for i in part}):
+            staged = [i for i in part if job.sources[i] is tier]
+            held = self.late_io.fenced(job.host_slots[i] for i in staged)
+            if held:  # a late I/O may still touch these slots: do not read into them
+                failed.update(
+                    (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
+                )
+                staged = [i for i in staged if job.host_slots[i] not in held]
+            keys = [job.keys[i] for i in staged]
+
+            def landed(
+                lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
+            ) -> None:
+                copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
+
+            tier_failed = self.read_in_sub_batches(
+                tier, keys, [job.host_slots[i] for i in staged], landed
+            )
+            failed.update(tier_failed)
+            nbytes += (len(staged) - len(tier_failed)) * self.pool.slot_nbytes
+        return nbytes
 
     # ------------------------------------------------------------------ spill / drop
     def spill(self, job: SpillJob, started: float) -> JobResult:

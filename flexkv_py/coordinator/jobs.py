@@ -77,6 +77,9 @@ class StoreJob:
     spill_keys: tuple[bytes, ...] = ()
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    # The first `streamed` blocks pass through reused host slots to their lower tier and keep
+    # no host copy (a store larger than the free slots, coordinator/stores.py).
+    streamed: int = 0
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""

@@ -1,7 +1,9 @@
 """Load planning: pin a request's cached blocks, stage lower-tier ones through host slots (and
-keep them there: promoted), and apply the load's result. A block that is no longer cached, or
-has no host slot to stage through, is in the job with source None so the worker reports it
-failed; a lower-tier copy that turns out lost or bad is forgotten."""
+keep them there: promoted), and apply the load's result. A load with more lower-tier blocks than
+the staging slots it can get streams through them in rounds (read, host->GPU copy, reuse; only
+the last round stays promoted). A block that is no longer cached, or has no host slot at all to
+stage through, is in the job with source None so the worker reports it failed; a lower-tier copy
+that turns out lost or bad is forgotten."""
 
 from __future__ import annotations
 
@@ -54,9 +56,16 @@ class LoadPlanner(HostEviction):
             n_lower = sum(t.tier is not host for t in acquired)
             chained: list[Victim] = []
             staging = self._take_slots(n_lower, chained) if n_lower else []
+            # Fewer staging slots than lower-tier blocks: the load streams through them in
+            # rounds (job_bodies.py), lower-tier block j in slot j mod n; only each slot's
+            # last block stays in host (promoted).
+            # Not a host-only load: its caller reads every slot after the job.
+            stream = bool(staging) and gpu_block_ids is not None
+            through = n_lower - len(staging) if stream else 0
             sources: list[Tier | None] = []
             slots: list[int] = []
             promoted: list[bool] = []
+            j = 0  # lower-tier blocks seen
             for i, key in enumerate(keys):
                 src: Tier | None = None
                 slot, promote = -1, False
@@ -65,20 +74,22 @@ class LoadPlanner(HostEviction):
                     if got.tier is host:
                         assert got.host_slot is not None
                         src, slot = host, got.host_slot
-                    elif staging:
-                        src, slot = got.tier, staging.pop()
-                        try:
-                            self.index.begin_host_fill(key, slot, count_access=False)
-                            promote = True
-                        except IndexStateError:
-                            promote = False  # another job is filling its host copy: stage only
+                    elif j < len(staging) or stream:
+                        src, slot = got.tier, staging[j % len(staging)]
+                        j += 1
+                        if j > through:
+                            try:
+                                self.index.begin_host_fill(key, slot, count_access=False)
+                                promote = True
+                            except IndexStateError:
+                                pass  # another job is filling its host copy: stage only
                     else:  # no staging slot: cannot load
                         self.index.unpin([key])
                         self._stats["load_no_slot_blocks"] += 1
                 sources.append(src)
                 slots.append(slot)
                 promoted.append(promote)
-            assert not staging, "every staging slot goes to a lower-tier block of this job"
+            self._stats["load_streamed_blocks"] += through
             self._stats["load_missing_blocks"] += len(keys) - len(acquired)
             return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
 
@@ -149,6 +160,12 @@ class LoadPlanner(HostEviction):
             self._stats["load_host_blocks"] += len(job.keys)
             self._stats["load_host_bytes"] += self.page_bytes * len(job.keys)
             return
+        # Staging slots no promoted block keeps, each once (a streamed load reuses them).
+        kept = {job.host_slots[i] for i, p in enumerate(plan.promoted) if p}
+        staged = {
+            job.host_slots[i] for i, s in enumerate(job.sources) if s not in (None, Tier.HOST)
+        }
+        self.index.release_slots(staged - kept)
         for i, key in enumerate(job.keys):
             src = job.sources[i]
             if src is None:
@@ -156,11 +173,8 @@ class LoadPlanner(HostEviction):
                 continue
             reason = failed.get(key)
             if src is not Tier.HOST:
-                if plan.promoted[i]:
-                    if self.index.commit_host_fill(key, reason is None):
-                        self._event("stored", key, Tier.HOST)
-                else:
-                    self.index.release_slots([job.host_slots[i]])
+                if plan.promoted[i] and self.index.commit_host_fill(key, reason is None):
+                    self._event("stored", key, Tier.HOST)
                 if reason in _COPY_LOST:
                     # Never trust this copy again (not found, corrupt or unreadable).
                     if self.index.set_present([key], src, False):

@@ -1,6 +1,10 @@
-"""Sizing shared by the scheduler-side manager and every worker: both must agree on slot counts."""
+"""Sizing shared by the scheduler-side manager and every worker: both must agree on slot counts;
+and the rounds of a store streamed through fewer host slots than it has blocks (both read them
+from the job's `host_slots`)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import ConfigError
@@ -42,3 +46,18 @@ def host_pool_in_background(
         return False
     pool_bytes = host_slots_for(config, namespace, page_bytes) * slot_nbytes_for(page_bytes)
     return pool_bytes >= BACKGROUND_POOL_MIN_BYTES
+
+
+def store_rounds(host_slots: Sequence[int]) -> list[list[int]]:
+    """A store job's positions in rounds: round r holds each slot's (r+1)-th use, in job order.
+    A store larger than the free host slots streams through them (stores.py): a slot is filled,
+    written to the lower tier, and filled again by the next round. One round: no slot repeats."""
+    uses: dict[int, int] = {}
+    rounds: list[list[int]] = []
+    for i, slot in enumerate(host_slots):
+        r = uses.get(slot, 0)
+        uses[slot] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    return rounds

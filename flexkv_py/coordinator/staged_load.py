@@ -8,6 +8,8 @@ import logging
 
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, LoadJob
+from flexkv_py.coordinator.planning import store_rounds
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.transfer.stream_order import OrderedTransfer, TransferHandleLike
 
 logger = logging.getLogger(__name__)
@@ -66,3 +68,11 @@ def sub_batches(n: int, block_nbytes: int, batch_bytes: int) -> list[tuple[int, 
     """(lo, hi) of the sub-batches `n` blocks are read in: about `batch_bytes` each."""
     size = max(1, batch_bytes // max(1, block_nbytes))
     return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+
+def load_rounds(job: LoadJob) -> list[list[int]]:
+    """The positions of a load's lower-tier blocks in rounds (one unless the load streams
+    through fewer staging slots than it has such blocks, coordinator/loads.py)."""
+    staged = [i for i, src in enumerate(job.sources) if src is not None and src is not Tier.HOST]
+    rounds = store_rounds([job.host_slots[i] for i in staged])
+    return [[staged[j] for j in r] for r in rounds]

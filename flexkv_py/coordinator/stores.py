@@ -1,7 +1,17 @@
 """Store planning: which blocks of a request get fresh host slots, and which lower tiers they are
 copied to at store time (write-through, per the admission policy); applying the store's result.
-Keys already cached or in flight are skipped; when every slot is pinned, a store is cut at the
-end (the earliest blocks of a prefix are the valuable ones).
+Keys already cached or in flight are skipped.
+
+A store of more blocks than the host slots it can get streams through them when a spill tier
+exists (the host tier is then a staging area): one job copies the first n blocks GPU -> host,
+writes them to the spill tier, refills the same slots with the next n, and so on
+(planning.store_rounds); only the last n - 1 keep a host copy, one slot is left free for loads
+to stage through. The GPU blocks are read until the last round's copy ends, and the job reports
+its GPU read done right then: a finished request's blocks stay allocated (vLLM's delay-free,
+request_finished -> finished_sending) exactly until that, not until its SSD writes are done.
+Without a spill tier, when every slot is pinned, or for a host-only store (its `fill` writes
+every slot at once), the store is cut at the end instead (the earliest blocks of a prefix are
+the valuable ones).
 
 A store's keys form a chain (vLLM stores a request's consecutive blocks): key i's parent is key
 i-1 unless `parents` says otherwise. The index keeps a parent while its child is cached
@@ -55,30 +65,64 @@ class StorePlanner(WriteBehind):
             self.index.pin(outside)
             chained: list[Victim] = []
             slots = self._take_slots(len(todo), chained) if todo else []
+            passing = 0  # leading blocks streamed through reused slots (no host copy kept)
             if len(slots) < len(todo):
-                self._stats["store_skipped_no_slot"] += len(todo) - len(slots)
-                todo = todo[: len(slots)]
+                if gpu_block_ids is not None:
+                    passing = self._stream_through([keys[i] for i in todo], len(slots))
+                kept = min(len(todo), passing + len(slots))
+                self._stats["store_skipped_no_slot"] += len(todo) - kept
+                todo = todo[:kept]
             job = None
+            # Block j uses slot j mod n: round r (planning.store_rounds) refills the slots once
+            # round r-1 reached the lower tier; the blocks after the streamed ones keep theirs.
+            host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
             if todo:
                 self.index.begin_host_fills(
-                    [keys[i] for i in todo], slots, parents=[parents[i] for i in todo]
+                    [keys[i] for i in todo[passing:]],
+                    host_slots[passing:],
+                    parents=[parents[i] for i in todo[passing:]],
                 )
             self.index.unpin(outside)
             if todo:
+                tier = self.spill_tier
                 job = StoreJob(
                     job_id=next(self._ids),
                     keys=tuple(keys[i] for i in todo),
                     gpu_block_ids=(
                         None if gpu_block_ids is None else tuple(gpu_block_ids[i] for i in todo)
                     ),
-                    host_slots=tuple(slots),
-                    write_tiers=tuple(self._write_tiers(keys[i]) for i in todo),
+                    host_slots=tuple(host_slots),
+                    write_tiers=tuple(
+                        (tier,) if j < passing and tier is not None else self._write_tiers(keys[i])
+                        for j, i in enumerate(todo)
+                    ),
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
+                    streamed=passing,
                 )
+                self._stats["store_streamed_blocks"] += passing
                 self._inflight[job.job_id] = job
             self._keep_reserve()
             return job
+
+    def _stream_through(self, keys: Sequence[bytes], free: int) -> int:
+        """A store of more blocks than the `free` slots it got: how many leading blocks pass
+        through the slots to the spill tier (and keep no host copy). All but the last
+        `free - 1` do: one slot is left free for the loads of this prefix to stage its SSD
+        blocks through (they pin every host block they read). Each must be admitted there; at
+        the first that is not, streaming stops and the next `free` blocks stay in host (the
+        later ones would be orphans of a prefix match). Marks their writes pending."""
+        tier = self.spill_tier
+        if tier is None or free < 1:
+            return 0
+        hits, admit = self.index.hits, self.admission.admit_on_evict
+        n = 0
+        for key in keys[: len(keys) - free + 1]:
+            if not admit(hits(key) + 1):  # +1: this store is an access
+                break
+            n += 1
+        self.index.begin_pass_through(keys[:n], tier)
+        return n
 
     def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""
@@ -105,8 +149,13 @@ class StorePlanner(WriteBehind):
                 else:
                     self._stats[f"{tier.value}_write_failed_blocks"] += 1
         oks = [key not in failed for key in job.keys]
+        # Streamed blocks have no host copy (their lower-tier write above was all of them);
+        # a slot only they used is free again.
+        n = job.streamed
+        if n:
+            self.index.release_slots(set(job.host_slots[:n]) - set(job.host_slots[n:]))
         # Announced: the blocks readable now (not those reset while they were stored).
-        readable = self.index.commit_host_fills(job.keys, oks)
+        readable = self.index.commit_host_fills(job.keys[n:], oks[n:])
         for key in readable:
             self._event("stored", key, Tier.HOST)
         self._queue_write_behind(readable)

@@ -8,7 +8,9 @@ never hit. The 8-byte variant separates what differs per request inside one engi
 for the base model, a digest of the LoRA adapter's identity otherwise. The
 scheduler-side manager has no rank, so the prefix leaves the ranks out; each rank isolates its
 shard physically with a rank tag in front of the stored key (`storage_key`) and its own SSD
-subdirectory (`shard_dir_name`).
+subdirectory (`shard_dir_name`). Several engines on one node (data parallel, several Dynamo
+workers) each get their own shards (`engine_id` in the name) and may read their siblings'
+(`is_sibling_shard`); MLA at TP > 1 stores one copy, TP rank 0's (`kv_replicated`).
 
 Hybrid models (vLLM's HMA: several KV cache groups, e.g. full attention + sliding window) key
 each group's blocks in its own namespace: the group's id, kind and window are digested into the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -61,6 +64,15 @@ class Namespace:
     # Every group of the engine as (group_id, kind, window, page_bytes): `owns` accepts the keys
     # of all of them (one host pool, one SSD shard hold every group's blocks). Not digested.
     groups: tuple[tuple[int, str, int, int], ...] = ()
+    # Several engines on one node: this engine's id there (None: it is alone, its shards keep
+    # the plain `tp{r}-pp{p}` name) and how many engines share the configured sizes. Not
+    # digested: engines of one model on one node share keys, and read each other's shards.
+    engine_id: int | None = None
+    node_engines: int = 1
+    # MLA at TP > 1: every TP rank holds the same latent KV, so one copy is stored, in TP rank
+    # 0's shard under rank 0's tag, and every rank reads it (`writes_lower_tiers`). Not
+    # digested: the logical keys and rank 0's shard are what they were.
+    kv_replicated: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -73,6 +85,11 @@ class Namespace:
             raise ConfigError(
                 f"namespace.group: id {self.group_id} kind {self.group_kind!r} window "
                 f"{self.window} (kinds: {', '.join(GROUP_KINDS)}; id and window >= 0)"
+            )
+        if (self.engine_id is not None and self.engine_id < 0) or self.node_engines < 1:
+            raise ConfigError(
+                f"namespace.engine_id: {self.engine_id} must be >= 0 and node_engines "
+                f"{self.node_engines} >= 1"
             )
         for rank_key, size_key in (("tp_rank", "tp_size"), ("pp_rank", "pp_size")):
             rank, size = getattr(self, rank_key), getattr(self, size_key)
@@ -130,13 +147,31 @@ class Namespace:
         return key[PREFIX_LEN + VARIANT_LEN :]
 
     # --- per-rank isolation (worker side) ---
+    @property
+    def storage_tp_rank(self) -> int:
+        """The TP rank whose shard holds this rank's blocks (rank 0 for replicated KV)."""
+        return 0 if self.kv_replicated else self.tp_rank
+
+    @property
+    def writes_lower_tiers(self) -> bool:
+        """Does this rank write its shard (False: it reads TP rank 0's copy of replicated KV)?"""
+        return self.storage_tp_rank == self.tp_rank
+
     @cached_property
     def shard_tag(self) -> bytes:
-        return SHARD_TAG.pack(self.tp_rank, self.pp_rank)
+        return SHARD_TAG.pack(self.storage_tp_rank, self.pp_rank)
 
     @property
     def shard_dir_name(self) -> str:
-        return f"tp{self.tp_rank}-pp{self.pp_rank}"
+        engine = "" if self.engine_id is None else f"engine{self.engine_id}-"
+        return f"{engine}tp{self.storage_tp_rank}-pp{self.pp_rank}"
+
+    def is_sibling_shard(self, dir_name: str) -> bool:
+        """Is `dir_name` the same rank's shard of another engine on this node (same tag)?"""
+        rank = f"tp{self.storage_tp_rank}-pp{self.pp_rank}"
+        return dir_name != self.shard_dir_name and bool(
+            re.fullmatch(rf"(engine\d+-)?{rank}", dir_name)
+        )
 
     def storage_key(self, key: bytes) -> bytes:
         return self.shard_tag + key
@@ -154,8 +189,16 @@ class Namespace:
         return self.tp_size * self.pp_size
 
     def rank_share(self, total: int) -> int:
-        """One rank's share of an engine-wide size (FLEXKV_*_CACHE_GB are per engine)."""
-        return total // self.world_size
+        """One rank's share of a configured size: per engine, or per node (cache_size_scope,
+        instance_num) shared by `node_engines` engines."""
+        return total // (self.world_size * self.node_engines)
+
+    def lower_tier_share(self, total: int) -> int:
+        """One shard's share of a lower-tier size: replicated KV has one shard per PP stage
+        (TP rank 0's), which gets what the TP ranks would have split."""
+        if self.kv_replicated:
+            return total // (self.pp_size * self.node_engines)
+        return self.rank_share(total)
 
     def for_rank(self, tp_rank: int, pp_rank: int = 0) -> Namespace:
         return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)

@@ -242,6 +242,21 @@ class TierIndex(IndexCore):
             e.pending |= bit
             return True
 
+    def begin_pass_through(self, keys: Sequence[bytes], tier: Tier) -> None:
+        """New keys a store streams through reused host slots straight to `tier` (no host copy
+        is kept): each gets an entry with a pending write there, known but not readable until
+        `commit_write`. Counts the store as an access, as `begin_host_fills` does."""
+        bit = TIER_BIT[tier]
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                if e is None:
+                    e = self._add(key)
+                if e.host_slot is not None or e.stale or (e.lower | e.pending) & bit:
+                    raise IndexStateError(f"key {key.hex()} is cached or being written")
+                e.hits += 1
+                e.pending |= bit
+
     def readable_on(self, key: bytes, tier: Tier) -> bool:
         """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
         with self._lock:

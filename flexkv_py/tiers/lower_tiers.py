@@ -3,13 +3,21 @@
 One opener per tier; a tier that is configured but cannot be opened is left out of the map and
 named in `unavailable` with the reason (a degraded start, see tiers/ssd_open.py): every job part
 that names it then fails fast on the worker without touching a device.
+
+Shards other processes write are read through tiers/node_shards.py: TP ranks > 0 of replicated
+(MLA) KV read TP rank 0's copy instead of opening their own, and an engine with siblings on the
+node (other engines' shards of its rank in the same directories) reads theirs too
+(`share_node_shards`).
 """
 
 from __future__ import annotations
 
+import os
+
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.node_shards import NodeShards, ReadOnlyShard, ReplicaReader
 from flexkv_py.tiers.protocol import LowerTier
 from flexkv_py.tiers.ssd_open import open_ssd_tier
 
@@ -25,10 +33,28 @@ def open_lower_tiers(
     """(tier -> open tier, tier -> why it could not be opened) for this rank."""
     tiers: dict[Tier, LowerTier] = {}
     unavailable: dict[Tier, str] = {}
-    if Tier.SSD in configured_tiers(config):
-        ssd, why = open_ssd_tier(config, namespace)
-        if ssd is not None:
-            tiers[Tier.SSD] = ssd
-        elif why is not None:
-            unavailable[Tier.SSD] = why
+    if Tier.SSD not in configured_tiers(config):
+        return tiers, unavailable
+    if not namespace.writes_lower_tiers:
+        dirs = [os.path.join(d, namespace.shard_dir_name) for d in config.ssd_cache_dir]
+        tiers[Tier.SSD] = ReplicaReader(namespace, ReadOnlyShard(config, dirs))
+        return tiers, unavailable
+    ssd, why = open_ssd_tier(config, namespace)
+    if ssd is not None:
+        siblings = sibling_shards(config, namespace) if config.share_node_shards else []
+        tiers[Tier.SSD] = NodeShards(ssd, namespace, siblings) if siblings else ssd
+    elif why is not None:
+        unavailable[Tier.SSD] = why
     return tiers, unavailable
+
+
+def sibling_shards(config: FlexKVConfig, namespace: Namespace) -> list[ReadOnlyShard]:
+    """Other engines' shards of this rank in the configured directories (read-only)."""
+    root = config.ssd_cache_dir[0]
+    try:
+        names = sorted(n for n in os.listdir(root) if namespace.is_sibling_shard(n))
+    except OSError:
+        return []
+    return [
+        ReadOnlyShard(config, [os.path.join(d, n) for d in config.ssd_cache_dir]) for n in names
+    ]

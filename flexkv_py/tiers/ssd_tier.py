@@ -42,7 +42,7 @@ class SsdTier:
                     tighten_dir(d)
             except OSError as e:
                 raise ConfigError(f"ssd_cache_dir: cannot create {d!r}: {e.strerror}") from e
-        self.capacity_bytes = namespace.rank_share(config.ssd_cache_bytes)
+        self.capacity_bytes = namespace.lower_tier_share(config.ssd_cache_bytes)
         self.store = _native.BlockStore(
             self.dirs,
             self.capacity_bytes,

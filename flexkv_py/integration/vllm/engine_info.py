@@ -16,6 +16,7 @@ from flexkv_py.index.namespace import Namespace
 from flexkv_py.integration.vllm.events import events_enabled
 from flexkv_py.integration.vllm.identity import kv_cache_format, model_identity
 from flexkv_py.integration.vllm.pipeline_stages import check_even_stages
+from flexkv_py.integration.vllm.placement import engine_placement
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -171,6 +172,7 @@ def read_engine_info(
     model_config = vllm_config.model_config
     # An operator's model_identity replaces everything about this copy, its path included.
     override = config.model_identity
+    place = engine_placement(vllm_config, config, spec)
     base = Namespace(
         model=override or str(model_config.model),
         revision=None if override else model_config.revision,
@@ -183,6 +185,9 @@ def read_engine_info(
         model_identity=model_identity(
             model_config, override=config.model_identity, epoch=config.model_epoch
         ),
+        engine_id=place.engine_id,
+        node_engines=place.node_engines,
+        kv_replicated=place.kv_replicated,
     )
     groups = read_groups(kv_cache_config, base)
     # One host slot holds one block of any group (HMA aliases every group onto the same
