@@ -156,3 +156,14 @@ def test_gc_and_inspect_commands(s3: S3Server, capsys: pytest.CaptureFixture[str
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_config_command_never_prints_credentials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = f"secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", marker)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id-" + marker)
+    assert main(["config"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out and marker not in shown.out + shown.err
