@@ -31,15 +31,8 @@ def proxy(s3: S3Server) -> Iterator[CountingProxy]:
 
 
 def tier(s3: S3Server, prefix: str, endpoint: str) -> _native.ObjectTier:
-    return _native.ObjectTier(
-        f"s3://{s3.bucket}/{prefix}",
-        endpoint=endpoint,
-        region=s3.region,
-        access_key_id=s3.access_key_id,
-        secret_access_key=s3.secret_access_key,
-        allow_http=True,
-        concurrency=32,
-    )
+    t: _native.ObjectTier = s3.object_tier(prefix, endpoint, concurrency=32)
+    return t
 
 
 def chain(tag: str, n: int) -> list[bytes]:

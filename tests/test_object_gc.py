@@ -28,15 +28,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 def tier(s3: S3Server, prefix: str) -> _native.ObjectTier:
-    return _native.ObjectTier(
-        f"s3://{s3.bucket}/{prefix}",
-        endpoint=s3.endpoint,
-        region=s3.region,
-        access_key_id=s3.access_key_id,
-        secret_access_key=s3.secret_access_key,
-        allow_http=True,
-        touch_interval_s=0.2,
-    )
+    t: _native.ObjectTier = s3.object_tier(prefix, touch_interval_s=0.2)
+    return t
 
 
 def chain(tag: str, n: int) -> list[bytes]:

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexkv_py import _native
 from flexkv_py.tiers.object_lookups import PendingLookups
 from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
@@ -32,16 +31,7 @@ class Clock:
 def test_ask_again_later_then_count_or_miss(s3: S3Server) -> None:
     prefix = f"pending-{uuid.uuid4().hex[:8]}"
     proxy = CountingProxy(s3.ports["s3"])
-    tier = _native.ObjectTier(
-        f"s3://{s3.bucket}/{prefix}",
-        endpoint=proxy.endpoint,
-        region=s3.region,
-        access_key_id=s3.access_key_id,
-        secret_access_key=s3.secret_access_key,
-        allow_http=True,
-        timeout_s=5.0,
-        retries=0,
-    )
+    tier = s3.object_tier(prefix, proxy.endpoint, timeout_s=5.0, retries=0)
     try:
         keys = [f"ns/p/{i:03d}".encode() for i in range(100)]
         items = [(k, bytearray(k)) for k in keys]

@@ -67,11 +67,7 @@ tier.close()
 
 def run_role(s3: S3Server, prefix: str, role: str) -> dict[str, object]:
     args = {
-        "url": f"s3://{s3.bucket}/{prefix}",
-        "endpoint": s3.endpoint,
-        "region": s3.region,
-        "id": s3.access_key_id,
-        "secret": s3.secret_access_key,
+        **s3.child_args(prefix),
         "role": role,
         "n": BLOCKS,
         "size": SIZE,

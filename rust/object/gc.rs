@@ -216,7 +216,7 @@ impl ObjectTier {
                     Some(LEASE) if rel.len() == 1 => "lease",
                     _ => "other",
                 };
-                *out.entry(format!("{kind}")).or_default() += 1;
+                *out.entry(kind.to_string()).or_default() += 1;
                 *out.entry(format!("{kind}_bytes")).or_default() += m.size;
             }
             let mut v: Vec<(String, u64)> = out.into_iter().collect();
