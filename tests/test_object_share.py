@@ -10,14 +10,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from flexkv_py.errors import ConfigError, FlexKVError
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.object_tier import ObjectTier
+from flexkv_py.tiers.object_tier import GcPolicy, ObjectTier
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 BLOCKS, SIZE = 150, 16 * 1024
@@ -44,7 +46,7 @@ def namespace(hash_algo: str = "sha256") -> Namespace:
 ROLE = """
 import hashlib, json, sys
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.object_tier import ObjectTier
+from flexkv_py.tiers.object_tier import GcPolicy, ObjectTier
 a = json.loads(sys.argv[1])
 ns = Namespace(model="m", revision=None, kv_dtype="bfloat16", kv_layout="LBNHC", block_size=16)
 tier = ObjectTier(a["url"], ns, endpoint=a["endpoint"], region=a["region"],
@@ -132,3 +134,29 @@ def test_several_prompts_in_one_put_get_their_own_chains() -> None:
     with pytest.raises(ConfigError, match="2 parents for 3 items"):
         tier.submit_put(items[:3], parents=[None, None])
     tier.close()
+
+
+def test_background_gc_runs_under_the_lease(tmp_path: Path) -> None:
+    ns = namespace()
+    policy = GcPolicy(ttl_s=60.0, grace_s=0.01, interval_s=0.05, lease_s=5.0)
+    url = f"file://{tmp_path}"
+    tier = ObjectTier(url, ns, gc=policy)
+    other = ObjectTier(url, ns)
+    try:
+        chain_keys = [ns.key(hashlib.sha256(b"kept-%d" % i).digest()) for i in range(5)]
+        items = [(k, bytearray(k)) for k in chain_keys]
+        parents = [None, *chain_keys[:-1]]
+        assert all(r.ok for r in tier.submit_put(items, parents=parents).wait(30))
+        orphan = ns.key(hashlib.sha256(b"orphan").digest())
+        assert all(r.ok for r in tier.submit_put([(orphan, bytearray(64))]).wait(30))
+        deadline = time.monotonic() + 30
+        while other.native.inspect().get("blocks") != 5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the background pass's effect
+        assert other.native.inspect().get("blocks") == 5, "the lease holder collected the orphan"
+        assert other.lookup_chain(chain_keys) == 5, "a live chain stays"
+        assert not other.native.try_gc_lease("someone-else", 5.0), "the lease is held"
+    finally:
+        tier.close()
+        other.close()
+    with pytest.raises(ConfigError, match="lease_s"):
+        GcPolicy(ttl_s=1.0, interval_s=10.0, lease_s=1.0)
