@@ -148,6 +148,7 @@ impl ObjectTier {
         let chain_ok = chain.iter().all(|k| ObjectTier::check_key(k).is_none());
         rt.spawn(async move {
             let prefix = tier.prefix.clone();
+            tier.age_out();
             let all_known = {
                 let known = tier.known.lock();
                 chain.iter().all(|k| known.contains(k))
@@ -171,6 +172,13 @@ impl ObjectTier {
 }
 
 impl Shared {
+    /// Drop local knowledge older than `touch_interval` (another process's GC may have
+    /// deleted what it says is stored).
+    pub(super) fn age_out(&self) {
+        self.known.lock().expire(self.cfg.touch_interval);
+        self.manifests.lock().expire(self.cfg.touch_interval);
+    }
+
     /// Blocks found are known (a later put skips them); so are the manifests of the segments
     /// found through manifests (the deepest one and, by the write order, every full one
     /// before it).
@@ -214,6 +222,7 @@ impl Shared {
     ) -> Vec<Option<BlockResult>> {
         let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
         let mut todo = Vec::new();
+        self.age_out();
         {
             let known = self.known.lock();
             for (i, (key, buf)) in items.into_iter().enumerate() {

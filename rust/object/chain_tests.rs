@@ -141,3 +141,21 @@ fn one_gc_lease_holder_at_a_time() {
     assert!(b.try_gc_lease("b", Duration::from_secs(60)).unwrap(), "a lapsed lease is taken over");
     assert!(!a.try_gc_lease("a", Duration::from_secs(60)).unwrap());
 }
+
+#[test]
+fn knowledge_ages_out_after_the_touch_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let mut cfg = ObjectConfig::new(url.as_str());
+    cfg.touch_interval = Duration::from_millis(50);
+    let tier = ObjectTier::open(cfg).unwrap();
+    let keys = chain("aged", 3);
+    store_chain(&tier, &keys, 0);
+    // Another process's GC deletes everything.
+    let expire = GcOptions { ttl: Duration::ZERO, grace: Duration::ZERO, budget_bytes: None, dry_run: false };
+    assert_eq!(open(&url).gc(&expire).unwrap().blocks_deleted, 3);
+    std::thread::sleep(Duration::from_millis(60)); // the touch interval passes
+    let again = store_chain(&tier, &keys, 0);
+    assert!(again.iter().all(|r| r.status == Status::Ok), "uploaded again, not skipped: {again:?}");
+    assert_eq!(lookup_cost(&url, &keys).0, 3);
+}

@@ -287,6 +287,7 @@ impl ObjectTier {
     /// most `concurrency` at once). A key that could not be checked counts as absent.
     pub fn contains_many(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
         let (rt, ctx) = self.client()?;
+        self.age_out();
         let mut answers: Vec<Option<bool>> = {
             let known = self.known.lock();
             keys.iter().map(|k| known.contains(k).then_some(true)).collect()
