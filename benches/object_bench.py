@@ -11,16 +11,19 @@ same run.
 Throughput is payload GB/s (block bytes, not object bytes). A second, counted pass goes through a
 counting proxy (tests/s3_server.py CountingProxy) to report requests per block for our put and
 get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
-matched block and the body bytes it uploads per deduplicated block (goal: 0).
+matched block and the body bytes it uploads per deduplicated block (goal: 0). A chain pass
+stores one `--chain-blocks` prompt with its manifests and counts `lookup_chain` requests per
+matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes.
 
     python3 benches/object_bench.py [--quick] [--json] [--blocks 512] [--block-kib 256]
-        [--concurrency 32] [--runs 3]
+        [--concurrency 32] [--runs 3] [--chain-blocks 8192]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -199,6 +202,49 @@ def counted_pass(
         proxy.close()
 
 
+def chain_pass(s3: S3Server, n: int, conc: int) -> dict[str, float]:
+    """Lookups through the chain manifests of one `n`-block prompt (requests at a proxy): the
+    prompt again, a prefix ending inside a segment, the prompt continued, a new prompt, and a
+    second writer of the same chain."""
+    keys = [hashlib.sha256(b"chain-%d" % i).digest() for i in range(n)]
+    items = [(k, bytearray(k * 8)) for k in keys]
+    proxy = CountingProxy(s3.ports["s3"])
+    out: dict[str, float] = {"chain_blocks": n}
+    try:
+        prefix = f"chain-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        writer = our_tier(s3, prefix, conc, proxy.endpoint)
+        assert all(r.ok for r in writer.submit_put(items, chain=keys).wait(1200))
+        out["chain_store_s"] = time.perf_counter() - t0
+        more = [hashlib.sha256(b"more-%d" % i).digest() for i in range(300)]
+        miss = [hashlib.sha256(b"miss-%d" % i).digest() for i in range(n)]
+        cut = n * 5 // 8 + 7
+        for name, probe, want in (
+            ("same_prompt", keys, n),
+            ("prefix", keys[:cut], cut),
+            ("continued", keys + more, n),
+            ("miss", miss, 0),
+        ):
+            reader = our_tier(s3, prefix, conc, proxy.endpoint)
+            proxy.reset()
+            t0 = time.perf_counter()
+            assert reader.lookup_chain(probe) == want, name
+            out[f"lookup_{name}_ms"] = (time.perf_counter() - t0) * 1e3
+            count = sum(proxy.snapshot()[0].values())
+            out[f"lookup_{name}_requests"] = count
+            if want:
+                out[f"lookup_{name}_requests_per_matched_block"] = count / want
+        second = our_tier(s3, prefix, conc, proxy.endpoint)
+        proxy.reset()
+        assert all(r.status == "deduped" for r in second.submit_put(items, chain=keys).wait(600))
+        req, body = proxy.snapshot()
+        out["dup_chain_put_requests"] = sum(req.values())
+        out["dup_chain_body_bytes"] = sum(body.values())
+        return out
+    finally:
+        proxy.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="64 blocks of 64 KiB, one run (CI)")
@@ -207,6 +253,9 @@ def main() -> None:
     p.add_argument("--block-kib", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--chain-blocks", type=int, default=8192, help="prompt length of the manifest lookups"
+    )
     args = p.parse_args()
     if args.quick:
         args.blocks, args.block_kib, args.runs = 64, 64, 1
@@ -242,6 +291,7 @@ def main() -> None:
                     times[name]["up"].append(up)
                     times[name]["down"].append(down)
             counts = counted_pass(s3, blocks[: min(len(blocks), 256)], args.concurrency)
+            counts.update(chain_pass(s3, args.chain_blocks, args.concurrency))
         finally:
             s3.stop()
     rows = {}

@@ -256,6 +256,7 @@ class ObjectTier:
         retries: int = 3,
         compression: Literal["none", "zstd"] = "none",
         zstd_level: int = 3,
+        touch_interval_s: float = 300.0,
     ) -> ObjectTier: ...
     @property
     def url(self) -> str: ...
@@ -265,8 +266,30 @@ class ObjectTier:
     def prefix(self) -> str: ...
     @property
     def closed(self) -> bool: ...
-    def submit_put(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
+    def submit_put(
+        self, items: Sequence[tuple[bytes, BlockBuffer]], chain: Sequence[bytes] | None = None
+    ) -> BatchHandle:
+        """With `chain` (every key from the root to the last block): the chain's manifests are
+        read first (known blocks send nothing) and written once their blocks are stored."""
     def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
+    def lookup_chain(self, keys: Sequence[bytes]) -> int:
+        """Leading blocks of the chain (root first) stored, from its segment manifests: at most
+        ``1 + log2(n/64 + 1) + 6`` requests, 1 for a chain stored before; GIL released."""
+    def gc(
+        self,
+        *,
+        ttl_s: float,
+        grace_s: float = 600.0,
+        budget_bytes: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, int]:
+        """One collection pass: manifests unused for `ttl_s` (and not an ancestor of a used one)
+        go, then blocks no live manifest lists and older than `grace_s`; over `budget_bytes`,
+        the least recently used chain tails go first. Returns the counts."""
+    def inspect(self) -> dict[str, int]:
+        """Objects and bytes of the prefix by kind: blocks, manifests, touches, lease, other."""
+    def try_gc_lease(self, holder: str, lease_s: float) -> bool:
+        """Take or renew the prefix's GC lease; True when `holder` holds it now."""
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         """Known keys answer locally, the rest with one HEAD each; unanswered lookups are False."""
     def delete(self, keys: Sequence[bytes]) -> int:

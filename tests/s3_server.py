@@ -52,6 +52,31 @@ class S3Server:
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.ports['s3']}"
 
+    def child_args(self, prefix: str) -> dict[str, str]:
+        """What a child process needs to open the same prefix (as JSON-able strings)."""
+        return {
+            "url": f"s3://{self.bucket}/{prefix}",
+            "endpoint": self.endpoint,
+            "region": self.region,
+            "id": self.access_key_id,
+            "secret": self.secret_access_key,
+        }
+
+    def object_tier(self, prefix: str, endpoint: str | None = None, **kw: Any) -> Any:
+        """A `_native.ObjectTier` on `s3://bucket/prefix`, signed with the server's credentials
+        (through `endpoint`, e.g. a proxy, when given)."""
+        from flexkv_py import _native
+
+        kw.setdefault("secret_access_key", self.secret_access_key)
+        return _native.ObjectTier(
+            f"s3://{self.bucket}/{prefix}",
+            endpoint=endpoint or self.endpoint,
+            region=self.region,
+            access_key_id=self.access_key_id,
+            allow_http=True,
+            **kw,
+        )
+
     def _command(self) -> list[str]:
         if not self.ports:
             names = [

@@ -27,16 +27,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 def test_server_killed_then_restarted(s3: S3Server) -> None:
     timeout_s, retries = 1.0, 1
-    tier = _native.ObjectTier(
-        f"s3://{s3.bucket}/faults-{uuid.uuid4().hex[:8]}",
-        endpoint=s3.endpoint,
-        region=s3.region,
-        access_key_id=s3.access_key_id,
-        secret_access_key=s3.secret_access_key,
-        allow_http=True,
-        timeout_s=timeout_s,
-        retries=retries,
-    )
+    tier = s3.object_tier(f"faults-{uuid.uuid4().hex[:8]}", timeout_s=timeout_s, retries=retries)
     stored = [(f"ns/f/{i}".encode(), bytearray([i + 1]) * BLOCK) for i in range(8)]
     assert [r.status for r in tier.submit_put(stored).wait(30)] == ["ok"] * 8
 

@@ -36,15 +36,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def make_tier(
     s3: S3Server, prefix: str, endpoint: str | None = None, **kw: Any
 ) -> _native.ObjectTier:
-    return _native.ObjectTier(
-        f"s3://{s3.bucket}/{prefix}",
-        endpoint=endpoint or s3.endpoint,
-        region=s3.region,
-        access_key_id=s3.access_key_id,
-        secret_access_key=kw.pop("secret_access_key", s3.secret_access_key),
-        allow_http=True,
-        **kw,
-    )
+    tier: _native.ObjectTier = s3.object_tier(prefix, endpoint, **kw)
+    return tier
 
 
 def blocks(n: int, size: int = BLOCK, seed: int = 0) -> list[tuple[bytes, bytearray]]:
@@ -138,11 +131,7 @@ def test_two_processes_race_and_share(s3: S3Server) -> None:
     procs = []
     for byte in (11, 22):
         args = {
-            "url": f"s3://{s3.bucket}/{prefix}",
-            "endpoint": s3.endpoint,
-            "region": s3.region,
-            "id": s3.access_key_id,
-            "secret": s3.secret_access_key,
+            **s3.child_args(prefix),
             "byte": byte,
             "keys": keys,
         }

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from flexkv_py import _native
+from flexkv_py.cli import object_inspect
+from flexkv_py.cli.object_args import add_object_args
 from flexkv_py.index.namespace import PREFIX_LEN, SHARD_TAG
 from flexkv_py.tiers.private_files import Exposed, exposed
 
@@ -36,8 +38,9 @@ def add_parser(sub: Any) -> None:
         "free space of SSD cache directories. Read-only: safe while a server uses them.",
     )
     p.add_argument(
-        "dirs", nargs="+", type=Path, metavar="DIR", help="cache directory (all stripes)"
+        "dirs", nargs="*", type=Path, metavar="DIR", help="cache directory (all stripes)"
     )
+    add_object_args(p, required=False)  # --object-store URL: a bucket prefix instead
     p.add_argument(
         "--verify",
         action="store_true",
@@ -204,6 +207,11 @@ def _text(report: ShardReport) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.object_store:
+        return object_inspect.run(args)
+    if not args.dirs:
+        print("flexkv-py inspect: give a cache DIR or --object-store URL", file=sys.stderr)
+        return 2
     try:
         shards = find_shards(args.dirs)
     except OSError as e:

@@ -11,11 +11,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from flexkv_py.cli import bench_cmd, config_cmd, inspect, replay_cmd
+from flexkv_py.cli import bench_cmd, config_cmd, gc, inspect, replay_cmd
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
-COMMANDS = (replay_cmd, inspect, config_cmd, bench_cmd)
+COMMANDS = (replay_cmd, inspect, config_cmd, bench_cmd, gc)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flexkv_py.cli import object_replay
 from flexkv_py.cli.config_cmd import parse_overrides
 from flexkv_py.cli.model_shape import DTYPE_BYTES, ModelShape
 from flexkv_py.cli.workloads import (
@@ -111,6 +112,7 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="configuration override, e.g. --set ssd_compression=zstd (repeatable)",
     )
+    object_replay.add_args(p)
     p.set_defaults(run=run)
 
 
@@ -151,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
     from flexkv_py.cli import report
     from flexkv_py.cli.replay import replay
 
+    if args.object_store:
+        try:
+            return object_replay.run(args, _workload(args))
+        except (ConfigError, TraceFormatError, ValueError) as e:
+            print(f"flexkv-py replay: {e}", file=sys.stderr)
+            return 2
     try:
         workload = _workload(args)
         opts = _options(args)

@@ -62,6 +62,8 @@ pub struct ObjectConfig {
     /// Retries of transient failures (5xx, connection errors), with exponential backoff.
     pub retries: usize,
     pub compression: Compression,
+    /// A process records a manifest's use (for GC) at most this often.
+    pub touch_interval: Duration,
 }
 
 impl fmt::Debug for ObjectConfig {
@@ -94,6 +96,7 @@ impl ObjectConfig {
             timeout: Duration::from_secs(10),
             retries: 3,
             compression: Compression::None,
+            touch_interval: Duration::from_secs(300),
         }
     }
 

@@ -1,14 +1,23 @@
 //! Keys this process knows are in the store (it wrote them, read them or looked them up). A
 //! put of a known key sends nothing. Bounded: past `CAP` keys the set starts over, which only
-//! costs requests (a forgotten key is asked about or conditionally created again).
+//! costs requests (a forgotten key is asked about or conditionally created again). Knowledge
+//! also ages: GC in another process may delete what this one learned, so the set starts over
+//! once it is older than the tier's `touch_interval` (GC's TTL must be longer than that).
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 const CAP: usize = 1 << 20;
 
-#[derive(Default)]
 pub struct KnownKeys {
     keys: HashSet<Vec<u8>>,
+    since: Instant,
+}
+
+impl Default for KnownKeys {
+    fn default() -> Self {
+        KnownKeys { keys: HashSet::new(), since: Instant::now() }
+    }
 }
 
 impl KnownKeys {
@@ -29,5 +38,13 @@ impl KnownKeys {
 
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Forget everything once the set is older than `max_age`.
+    pub fn expire(&mut self, max_age: Duration) {
+        if self.since.elapsed() > max_age {
+            self.keys.clear();
+            self.since = Instant::now();
+        }
     }
 }

@@ -5,17 +5,22 @@
 //! (conditional create); a key the tier already knows exists is not uploaded again.
 
 mod block_tier;
+mod chain;
 pub mod codec;
 pub mod config;
+pub mod gc;
 mod known;
+pub mod manifest;
 mod ops;
 pub mod runtime;
 pub mod stats;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
 use object_store::path::Path;
@@ -43,23 +48,67 @@ struct Client {
     ctx: Ctx,
 }
 
-pub struct ObjectTier {
+/// What the tier's batches, running on the runtime, share with it.
+pub struct Shared {
     cfg: ObjectConfig,
-    backend: Backend,
     prefix: Path,
-    client: Mutex<Option<Client>>,
-    known: Arc<Mutex<KnownKeys>>,
+    /// Block keys known to be stored (a put of one sends nothing).
+    known: Mutex<KnownKeys>,
+    /// Manifests (by their segment's last key) known to be stored.
+    manifests: Mutex<KnownKeys>,
+    /// When this process last recorded a manifest's use.
+    touched: Mutex<HashMap<Vec<u8>, Instant>>,
     stats: Arc<ObjectStats>,
+}
+
+pub struct ObjectTier {
+    backend: Backend,
+    client: Mutex<Option<Client>>,
+    shared: Arc<Shared>,
     closed: AtomicBool,
 }
 
-/// Object names are the key in hex under `<prefix>/b/`: any byte string is a valid name.
-fn object_path(prefix: &Path, key: &[u8]) -> Path {
+impl std::ops::Deref for ObjectTier {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+fn hex_name(key: &[u8]) -> String {
     let mut name = String::with_capacity(key.len() * 2);
     for b in key {
         name.push_str(&format!("{b:02x}"));
     }
-    prefix.clone().join("b").join(name)
+    name
+}
+
+/// Object names are the key in hex under `<prefix>/b/`: any byte string is a valid name.
+fn object_path(prefix: &Path, key: &[u8]) -> Path {
+    prefix.clone().join("b").join(hex_name(key))
+}
+
+/// One block's object body; zstd is CPU work, so it runs off the runtime's workers (one
+/// batch's blocks compress in parallel and requests keep flowing meanwhile).
+async fn encode_block(
+    key: Vec<u8>,
+    buf: RawBuf,
+    hash: HashAlgo,
+    compression: Compression,
+) -> std::result::Result<Vec<u8>, BlockResult> {
+    let encode = move || {
+        // SAFETY: the submitter keeps the buffer valid until the batch completes, which
+        // waits for this encode (an empty buffer may come with a null address: never made a
+        // slice).
+        let raw: &[u8] = if buf.len == 0 { &[] } else { unsafe { buf.as_slice() } };
+        codec::encode(&key, raw, hash, compression)
+    };
+    match compression {
+        Compression::None => Ok(encode()),
+        Compression::Zstd { .. } => tokio::task::spawn_blocking(encode)
+            .await
+            .map_err(|e| BlockResult::failed(Status::IoError, format!("encode: {e}"))),
+    }
 }
 
 impl ObjectTier {
@@ -69,11 +118,15 @@ impl ObjectTier {
         let built = config::build(&cfg)?;
         let tier = ObjectTier {
             backend: built.backend,
-            prefix: built.prefix,
-            cfg,
             client: Mutex::new(None),
-            known: Arc::new(Mutex::new(KnownKeys::default())),
-            stats: Arc::new(ObjectStats::default()),
+            shared: Arc::new(Shared {
+                prefix: built.prefix,
+                cfg,
+                known: Mutex::default(),
+                manifests: Mutex::default(),
+                touched: Mutex::default(),
+                stats: Arc::new(ObjectStats::default()),
+            }),
             closed: AtomicBool::new(false),
         };
         *tier.client.lock() = Some(tier.make_client(Some(built.store))?);
@@ -181,62 +234,10 @@ impl ObjectTier {
     ) -> Result<Arc<Batch>> {
         let (rt, ctx) = self.client()?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
-        let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
-        let mut todo = Vec::new();
-        {
-            let known = self.known.lock();
-            for (i, (key, buf)) in items.into_iter().enumerate() {
-                if let Some(r) = Self::check_key(&key) {
-                    results[i] = Some(r);
-                } else if known.contains(&key) {
-                    bump(&self.stats.puts_known, 1);
-                    results[i] = Some(BlockResult::new(Status::Deduped, buf.len as u64));
-                } else {
-                    todo.push((i, key, buf));
-                }
-            }
-        }
-        let (hash, compression, width) = (HashAlgo::Xxh3_128, self.cfg.compression, self.cfg.concurrency);
-        let prefix = self.prefix.clone();
-        let done = batch.clone();
-        let learned = self.known.clone();
+        let (done, shared) = (batch.clone(), self.shared.clone());
         let running = ctx.inflight.enter();
         rt.spawn(async move {
-            let puts = stream::iter(todo).map(|(i, key, buf)| {
-                let ctx = ctx.clone();
-                let path = object_path(&prefix, &key);
-                async move {
-                    let encode = {
-                        let key = key.clone();
-                        move || {
-                            // SAFETY: the submitter keeps the buffer valid until the batch
-                            // completes, which waits for this encode (an empty buffer may come
-                            // with a null address: never made a slice).
-                            let raw: &[u8] = if buf.len == 0 { &[] } else { unsafe { buf.as_slice() } };
-                            codec::encode(&key, raw, hash, compression)
-                        }
-                    };
-                    // zstd is CPU work: off the runtime's workers, so one batch's blocks
-                    // compress in parallel and requests keep flowing meanwhile.
-                    let body = match compression {
-                        Compression::None => encode(),
-                        Compression::Zstd { .. } => match tokio::task::spawn_blocking(encode).await {
-                            Ok(body) => body,
-                            Err(e) => {
-                                return (i, key, BlockResult::failed(Status::IoError, format!("encode: {e}")))
-                            }
-                        },
-                    };
-                    (i, key, ctx.put(path, body, buf.len as u64).await)
-                }
-            });
-            let mut puts = puts.buffer_unordered(width);
-            while let Some((i, key, r)) = puts.next().await {
-                if r.status.is_ok() {
-                    learned.lock().insert(key);
-                }
-                results[i] = Some(r);
-            }
+            let results = shared.put_blocks(&ctx, items).await;
             done.complete(finish(results));
             drop(running);
         });
@@ -253,8 +254,7 @@ impl ObjectTier {
         let batch = Arc::new(Batch::new(items.len(), keepalive));
         let prefix = self.prefix.clone();
         let width = self.cfg.concurrency;
-        let done = batch.clone();
-        let learned = self.known.clone();
+        let (done, shared) = (batch.clone(), self.shared.clone());
         let running = ctx.inflight.enter();
         rt.spawn(async move {
             let n = items.len();
@@ -273,7 +273,7 @@ impl ObjectTier {
             let mut results: Vec<Option<BlockResult>> = vec![None; n];
             while let Some((i, key, r)) = gets.next().await {
                 if r.status == Status::Ok {
-                    learned.lock().insert(key);
+                    shared.known.lock().insert(key);
                 }
                 results[i] = Some(r);
             }
@@ -287,6 +287,7 @@ impl ObjectTier {
     /// most `concurrency` at once). A key that could not be checked counts as absent.
     pub fn contains_many(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
         let (rt, ctx) = self.client()?;
+        self.age_out();
         let mut answers: Vec<Option<bool>> = {
             let known = self.known.lock();
             keys.iter().map(|k| known.contains(k).then_some(true)).collect()
@@ -390,3 +391,6 @@ fn finish(results: Vec<Option<BlockResult>>) -> Vec<BlockResult> {
         .map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "block was never run")))
         .collect()
 }
+
+#[cfg(test)]
+mod chain_tests;

@@ -5,8 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tokio::sync::Semaphore;
 
 use super::codec::{decode_into, DecodeError};
@@ -191,6 +192,51 @@ impl Ctx {
                 store: "flexkv",
                 source: format!("no answer within {:.3}s", self.budget.as_secs_f64()).into(),
             }),
+        }
+    }
+
+    /// A small object's bytes (manifests, the GC lease): `Ok(None)` when absent.
+    pub async fn get_small(&self, path: &Path) -> Result<Option<bytes::Bytes>, String> {
+        bump(&self.stats.get_requests, 1);
+        let fetch = async { self.store.get(path).await?.bytes().await };
+        match self.bounded(fetch).await {
+            Outcome::Done(Ok(b)) => {
+                bump(&self.stats.get_body_bytes, b.len() as u64);
+                Ok(Some(b))
+            }
+            Outcome::Done(Err(object_store::Error::NotFound { .. })) => Ok(None),
+            Outcome::Done(Err(e)) => Err(self.message(e)),
+            Outcome::Failed(msg) => Err(msg),
+            Outcome::TimedOut => Err(self.message("get timed out")),
+        }
+    }
+
+    /// Write a small object; `create` makes it conditional. `Ok(false)`: it already existed.
+    pub async fn put_small(&self, path: &Path, body: Vec<u8>, create: bool) -> Result<bool, String> {
+        bump(&self.stats.put_requests, 1);
+        bump(&self.stats.put_body_bytes, body.len() as u64);
+        let mode = if create { PutMode::Create } else { PutMode::Overwrite };
+        let opts = PutOptions { mode, ..Default::default() };
+        match self.bounded(self.store.put_opts(path, PutPayload::from(body), opts)).await {
+            Outcome::Done(Ok(_)) => Ok(true),
+            Outcome::Done(Err(
+                object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+            )) => Ok(false),
+            Outcome::Done(Err(e)) => Err(self.message(e)),
+            Outcome::Failed(msg) => Err(msg),
+            Outcome::TimedOut => Err(self.message("put timed out")),
+        }
+    }
+
+    /// Every object under `prefix` (the listing's pages count as one request each).
+    pub async fn list(&self, prefix: &Path) -> Result<Vec<ObjectMeta>, String> {
+        bump(&self.stats.list_requests, 1);
+        let listing = self.store.list(Some(prefix)).try_collect::<Vec<_>>();
+        match self.bounded(listing).await {
+            Outcome::Done(Ok(v)) => Ok(v),
+            Outcome::Done(Err(e)) => Err(self.message(e)),
+            Outcome::Failed(msg) => Err(msg),
+            Outcome::TimedOut => Err(self.message("list timed out")),
         }
     }
 }

@@ -34,6 +34,8 @@ counters!(
     io_errors,
     timeouts,
     runtime_builds,
+    chain_lookups,
+    manifest_puts,
 );
 
 pub fn bump(counter: &AtomicU64, by: u64) {

@@ -12,6 +12,7 @@ use super::errors::to_py;
 use super::store::PyBatchHandle;
 use crate::compression::Compression;
 use crate::error::StoreError;
+use crate::object::gc::GcOptions;
 use crate::object::{ObjectConfig, ObjectTier};
 use crate::store::stats::StatValue;
 
@@ -30,7 +31,7 @@ impl PyObjectTier {
     #[new]
     #[pyo3(signature = (url, *, endpoint=None, region=None, access_key_id=None, secret_access_key=None,
         allow_http=false, allow_instance_metadata=false, concurrency=32, timeout_s=10.0, retries=3,
-        compression="none", zstd_level=3))]
+        compression="none", zstd_level=3, touch_interval_s=300.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -46,9 +47,14 @@ impl PyObjectTier {
         retries: usize,
         compression: &str,
         zstd_level: i32,
+        touch_interval_s: f64,
     ) -> PyResult<Self> {
-        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
-            return Err(to_py(StoreError::Config("timeout_s: must be a finite number > 0".into())));
+        for (name, v) in [("timeout_s", timeout_s), ("touch_interval_s", touch_interval_s)] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(to_py(StoreError::Config(format!(
+                    "{name}: must be a finite number > 0, got {v}"
+                ))));
+            }
         }
         let mut cfg = ObjectConfig::new(url);
         cfg.endpoint = endpoint;
@@ -61,6 +67,7 @@ impl PyObjectTier {
         cfg.timeout = Duration::from_secs_f64(timeout_s);
         cfg.retries = retries;
         cfg.compression = Compression::parse(compression, zstd_level).map_err(to_py)?;
+        cfg.touch_interval = Duration::from_secs_f64(touch_interval_s);
         let tier = py.detach(move || ObjectTier::open(cfg)).map_err(to_py)?;
         Ok(PyObjectTier { tier: Arc::new(tier) })
     }
@@ -80,12 +87,96 @@ impl PyObjectTier {
         self.tier.prefix().to_string()
     }
 
-    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
+    /// With `chain` (every key from the chain's root to its last block), the chain's manifests
+    /// are consulted first and written after the blocks.
+    #[pyo3(signature = (items, chain=None))]
+    fn submit_put(
+        &self,
+        py: Python<'_>,
+        items: &Bound<'_, PyAny>,
+        chain: Option<Vec<Vec<u8>>>,
+    ) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, false)?;
         let owners: Box<dyn std::any::Any + Send> = Box::new(ex.owners);
         let (tier, items) = (self.tier.clone(), ex.items);
-        let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
+        let batch = py
+            .detach(move || match chain {
+                Some(chain) => tier.submit_put_chain(chain, items, Some(owners)),
+                None => tier.submit_put(items, Some(owners)),
+            })
+            .map_err(to_py)?;
         Ok(PyBatchHandle::from_batch(batch))
+    }
+
+    /// Leading blocks of the chain `keys` (root first) that are stored, from its manifests.
+    fn lookup_chain(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<usize> {
+        let tier = self.tier.clone();
+        py.detach(move || tier.lookup_chain(&keys)).map_err(to_py)
+    }
+
+    /// One collection pass; returns its counts.
+    #[pyo3(signature = (*, ttl_s, grace_s=600.0, budget_bytes=None, dry_run=false))]
+    fn gc<'py>(
+        &self,
+        py: Python<'py>,
+        ttl_s: f64,
+        grace_s: f64,
+        budget_bytes: Option<u64>,
+        dry_run: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        for (name, v) in [("ttl_s", ttl_s), ("grace_s", grace_s)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(to_py(StoreError::Config(format!(
+                    "{name}: must be a finite number >= 0, got {v}"
+                ))));
+            }
+        }
+        let opts = GcOptions {
+            ttl: Duration::from_secs_f64(ttl_s),
+            grace: Duration::from_secs_f64(grace_s),
+            budget_bytes,
+            dry_run,
+        };
+        let tier = self.tier.clone();
+        let r = py.detach(move || tier.gc(&opts)).map_err(to_py)?;
+        let d = PyDict::new(py);
+        for (name, v) in [
+            ("manifests", r.manifests),
+            ("manifests_live", r.manifests_live),
+            ("manifests_deleted", r.manifests_deleted),
+            ("manifests_rescued", r.manifests_rescued),
+            ("blocks", r.blocks),
+            ("blocks_deleted", r.blocks_deleted),
+            ("block_bytes", r.block_bytes),
+            ("block_bytes_deleted", r.block_bytes_deleted),
+            ("touches_deleted", r.touches_deleted),
+            ("delete_errors", r.delete_errors),
+        ] {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Counts and bytes of the prefix's objects by kind.
+    fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let tier = self.tier.clone();
+        let inv = py.detach(move || tier.inventory()).map_err(to_py)?;
+        let d = PyDict::new(py);
+        for (name, v) in inv {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Take or renew the background-GC lease; `True`: run GC now.
+    fn try_gc_lease(&self, py: Python<'_>, holder: String, lease_s: f64) -> PyResult<bool> {
+        if !(lease_s > 0.0 && lease_s.is_finite()) {
+            return Err(to_py(StoreError::Config(format!(
+                "lease_s: must be a finite number > 0, got {lease_s}"
+            ))));
+        }
+        let tier = self.tier.clone();
+        py.detach(move || tier.try_gc_lease(&holder, Duration::from_secs_f64(lease_s))).map_err(to_py)
     }
 
     fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {

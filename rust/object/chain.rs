@@ -1,0 +1,297 @@
+//! Prefix chains: lookups through segment manifests (`manifest`) instead of one HEAD per
+//! block, and chain puts that write those manifests after their blocks.
+//!
+//! A lookup of `n` keys asks, in order: the manifest of the chain's end (the prompt seen
+//! before: 1 request), then a binary search over the full segments' manifests, then a binary
+//! search by HEAD over the blocks of the first segment without a manifest (a chain that
+//! ended inside it stored them under an end manifest this lookup cannot name). A new prompt
+//! pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests. The searches assume a
+//! chain's stored blocks form a prefix (writers store a chain's blocks before its
+//! manifests, GC deletes deepest first); where a fault broke that, the load of a missing
+//! block fails and is recomputed — every read is verified, so never wrong KV.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::stream::{self, StreamExt};
+use object_store::path::Path;
+
+use super::manifest::{self, Manifest, SEGMENT};
+use super::ops::Ctx;
+use super::stats::bump;
+use super::{finish, hex_name, object_path, ObjectTier, Shared};
+use crate::error::Result;
+use crate::hashing::HashAlgo;
+use crate::store::batch::Keepalive;
+use crate::store::{Batch, BlockResult, RawBuf, Status};
+
+pub fn manifest_path(prefix: &Path, end_key: &[u8]) -> Path {
+    prefix.clone().join("m").join(hex_name(end_key))
+}
+
+pub fn touch_path(prefix: &Path, end_key: &[u8]) -> Path {
+    prefix.clone().join("t").join(hex_name(end_key))
+}
+
+/// What one lookup found: blocks matched, and of those how many are vouched for by manifests
+/// (a later put skips those), and the deepest manifest used (its last use is recorded).
+struct Found {
+    matched: usize,
+    by_manifest: usize,
+    deepest: Option<usize>,
+}
+
+/// Whether the manifest of the segment ending at `end` is stored and describes `keys`. A
+/// request that failed is an error: the lookup stops there (a miss beyond, never a wait per
+/// block on a dead server).
+async fn has_manifest(
+    ctx: &Ctx,
+    prefix: &Path,
+    keys: &[Vec<u8>],
+    end: usize,
+) -> std::result::Result<bool, ()> {
+    match ctx.get_small(&manifest_path(prefix, &keys[end])).await {
+        Ok(Some(body)) => Ok(Manifest::decode(&body)
+            .is_some_and(|m| m.matches(keys) && m.start as usize + m.keys.len() == end + 1)),
+        Ok(None) => Ok(false),
+        Err(msg) => {
+            bump(&ctx.stats.io_errors, 1);
+            tracing::warn!("object tier chain lookup failed: {msg}");
+            Err(())
+        }
+    }
+}
+
+async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
+    let n = keys.len();
+    let mut found = Found { matched: 0, by_manifest: 0, deepest: None };
+    if n == 0 {
+        return found;
+    }
+    bump(&ctx.stats.chain_lookups, 1);
+    match has_manifest(ctx, prefix, keys, n - 1).await {
+        Ok(true) => return Found { matched: n, by_manifest: n, deepest: Some(n - 1) },
+        Ok(false) => {}
+        Err(()) => return found,
+    }
+    // Full segments below the chain's end: index i ends at position (i + 1) * SEGMENT - 1.
+    let full = (n - 1) / SEGMENT;
+    let (mut lo, mut hi) = (0usize, full); // segments 0..lo are stored; hi.. are not
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2); // test segment index mid - 1
+        match has_manifest(ctx, prefix, keys, mid * SEGMENT - 1).await {
+            Ok(true) => lo = mid,
+            Ok(false) => hi = mid - 1,
+            Err(()) => {
+                found.matched = lo * SEGMENT;
+                found.by_manifest = lo * SEGMENT;
+                found.deepest = lo.checked_sub(1).map(|s| (s + 1) * SEGMENT - 1);
+                return found;
+            }
+        }
+    }
+    found.matched = lo * SEGMENT;
+    found.by_manifest = lo * SEGMENT;
+    found.deepest = lo.checked_sub(1).map(|s| (s + 1) * SEGMENT - 1);
+    // Blocks of the next segment: the largest stored position, by HEAD.
+    let (mut have, mut limit) = (found.matched, n.min(found.matched + SEGMENT));
+    while have < limit {
+        let mid = (have + limit).div_ceil(2) - 1; // test position mid
+        match ctx.exists(object_path(prefix, &keys[mid])).await {
+            Ok(true) => have = mid + 1,
+            Ok(false) => limit = mid,
+            Err(msg) => {
+                bump(&ctx.stats.io_errors, 1);
+                tracing::warn!("object tier chain lookup failed: {msg}");
+                break;
+            }
+        }
+    }
+    found.matched = have;
+    found
+}
+
+impl ObjectTier {
+    /// How many leading blocks of the chain `keys` (root first) are stored, from manifests; a
+    /// failed request ends the lookup (what was matched so far is the answer).
+    pub fn lookup_chain(&self, keys: &[Vec<u8>]) -> Result<usize> {
+        let (rt, ctx) = self.client()?;
+        if keys.iter().any(|k| Self::check_key(k).is_some()) {
+            return Ok(0);
+        }
+        let prefix = self.prefix.clone();
+        let found = rt.block_on(async {
+            let found = lookup(&ctx, &prefix, keys).await;
+            if let Some(end) = found.deepest {
+                self.touch(&ctx, &prefix, &keys[end]).await;
+            }
+            found
+        });
+        self.learn(keys, &found);
+        Ok(found.matched)
+    }
+
+    /// Upload `items` (blocks of `chain`, root first) like `submit_put`, after learning from the
+    /// chain's manifests which blocks are stored (those send nothing), then write the manifest
+    /// of every segment whose blocks, and all before them, are now stored. The batch completes
+    /// after the manifests.
+    pub fn submit_put_chain(
+        &self,
+        chain: Vec<Vec<u8>>,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Arc<Batch>> {
+        let (rt, ctx) = self.client()?;
+        let batch = Arc::new(Batch::new(items.len(), keepalive));
+        let (done, tier) = (batch.clone(), self.shared.clone());
+        let running = ctx.inflight.enter();
+        let chain_ok = chain.iter().all(|k| ObjectTier::check_key(k).is_none());
+        rt.spawn(async move {
+            let prefix = tier.prefix.clone();
+            tier.age_out();
+            let all_known = {
+                let known = tier.known.lock();
+                chain.iter().all(|k| known.contains(k))
+            };
+            if chain_ok && !all_known {
+                let found = lookup(&ctx, &prefix, &chain).await;
+                if let Some(end) = found.deepest {
+                    tier.touch(&ctx, &prefix, &chain[end]).await;
+                }
+                tier.learn(&chain, &found);
+            }
+            let results = tier.put_blocks(&ctx, items).await;
+            if chain_ok {
+                tier.write_manifests(&ctx, &prefix, &chain).await;
+            }
+            done.complete(finish(results));
+            drop(running);
+        });
+        Ok(batch)
+    }
+}
+
+impl Shared {
+    /// Drop local knowledge older than `touch_interval` (another process's GC may have
+    /// deleted what it says is stored).
+    pub(super) fn age_out(&self) {
+        self.known.lock().expire(self.cfg.touch_interval);
+        self.manifests.lock().expire(self.cfg.touch_interval);
+    }
+
+    /// Blocks found are known (a later put skips them); so are the manifests of the segments
+    /// found through manifests (the deepest one and, by the write order, every full one
+    /// before it).
+    fn learn(&self, keys: &[Vec<u8>], found: &Found) {
+        let mut known = self.known.lock();
+        for k in &keys[..found.matched] {
+            known.insert(k.clone());
+        }
+        let mut have = self.manifests.lock();
+        for end in (SEGMENT - 1..found.by_manifest).step_by(SEGMENT) {
+            have.insert(keys[end].clone());
+        }
+        if let Some(end) = found.deepest {
+            have.insert(keys[end].clone());
+        }
+    }
+
+    /// Record a use of the manifest ending at `end_key` (an empty touch object beside it),
+    /// at most once per `touch_interval` per process: GC reads its time as the last use.
+    async fn touch(&self, ctx: &Ctx, prefix: &Path, end_key: &[u8]) {
+        {
+            let mut touched = self.touched.lock();
+            if touched.get(end_key).is_some_and(|t| t.elapsed() < self.cfg.touch_interval) {
+                return;
+            }
+            if touched.len() >= 1 << 16 {
+                touched.clear();
+            }
+            touched.insert(end_key.to_vec(), Instant::now());
+        }
+        if let Err(msg) = ctx.put_small(&touch_path(prefix, end_key), Vec::new(), false).await {
+            tracing::warn!("object tier could not record a manifest's use: {msg}");
+        }
+    }
+
+    /// The blocks not known to be stored, uploaded at most `concurrency` at once.
+    pub(super) async fn put_blocks(
+        &self,
+        ctx: &Ctx,
+        items: Vec<(Vec<u8>, RawBuf)>,
+    ) -> Vec<Option<BlockResult>> {
+        let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
+        let mut todo = Vec::new();
+        self.age_out();
+        {
+            let known = self.known.lock();
+            for (i, (key, buf)) in items.into_iter().enumerate() {
+                if let Some(r) = ObjectTier::check_key(&key) {
+                    results[i] = Some(r);
+                } else if known.contains(&key) {
+                    bump(&self.stats.puts_known, 1);
+                    results[i] = Some(BlockResult::new(Status::Deduped, buf.len as u64));
+                } else {
+                    todo.push((i, key, buf));
+                }
+            }
+        }
+        let (hash, compression) = (HashAlgo::Xxh3_128, self.cfg.compression);
+        let prefix = &self.prefix;
+        let mut puts = stream::iter(todo)
+            .map(|(i, key, buf)| {
+                let path = object_path(prefix, &key);
+                async move {
+                    let r = match super::encode_block(key.clone(), buf, hash, compression).await {
+                        Ok(body) => ctx.put(path, body, buf.len as u64).await,
+                        Err(r) => r,
+                    };
+                    (i, key, r)
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency);
+        while let Some((i, key, r)) = puts.next().await {
+            if r.status.is_ok() {
+                self.known.lock().insert(key);
+            }
+            results[i] = Some(r);
+        }
+        results
+    }
+
+    /// Manifests of the segments of `chain` whose blocks and ancestors are all stored and
+    /// that this process does not know to exist yet (conditional creates: identical content
+    /// from any writer, so the first one wins).
+    async fn write_manifests(&self, ctx: &Ctx, prefix: &Path, chain: &[Vec<u8>]) {
+        let stored = {
+            let known = self.known.lock();
+            chain.iter().take_while(|k| known.contains(k)).count()
+        };
+        let ends: Vec<usize> = {
+            let have = self.manifests.lock();
+            manifest::segment_ends(stored).into_iter().filter(|&e| !have.contains(&chain[e])).collect()
+        };
+        let written: Vec<(usize, bool)> = stream::iter(ends)
+            .map(|end| async move {
+                let body = manifest::for_segment(chain, end).encode();
+                bump(&ctx.stats.manifest_puts, 1);
+                match ctx.put_small(&manifest_path(prefix, &chain[end]), body, true).await {
+                    Ok(_) => (end, true),
+                    Err(msg) => {
+                        bump(&ctx.stats.io_errors, 1);
+                        tracing::warn!("object tier could not write a manifest: {msg}");
+                        (end, false)
+                    }
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency)
+            .collect()
+            .await;
+        let mut have = self.manifests.lock();
+        for (end, ok) in written {
+            if ok {
+                have.insert(chain[end].clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Chain lookups through manifests and GC, over `file://` (two tiers share a directory the way
+//! two workers share a bucket); request counts come from the tier's own counters.
+
+use super::gc::GcOptions;
+use super::manifest::SEGMENT;
+use super::*;
+use std::time::Duration;
+
+fn chain(tag: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| format!("ns/{tag}/{i:05}").into_bytes()).collect()
+}
+
+fn store_chain(tier: &ObjectTier, keys: &[Vec<u8>], from: usize) -> Vec<BlockResult> {
+    let mut data: Vec<Vec<u8>> = keys[from..].iter().map(|k| k.repeat(2)).collect();
+    let items = keys[from..]
+        .iter()
+        .cloned()
+        .zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }))
+        .collect();
+    tier.submit_put_chain(keys.to_vec(), items, None).unwrap().wait(None).unwrap()
+}
+
+fn requests(tier: &ObjectTier) -> u64 {
+    tier.stats()
+        .iter()
+        .filter(|(n, _)| matches!(*n, "get_requests" | "head_requests" | "put_requests" | "list_requests"))
+        .map(|(_, v)| match v {
+            StatValue::Int(v) => *v,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn open(url: &str) -> ObjectTier {
+    let mut cfg = ObjectConfig::new(url);
+    cfg.concurrency = 16;
+    ObjectTier::open(cfg).unwrap()
+}
+
+/// The cost of `lookup_chain(keys)` on a fresh tier (nothing known locally).
+fn lookup_cost(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+    let tier = open(url);
+    let before = requests(&tier);
+    let n = tier.lookup_chain(keys).unwrap();
+    (n, requests(&tier) - before)
+}
+
+#[test]
+fn a_128k_token_prompt_costs_a_few_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let keys = chain("long", 8192);
+    let writer = open(&url);
+    assert!(store_chain(&writer, &keys, 0).iter().all(|r| r.status == Status::Ok));
+    // Seen before: the end manifest, plus one touch recording its use.
+    assert_eq!(lookup_cost(&url, &keys), (8192, 2));
+    // A prefix ending inside a segment: binary search over 78 segments, then HEADs.
+    let (n, cost) = lookup_cost(&url, &keys[..5000]);
+    assert_eq!(n, 5000);
+    assert!(cost <= 1 + 7 + 6 + 1, "{cost}");
+    // The prompt continued with new blocks.
+    let mut longer = keys.clone();
+    longer.extend(chain("new", 300));
+    let (n, cost) = lookup_cost(&url, &longer);
+    assert_eq!(n, 8192);
+    assert!(cost <= 1 + 8 + 6 + 1, "{cost}");
+    assert!((cost as f64) / 8192.0 <= 0.1);
+    // A new prompt: a bounded number of requests, nothing touched.
+    let (n, cost) = lookup_cost(&url, &chain("miss", 8192));
+    assert_eq!(n, 0);
+    assert!(cost <= 1 + 7 + 6, "{cost}");
+}
+
+#[test]
+fn a_chain_that_ended_inside_a_segment_is_found_and_extended() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let keys = chain("turns", 3 * SEGMENT + 40);
+    let first = open(&url);
+    store_chain(&first, &keys[..SEGMENT + 10], 0);
+    let (n, _) = lookup_cost(&url, &keys);
+    assert_eq!(n, SEGMENT + 10, "the first turn's blocks, through its end manifest's blocks");
+    // A second worker stores the next turn: only the new blocks are uploaded.
+    let second = open(&url);
+    let r = store_chain(&second, &keys, SEGMENT + 10);
+    assert!(r.iter().all(|r| r.status == Status::Ok), "{r:?}");
+    assert_eq!(lookup_cost(&url, &keys), (keys.len(), 2));
+    // A third writer of the whole chain uploads nothing.
+    let third = open(&url);
+    let r = store_chain(&third, &keys, 0);
+    assert!(r.iter().all(|r| r.status == Status::Deduped));
+    let puts = third.stats().iter().find(|(n, _)| *n == "put_body_bytes").map(|(_, v)| v.clone());
+    assert!(matches!(puts, Some(StatValue::Int(0))), "{puts:?}");
+}
+
+#[test]
+fn gc_keeps_live_chains_drops_garbage_and_fits_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let tier = open(&url);
+    let old = chain("old", 2 * SEGMENT + 5);
+    let new = chain("new", 2 * SEGMENT + 5);
+    store_chain(&tier, &old, 0);
+    store_chain(&tier, &new, 0);
+    let mut orphan = vec![7u8; 100];
+    let items = vec![(b"ns/orphan".to_vec(), RawBuf { ptr: orphan.as_mut_ptr(), len: orphan.len() })];
+    tier.submit_put(items, None).unwrap().wait(None).unwrap();
+    let keep_all = GcOptions {
+        ttl: Duration::from_secs(3600),
+        grace: Duration::ZERO,
+        budget_bytes: None,
+        dry_run: false,
+    };
+    let r = tier.gc(&keep_all).unwrap();
+    assert_eq!((r.manifests, r.manifests_deleted, r.blocks_deleted), (6, 0, 1), "{r:?}");
+    assert_eq!(lookup_cost(&url, &new).0, new.len(), "a use: `new` is now the more recent chain");
+    // Room for one chain: the least recently used one goes, whole.
+    let one_chain: u64 = r.block_bytes / 2;
+    let fit = GcOptions { budget_bytes: Some(one_chain), ..keep_all.clone() };
+    let r = tier.gc(&fit).unwrap();
+    assert_eq!((r.manifests_deleted, r.blocks_deleted), (3, old.len() as u64), "{r:?}");
+    assert_eq!(lookup_cost(&url, &old).0, 0);
+    assert_eq!(lookup_cost(&url, &new).0, new.len());
+    // Unused for longer than the TTL: everything goes.
+    let expire = GcOptions { ttl: Duration::ZERO, ..keep_all };
+    let r = tier.gc(&expire).unwrap();
+    assert_eq!((r.manifests_deleted, r.blocks_deleted), (3, new.len() as u64), "{r:?}");
+    let inv = tier.inventory().unwrap();
+    assert!(inv.iter().all(|(k, _)| k.starts_with("lease") || k.starts_with("other")), "{inv:?}");
+}
+
+#[test]
+fn one_gc_lease_holder_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let (a, b) = (open(&url), open(&url));
+    assert!(a.try_gc_lease("a", Duration::from_secs(60)).unwrap());
+    assert!(!b.try_gc_lease("b", Duration::from_secs(60)).unwrap());
+    assert!(a.try_gc_lease("a", Duration::from_millis(1)).unwrap(), "the holder renews");
+    std::thread::sleep(Duration::from_millis(5)); // the 1 ms lease lapses
+    assert!(b.try_gc_lease("b", Duration::from_secs(60)).unwrap(), "a lapsed lease is taken over");
+    assert!(!a.try_gc_lease("a", Duration::from_secs(60)).unwrap());
+}
+
+#[test]
+fn knowledge_ages_out_after_the_touch_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let mut cfg = ObjectConfig::new(url.as_str());
+    cfg.touch_interval = Duration::from_millis(50);
+    let tier = ObjectTier::open(cfg).unwrap();
+    let keys = chain("aged", 3);
+    store_chain(&tier, &keys, 0);
+    // Another process's GC deletes everything.
+    let expire = GcOptions { ttl: Duration::ZERO, grace: Duration::ZERO, budget_bytes: None, dry_run: false };
+    assert_eq!(open(&url).gc(&expire).unwrap().blocks_deleted, 3);
+    std::thread::sleep(Duration::from_millis(60)); // the touch interval passes
+    let again = store_chain(&tier, &keys, 0);
+    assert!(again.iter().all(|r| r.status == Status::Ok), "uploaded again, not skipped: {again:?}");
+    assert_eq!(lookup_cost(&url, &keys).0, 3);
+}
