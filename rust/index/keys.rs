@@ -1,4 +1,4 @@
-//! The keys of the index, packed: one fixed 48-byte record per key in a flat arena, found
+//! The keys of the index, packed: one fixed 56-byte record per key in a flat arena, found
 //! through an `IdTable` of u32 ids, kept in eviction order by u32 links.
 //!
 //! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
@@ -30,12 +30,24 @@ struct KeyRecord {
     /// Eviction order (towards the front / the back); the free list reuses `next`.
     prev: u32,
     next: u32,
+    /// The previous block of this key's prefix chain (NIL: none known) and the table hash of
+    /// its key: a parent removed and its record reused by another key no longer matches.
+    parent: u32,
+    parent_tag: u32,
     head: u16,
     tail_len: u8,
 }
 
-const EMPTY: KeyRecord =
-    KeyRecord { tail: [0; TAIL_MAX], content: NIL, prev: NIL, next: NIL, head: 0, tail_len: 0 };
+const EMPTY: KeyRecord = KeyRecord {
+    tail: [0; TAIL_MAX],
+    content: NIL,
+    prev: NIL,
+    next: NIL,
+    parent: NIL,
+    parent_tag: 0,
+    head: 0,
+    tail_len: 0,
+};
 
 fn hash_key(key: &[u8]) -> u32 {
     xxhash_rust::xxh3::xxh3_64(key) as u32
@@ -151,6 +163,22 @@ impl KeyArena {
         self.records[id as usize].content
     }
 
+    /// Link `id` to its chain parent `parent` (a live id) or to none.
+    pub fn set_parent(&mut self, id: u32, parent: Option<u32>) {
+        let tag = parent.map_or(0, |p| self.hash_of(p));
+        let r = &mut self.records[id as usize];
+        r.parent = parent.unwrap_or(NIL);
+        r.parent_tag = tag;
+    }
+
+    /// The chain parent of `id`, if it is still stored.
+    pub fn parent(&self, id: u32) -> Option<u32> {
+        let r = &self.records[id as usize];
+        let p = r.parent;
+        let live = p != NIL && self.records.get(p as usize).is_some_and(|pr| pr.content != NIL);
+        (live && self.hash_of(p) == r.parent_tag).then_some(p)
+    }
+
     fn head_id(&mut self, head: &[u8]) -> Option<u16> {
         let head: [u8; HEAD_LEN] = head.try_into().ok()?;
         if self.heads.get(self.last_head as usize) == Some(&head) {
@@ -257,4 +285,4 @@ impl KeyArena {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<KeyRecord>() == 48);
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 56);
