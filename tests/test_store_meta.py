@@ -31,7 +31,9 @@ def test_parents_and_metas_survive_reopen_and_compaction(tmp_path: Path) -> None
     with BlockStore(str(tmp_path), 16 * MiB) as store:
         _put_chain(store, keys, metas)
         assert store.put(b"lonely", block(b"lonely", 8000)).ok
-        expected = [(k, p) for k, p in zip(keys, [None, *keys[:-1]], strict=True)] + [(b"lonely", None)]
+        expected = [(k, p) for k, p in zip(keys, [None, *keys[:-1]], strict=True)] + [
+            (b"lonely", None)
+        ]
         assert store.inventory() == expected
         assert store.read_metas([*keys, b"lonely", b"absent"]) == [*metas, None, None]
         store.checkpoint()  # a compacted journal is rewritten from memory: parents included

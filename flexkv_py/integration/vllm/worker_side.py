@@ -33,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import JobExecutor
 from flexkv_py.errors import InternalStateError
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
     FlexKVWorkerMetadata,
     JobEntry,
 )
+from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
+from flexkv_py.integration.vllm.restart_inventory import PARENTS_RANK
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
 if TYPE_CHECKING:
@@ -82,6 +85,7 @@ class WorkerSide:
         self._out = FlexKVWorkerMetadata()
         self._stats = FlexKVConnectorStats()
         self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
+        self._meta_reader: RecoveredMetaReader | None = None
 
     @property
     def executor(self) -> Any:
@@ -101,9 +105,23 @@ class WorkerSide:
             # inventory below adopts nothing and every job part naming the tier fails fast.
             self._stats.add(f"{tier.value}_unavailable", 1)
         if self._config.ssd_enabled:
-            keys = tuple(self._executor.stored_keys())
-            logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
-            self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
+            self._report_inventory()
+
+    def _report_inventory(self) -> None:
+        """The restart report: the SSD's keys (worker (0, 0) adds their chain parents), then,
+        with KV events on, their token ids read in the background (recovered_events.py)."""
+        ssd = self.executor.tiers.get(Tier.SSD)
+        first = (self.tp_rank, self.pp_rank) == PARENTS_RANK
+        if first and ssd is not None and hasattr(ssd, "inventory"):
+            inventory = ssd.inventory()
+            keys = tuple(k for k, _ in inventory)
+            self._out.inventory_parents = {k: p for k, p in inventory if p is not None}
+            if self._info.publish_kv_events and keys:
+                self._meta_reader = RecoveredMetaReader(ssd, keys, self._label)
+        else:
+            keys = tuple(self.executor.stored_keys())
+        logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
+        self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
 
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
@@ -264,6 +282,8 @@ class WorkerSide:
         if ready != self._reported_ready:
             self._reported_ready = ready
             self._out.ready_slots[(self.tp_rank, self.pp_rank)] = ready
+        if self._meta_reader is not None:
+            self._out.recovered_metas.update(self._meta_reader.take())
         if self._out.is_empty():
             return None
         out, self._out = self._out, FlexKVWorkerMetadata()
@@ -276,6 +296,8 @@ class WorkerSide:
         return stats
 
     def shutdown(self) -> None:
+        if self._meta_reader is not None:
+            self._meta_reader.stop()
         if self._executor is not None:
             if self._pending:
                 self.submit_pending()
