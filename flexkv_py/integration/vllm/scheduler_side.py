@@ -383,6 +383,7 @@ class SchedulerSide:
 
     def reset_cache(self) -> bool:
         self._inventory.forget()
+        self._step_jobs.append(JobEntry(None, "reset", None))  # workers forget host-only blocks
         job = self._mgr.reset()
         if job is not None:
             self._add_background(job)
