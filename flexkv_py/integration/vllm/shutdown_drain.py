@@ -92,4 +92,3 @@ class HostOnlyBlocks:
             written += sum(1 for r in results if r.ok)
             self._forget(slots)
         return written, False
-
