@@ -75,6 +75,28 @@ impl IoEngine for PsyncEngine {
                 Err(_) => return,
             }
         }
+        self.take_ready(out);
+    }
+
+    fn reap_for(&mut self, min: usize, out: &mut Vec<Completion>, wait: std::time::Duration) {
+        let deadline = std::time::Instant::now() + wait;
+        let mut got = 0;
+        while got < min.min(self.inflight) {
+            match self.done.recv_deadline(deadline) {
+                Ok(c) => {
+                    out.push(c);
+                    got += 1;
+                    self.inflight -= 1;
+                }
+                Err(_) => break,
+            }
+        }
+        self.take_ready(out);
+    }
+}
+
+impl PsyncEngine {
+    fn take_ready(&mut self, out: &mut Vec<Completion>) {
         while let Ok(c) = self.done.try_recv() {
             out.push(c);
             self.inflight -= 1;
