@@ -339,7 +339,6 @@ class WorkerSide:
         left = max(0.0, deadline - time.monotonic())
         ex = self.executor
         written, stuck = self._host_only.drain(ssd, ex.pool, ex.late_io, left)
-        self._stats.add("shutdown_drained_blocks", written)
         logger.info(
             "%s: shutdown wrote %d of %d host-only blocks to SSD", self._label, written, owed
         )
