@@ -4,18 +4,15 @@ kill -9, read back in batches, bounded by the header page, never confused betwee
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from meta_writer import meta_of
-from store_util import block
+from store_util import block, start_writer
 
 from flexkv_py._native import BlockStore
 
 MiB = 1 << 20
-HERE = Path(__file__).parent
 
 
 def _put_chain(store: BlockStore, keys: list[bytes], metas: list[bytes | None]) -> None:
@@ -86,14 +83,8 @@ def test_sigkill_keeps_every_acknowledged_blocks_meta_and_parent(tmp_path: Path)
     acked: list[bytes] = []
     start = 0
     for _round in range(3):
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "meta_writer.py"), str(tmp_path), str(start)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=HERE,
-        )
+        proc = start_writer("meta_writer.py", str(tmp_path), str(start))
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
         for line in proc.stdout:
             acked.append(line.split()[1].encode())
             if len(acked) >= 40 * (_round + 1):
