@@ -128,9 +128,21 @@ class BlockStore:
     def dirs(self) -> list[str]: ...
     @property
     def capacity_bytes(self) -> int: ...
-    def submit_put(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
+    def submit_put(
+        self,
+        items: Sequence[tuple[bytes, BlockBuffer]],
+        parents: Sequence[bytes | None] | None = None,
+        metas: Sequence[bytes | None] | None = None,
+    ) -> BatchHandle:
+        """``parents``: each block's chain parent key; ``metas``: opaque bytes kept in the block's
+        header page (at most ~4 KiB minus the key); parallel to ``items``, None = absent."""
     def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle:
         """Each buffer must be writable and at least the block's length."""
+    def inventory(self) -> list[tuple[bytes, bytes | None]]:
+        """Every stored key with its chain parent (None: none, or not stored), oldest first."""
+    def read_metas(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The metadata stored with each key (one batched header-page read each, GIL released);
+        None: not stored, stored without metadata, or a duplicate of another key's content."""
     def put(self, key: bytes, data: BlockBuffer) -> BlockResult: ...
     def get(self, key: bytes, out: BlockBuffer) -> BlockResult: ...
     def read(self, key: bytes) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,3 +41,14 @@ def flip_byte(path: Path, offset: int) -> None:
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ 0xFF]))
+
+
+def start_writer(script: str, *args: str) -> subprocess.Popen[str]:
+    """Start a writer child (tests/<script>) and wait for its READY line."""
+    here = Path(__file__).parent
+    proc = subprocess.Popen(
+        [sys.executable, str(here / script), *args], stdout=subprocess.PIPE, text=True, cwd=here
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "READY"
+    return proc

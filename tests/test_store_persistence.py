@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from crash_writer import expected_size
-from store_util import DATA_FILE, PAGE, block, flip_byte, stored_blocks
+from store_util import DATA_FILE, PAGE, block, flip_byte, start_writer, stored_blocks
 
 from flexkv_py import (
     BlockNotFoundError,
@@ -24,7 +24,6 @@ from flexkv_py import (
 )
 
 MiB = 1 << 20
-HERE = Path(__file__).parent
 
 
 def test_clean_reopen_recovers_everything(tmp_path: Path) -> None:
@@ -63,14 +62,8 @@ def test_sigkill_never_loses_acknowledged_blocks(tmp_path: Path) -> None:
     deleted: set[bytes] = set()
     next_index = 0
     for _round in range(12):
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "crash_writer.py"), str(tmp_path), str(next_index)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=HERE,
-        )
+        proc = start_writer("crash_writer.py", str(tmp_path), str(next_index))
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
         # Let it run for a random number of acknowledged batches, then kill it mid-flight.
         target = rng.randint(1, 40)
         seen = 0

@@ -53,11 +53,11 @@ class SsdGate:
                 ex.tiers[Tier.SSD], "submit_put", self._gated(ex.tiers[Tier.SSD].submit_put)
             )
 
-    def _gated(self, real: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def submit_put(items: Any) -> Any:
+    def _gated(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def submit_put(items: Any, **extras: Any) -> Any:  # parents= / metas= (block metadata)
             if not self._opened.wait(GATE_S):
                 raise RuntimeError("SSD gate never opened")
-            handle = real(items)
+            handle = real(items, **extras)
             with self._lock:
                 self.passed += 1
             return handle

@@ -196,3 +196,26 @@ def test_evicted_blocks_leave_the_write_behind_queue(tmp_path: Path) -> None:
     _stored(mgr, keys[4:])  # evicts the first four (spilled inside the job)
     assert mgr.stats()["write_behind_pending_blocks"] == 4  # only the ones still in host
     assert all(mgr.index.readable_on(k, Tier.SSD) for k in keys[:4])
+
+
+@pytest.mark.usefixtures("_delays")
+def test_an_ssd_read_never_waits_behind_a_stuck_write_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device queue pushes reads first and never blocks on a slow write's completion
+    (rust/io/queue.rs): a load from the SSD is served while write-behind sticks on the device."""
+    cfg = _config(tmp_path, 16, 64, ssd_io_timeout_s=30.0)
+    ns = _ns()
+    old, new = _keys(ns, 4, "old"), _keys(ns, 4, "new")
+    with _engine(cfg, ns, 16) as eng:
+        assert eng.store_pages(old, _pages(old)).ok  # closing writes them to the SSD
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", "write:DELAY30000:1")  # every write stuck
+    with _engine(cfg, ns, 16) as eng:
+        assert eng.manager.index.match(old) == [Tier.SSD] * 4  # adopted, on the SSD only
+        assert eng.store_pages(new, _pages(new)).ok
+        eng.lookup([])  # the write-behind of `new` starts and sticks on the slow device
+        assert eng.manager.stats()["write_behind_inflight_jobs"] == 1
+        started = time.monotonic()
+        assert eng.load_pages(old) == _pages(old)  # read from the SSD beside the stuck write
+        assert time.monotonic() - started < MARGIN_S
+        _native.set_fault_delays(False)  # the device is fast again: the write completes

@@ -40,6 +40,7 @@ class FlexKVConfig:
     durability: Durability = "process"
     ssd_preallocate: bool = True
     ssd_io_timeout_s: float = 5.0
+    shutdown_drain_s: float = 2.0
     log_level: LogLevel = "INFO"
     enable_metrics: bool = False
     object_store_url: str | None = None

@@ -188,6 +188,13 @@ FIELDS: tuple[Field, ...] = (
         "longest wait for one SSD batch, > 0; later: its blocks fail (io_timeout), recompute",
     ),
     Field(
+        "shutdown_drain_s",
+        _as_float,
+        2.0,
+        "at worker shutdown, host blocks not yet on the SSD are written within this budget, "
+        ">= 0 (vLLM kills workers after VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, 5 by default)",
+    ),
+    Field(
         "log_level",
         _Choice(*LOG_LEVELS, upper=True),
         "INFO",

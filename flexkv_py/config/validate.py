@@ -83,6 +83,10 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
         raise ConfigError(
             f"ssd_io_timeout_s: must be a finite number > 0, got {cfg.ssd_io_timeout_s}"
         )
+    if not (cfg.shutdown_drain_s >= 0 and math.isfinite(cfg.shutdown_drain_s)):
+        raise ConfigError(
+            f"shutdown_drain_s: must be a finite number >= 0, got {cfg.shutdown_drain_s}"
+        )
     if not (cfg.write_behind_lag_s >= 0 and math.isfinite(cfg.write_behind_lag_s)):
         raise ConfigError(
             f"write_behind_lag_s: must be a finite number >= 0, got {cfg.write_behind_lag_s}"

@@ -36,6 +36,7 @@ from flexkv_py.coordinator.jobs import (
     LoadJob,
     SpillJob,
     StoreJob,
+    put_extras,
     reason_for_status,
 )
 from flexkv_py.coordinator.late_io import LateIo
@@ -85,7 +86,12 @@ class JobBodies:
 
     # ------------------------------------------------------------------ lower-tier I/O
     def tier_batch(
-        self, tier: Tier, put: bool, keys: Sequence[bytes], slots: Sequence[int]
+        self,
+        tier: Tier,
+        put: bool,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        job: StoreJob | SpillJob | None = None,
     ) -> dict[bytes, str]:
         """Run one batch on `tier`: key -> failure reason for the blocks that did not make it."""
         if not keys:
@@ -93,16 +99,27 @@ class JobBodies:
         lower = self.tiers.get(tier)
         if lower is None:
             return dict.fromkeys(keys, NOT_FOUND)
-        batch = self._submit(lower, put, keys, slots)
+        batch = self._submit(lower, put, keys, slots, job)
         failed = self._collect(tier, put, batch, keys, slots)
         return dict.fromkeys(keys, IO_TIMEOUT) if failed is None else failed
 
     def _submit(
-        self, lower: LowerTier, put: bool, keys: Sequence[bytes], slots: Sequence[int]
+        self,
+        lower: LowerTier,
+        put: bool,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        job: StoreJob | SpillJob | None = None,
     ) -> BatchLike:
         addr, nbytes = self.pool.slot_address, self.pool.slot_nbytes
         items = [(k, (addr(s), nbytes)) for k, s in zip(keys, slots, strict=True)]
-        return lower.submit_put(items) if put else lower.submit_get(items)
+        if not put:
+            return lower.submit_get(items)
+        # Chain parents and token ids go with the blocks to a tier that keeps them (the SSD).
+        extras = put_extras(job, keys) if job is not None else None
+        if extras is not None and getattr(lower, "stores_block_meta", False):
+            return lower.submit_put(items, parents=extras[0], metas=extras[1])  # type: ignore[call-arg]
+        return lower.submit_put(items)
 
     def _collect(
         self,
@@ -268,7 +285,7 @@ class JobBodies:
         for tier in _in_order(set().union(*(job.write_tiers[i] for i in todo))):
             mine = [i for i in todo if tier in job.write_tiers[i]]
             keys = [job.keys[i] for i in mine]
-            tier_failed = self.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine])
+            tier_failed = self.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine], job)
             nbytes += (len(mine) - len(tier_failed)) * self.pool.slot_nbytes
             if tier_failed:
                 write_failed.setdefault(tier, set()).update(tier_failed)
@@ -371,7 +388,7 @@ class JobBodies:
 
     # ------------------------------------------------------------------ spill / drop
     def spill(self, job: SpillJob, started: float) -> JobResult:
-        failed = self.tier_batch(job.tier, True, job.keys, job.host_slots)
+        failed = self.tier_batch(job.tier, True, job.keys, job.host_slots, job)
         return JobResult(
             job.job_id,
             "spill",

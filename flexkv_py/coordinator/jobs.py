@@ -80,6 +80,10 @@ class StoreJob:
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
     streamed: int = 0
+    # Per block (parallel to `keys`, or () for none): its chain parent and the opaque metadata
+    # the SSD keeps with it (token ids, extra keys; see integration/vllm/block_meta.py).
+    parents: tuple[bytes | None, ...] = ()
+    metas: tuple[bytes | None, ...] = ()
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
@@ -123,6 +127,8 @@ class SpillJob:
     tier: Tier = Tier.SSD
     kind: JobKind = "spill"
     gpu_block_ids: None = None
+    parents: tuple[bytes | None, ...] = ()  # as in StoreJob
+    metas: tuple[bytes | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,21 @@ class DropJob:
 
 
 Job = StoreJob | LoadJob | SpillJob | DropJob
+
+# Per-key chain parents and metadata for a lower-tier put (None: the job carries none).
+PutExtras = tuple[list[bytes | None], list[bytes | None]]
+
+
+def put_extras(job: StoreJob | SpillJob, keys: Sequence[bytes]) -> PutExtras | None:
+    """The parents and metas `job` carries for `keys` (some of its own keys), or None."""
+    if not job.parents and not job.metas:
+        return None
+    at = {k: i for i, k in enumerate(job.keys)}
+
+    def pick(values: tuple[bytes | None, ...]) -> list[bytes | None]:
+        return [values[at[k]] if values and k in at else None for k in keys]
+
+    return pick(job.parents), pick(job.metas)
 
 
 @dataclass(frozen=True)

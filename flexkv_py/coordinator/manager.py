@@ -15,7 +15,7 @@ result dispatch, the restart inventory, reset and stats.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
@@ -89,11 +89,18 @@ class CacheManager(StorePlanner, LoadPlanner):
 
     # ------------------------------------------------------------------ inventory / reset
     def adopt_ssd_keys(
-        self, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+        self,
+        keys_per_rank: Sequence[Collection[bytes]],
+        *,
+        adopt: bool = True,
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> int:
         """Restart: index the blocks every rank's SSD tier holds (from JobExecutor.stored_keys).
         Blocks only some ranks hold are useless and get deleted. Returns how many were adopted.
-        `adopt` False (the cache was reset before the reports came): delete them all."""
+        `adopt` False (the cache was reset before the reports came): delete them all.
+        `parents`: logical key -> its chain parent's (accepted, not used yet: s3-evict's
+        prefix-aware SSD adoption replaces this)."""
+        del parents
         return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt)
 
     def adopt_keys(

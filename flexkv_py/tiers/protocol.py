@@ -52,7 +52,9 @@ class LowerTier(Protocol):
     def name(self) -> Tier: ...
 
     def submit_put(self, items: Iterable[Item]) -> BatchLike:
-        """Write each block from its buffer (write-through, spills)."""
+        """Write each block from its buffer (write-through, spills). A tier with a true
+        `stores_block_meta` attribute also takes `parents=` and `metas=` (parallel lists, None =
+        absent: each block's chain parent key and opaque metadata) and keeps them with it."""
         ...
 
     def submit_get(self, items: Iterable[Item]) -> BatchLike:

@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 class SsdTier:
     """Implements `LowerTier`: keys in and out are logical; the store sees storage keys."""
 
+    # submit_put takes per-block chain parents and metadata (see tiers/protocol.py).
+    stores_block_meta = True
+
     def __init__(self, config: FlexKVConfig, namespace: Namespace) -> None:
         if not config.ssd_enabled:
             raise ConfigError("ssd_cache_gb: the SSD tier is disabled (0); nothing to open")
@@ -78,8 +81,19 @@ class SsdTier:
         sk = self.namespace.storage_key
         return [(sk(key), buf) for key, buf in items]
 
-    def submit_put(self, items: Iterable[Item]) -> _native.BatchHandle:
-        return self.store.submit_put(self._items(items))
+    def submit_put(
+        self,
+        items: Iterable[Item],
+        parents: Sequence[bytes | None] | None = None,
+        metas: Sequence[bytes | None] | None = None,
+    ) -> _native.BatchHandle:
+        """``parents``: each block's logical chain parent; ``metas``: opaque bytes stored in the
+        block's header page (the token ids and extra keys); parallel to ``items``, None = absent."""
+        sk = self.namespace.storage_key
+        storage_parents = (
+            None if parents is None else [None if p is None else sk(p) for p in parents]
+        )
+        return self.store.submit_put(self._items(items), parents=storage_parents, metas=metas)
 
     def submit_get(self, items: Iterable[Item]) -> _native.BatchHandle:
         return self.store.submit_get(self._items(items))
@@ -98,6 +112,22 @@ class SsdTier:
     def keys(self) -> list[bytes]:
         """Every block of this namespace and rank on disk (the restart inventory)."""
         return self._logical(self.store.keys())
+
+    def inventory(self) -> list[tuple[bytes, bytes | None]]:
+        """Every block of this namespace and rank on disk with its chain parent (logical keys),
+        oldest first; a parent of another namespace or rank reads as None."""
+        lk = self.namespace.logical_key
+        out: list[tuple[bytes, bytes | None]] = []
+        for key, parent in self.store.inventory():
+            logical = lk(key)
+            if logical is not None:
+                out.append((logical, None if parent is None else lk(parent)))
+        return out
+
+    def read_metas(self, logical_keys: Sequence[bytes]) -> list[bytes | None]:
+        """The metadata stored with each block (None: absent); batched header reads."""
+        sk = self.namespace.storage_key
+        return self.store.read_metas([sk(k) for k in logical_keys])
 
     def _logical(self, storage_keys: Sequence[bytes]) -> list[bytes]:
         lk = self.namespace.logical_key

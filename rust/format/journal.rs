@@ -3,12 +3,15 @@
 //! complete bytes; a torn tail fails its CRC and replay stops there.
 //!
 //! Frame: `len: u32 | crc32(body): u32 | body`.
+//!
+//! v2: a put names the block's parent (the previous block of its prefix chain), so the chains
+//! survive a restart (prefix-aware eviction, the restart announcement).
 
 use super::{Reader, MAX_KEY_LEN};
 use crate::hashing::ContentHash;
 
 pub const FILE_MAGIC: &[u8; 8] = b"FLXKVJNL";
-pub const FILE_VERSION: u32 = 1;
+pub const FILE_VERSION: u32 = 2;
 /// Bytes of the file header: magic, version, hash algo, dir count, store id.
 pub const FILE_HEADER_LEN: usize = 8 + 4 + 1 + 2 + 8;
 
@@ -25,8 +28,8 @@ pub struct Location {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// `key` now maps to content `hash` stored at `loc`.
-    Put { key: Vec<u8>, hash: ContentHash, loc: Location },
+    /// `key` now maps to content `hash` stored at `loc`; `parent` precedes it in its chain.
+    Put { key: Vec<u8>, hash: ContentHash, loc: Location, parent: Option<Vec<u8>> },
     /// `key` was deleted or evicted.
     Delete { key: Vec<u8> },
     /// The store was closed cleanly at `unix_secs`; nothing may follow except a new session.
@@ -37,7 +40,7 @@ pub enum Record {
 /// without one allocation per record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecordRef<'a> {
-    Put { key: &'a [u8], hash: ContentHash, loc: Location },
+    Put { key: &'a [u8], hash: ContentHash, loc: Location, parent: Option<&'a [u8]> },
     Delete { key: &'a [u8] },
     CleanShutdown { unix_secs: u64 },
 }
@@ -45,9 +48,12 @@ pub enum RecordRef<'a> {
 impl RecordRef<'_> {
     pub fn to_owned(&self) -> Record {
         match self {
-            RecordRef::Put { key, hash, loc } => {
-                Record::Put { key: key.to_vec(), hash: *hash, loc: loc.clone() }
-            }
+            RecordRef::Put { key, hash, loc, parent } => Record::Put {
+                key: key.to_vec(),
+                hash: *hash,
+                loc: loc.clone(),
+                parent: parent.map(<[u8]>::to_vec),
+            },
             RecordRef::Delete { key } => Record::Delete { key: key.to_vec() },
             RecordRef::CleanShutdown { unix_secs } => Record::CleanShutdown { unix_secs: *unix_secs },
         }
@@ -98,7 +104,7 @@ impl Record {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let mut body = Vec::with_capacity(96);
         match self {
-            Record::Put { key, hash, loc } => {
+            Record::Put { key, hash, loc, parent } => {
                 body.push(TAG_PUT);
                 put_key(&mut body, key);
                 body.extend_from_slice(hash);
@@ -108,6 +114,10 @@ impl Record {
                 body.extend_from_slice(&loc.raw_len.to_le_bytes());
                 body.push(loc.compressed as u8);
                 body.extend_from_slice(&loc.seq.to_le_bytes());
+                body.push(parent.is_some() as u8);
+                if let Some(p) = parent {
+                    put_key(&mut body, p);
+                }
             }
             Record::Delete { key } => {
                 body.push(TAG_DELETE);
@@ -139,7 +149,12 @@ impl<'a> RecordRef<'a> {
                     compressed: r.u8()? != 0,
                     seq: r.u64()?,
                 };
-                RecordRef::Put { key, hash, loc }
+                let parent = match r.u8()? {
+                    0 => None,
+                    1 => Some(get_key(&mut r)?),
+                    _ => return None,
+                };
+                RecordRef::Put { key, hash, loc, parent }
             }
             TAG_DELETE => RecordRef::Delete { key: get_key(&mut r)? },
             TAG_CLEAN => RecordRef::CleanShutdown { unix_secs: r.u64()? },
@@ -214,7 +229,7 @@ mod tests {
         let key = proptest::collection::vec(any::<u8>(), 0..80);
         prop_oneof![
             (
-                key.clone(),
+                (key.clone(), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..80))),
                 any::<[u8; 16]>(),
                 any::<u16>(),
                 any::<u64>(),
@@ -223,13 +238,16 @@ mod tests {
                 any::<bool>(),
                 any::<u64>()
             )
-                .prop_map(|(key, hash, dir, offset, stored_len, raw_len, compressed, seq)| {
-                    Record::Put {
-                        key,
-                        hash,
-                        loc: Location { dir, offset, stored_len, raw_len, compressed, seq },
+                .prop_map(
+                    |((key, parent), hash, dir, offset, stored_len, raw_len, compressed, seq)| {
+                        Record::Put {
+                            key,
+                            hash,
+                            loc: Location { dir, offset, stored_len, raw_len, compressed, seq },
+                            parent,
+                        }
                     }
-                }),
+                ),
             key.prop_map(|key| Record::Delete { key }),
             any::<u64>().prop_map(|unix_secs| Record::CleanShutdown { unix_secs }),
         ]

@@ -1,4 +1,4 @@
-//! The keys of the index, packed: one fixed 48-byte record per key in a flat arena, found
+//! The keys of the index, packed: one fixed 52-byte record per key in a flat arena, found
 //! through an `IdTable` of u32 ids, kept in eviction order by u32 links.
 //!
 //! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
@@ -30,12 +30,34 @@ struct KeyRecord {
     /// Eviction order (towards the front / the back); the free list reuses `next`.
     prev: u32,
     next: u32,
+    /// The previous block of this key's prefix chain: its record id (low 28 bits; all ones:
+    /// none) and 4 bits of its key's table hash (the top bits), with 8 more in `parent_tag`
+    /// (the padding byte), so a parent removed and its record reused by another key matches
+    /// only 1 time in 4096. The journal names the parent by key: a reopen resolves it exactly.
+    parent: u32,
     head: u16,
     tail_len: u8,
+    parent_tag: u8,
 }
 
-const EMPTY: KeyRecord =
-    KeyRecord { tail: [0; TAIL_MAX], content: NIL, prev: NIL, next: NIL, head: 0, tail_len: 0 };
+/// Record ids a parent link can name (the arena's ids stay far below: 2^28 keys is ~27 GB).
+const PARENT_ID_MASK: u32 = (1 << 28) - 1;
+
+/// The 12 bits of a key's table hash a parent link checks, split as stored.
+fn parent_tag_of(hash: u32) -> (u32, u8) {
+    ((hash >> 8 & 0xF) << 28, hash as u8)
+}
+
+const EMPTY: KeyRecord = KeyRecord {
+    tail: [0; TAIL_MAX],
+    content: NIL,
+    prev: NIL,
+    next: NIL,
+    parent: NIL,
+    head: 0,
+    tail_len: 0,
+    parent_tag: 0,
+};
 
 fn hash_key(key: &[u8]) -> u32 {
     xxhash_rust::xxh3::xxh3_64(key) as u32
@@ -151,6 +173,27 @@ impl KeyArena {
         self.records[id as usize].content
     }
 
+    /// Link `id` to its chain parent `parent` (a live id) or to none.
+    pub fn set_parent(&mut self, id: u32, parent: Option<u32>) {
+        let link = parent.filter(|&p| p < PARENT_ID_MASK).map(|p| (p, parent_tag_of(self.hash_of(p))));
+        let r = &mut self.records[id as usize];
+        (r.parent, r.parent_tag) = match link {
+            Some((p, (hi, lo))) => (p | hi, lo),
+            None => (NIL, 0),
+        };
+    }
+
+    /// The chain parent of `id`, if it is still stored.
+    pub fn parent(&self, id: u32) -> Option<u32> {
+        let r = &self.records[id as usize];
+        let p = r.parent & PARENT_ID_MASK;
+        if p == PARENT_ID_MASK || !self.records.get(p as usize).is_some_and(|pr| pr.content != NIL) {
+            return None;
+        }
+        let (hi, lo) = parent_tag_of(self.hash_of(p));
+        (r.parent & !PARENT_ID_MASK == hi && r.parent_tag == lo).then_some(p)
+    }
+
     fn head_id(&mut self, head: &[u8]) -> Option<u16> {
         let head: [u8; HEAD_LEN] = head.try_into().ok()?;
         if self.heads.get(self.last_head as usize) == Some(&head) {
@@ -257,4 +300,4 @@ impl KeyArena {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<KeyRecord>() == 48);
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 52);

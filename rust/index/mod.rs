@@ -274,14 +274,34 @@ impl Index {
         self.keys.order().map(|id| (self.keys.key(id), self.contents.hash(self.keys.content(id))))
     }
 
-    /// Visit every key with its content, coldest first, through one reused key buffer.
-    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], &ContentHash, Location)) {
+    /// Visit every key with its content and its chain parent (if stored), coldest first,
+    /// through reused key buffers.
+    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], &ContentHash, Location, Option<&[u8]>)) {
         let mut key = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
+        let mut parent = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
         for id in self.keys.order() {
             self.keys.key_into(id, &mut key);
+            let p = self.keys.parent(id).map(|p| {
+                self.keys.key_into(p, &mut parent);
+                parent.as_slice()
+            });
             let c = self.keys.content(id);
-            f(&key, &self.contents.hash(c), self.contents.loc(c));
+            f(&key, &self.contents.hash(c), self.contents.loc(c), p);
         }
+    }
+
+    /// Link `key` (stored) to the previous block of its chain; a parent that is not stored
+    /// (or None) clears the link.
+    pub fn set_parent(&mut self, key: &[u8], parent: Option<&[u8]>) {
+        let Some(id) = self.keys.find(key) else { return };
+        let p = parent.and_then(|p| self.keys.find(p)).filter(|&p| p != id);
+        self.keys.set_parent(id, p);
+    }
+
+    /// `key`'s chain parent, if both are stored.
+    pub fn parent(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let id = self.keys.find(key)?;
+        self.keys.parent(id).map(|p| self.keys.key(p))
     }
 }
 

@@ -155,6 +155,16 @@ impl IoEngine for FaultyEngine {
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {
+        self.reap_until(min, out, None)
+    }
+
+    fn reap_for(&mut self, min: usize, out: &mut Vec<Completion>, wait: Duration) {
+        self.reap_until(min, out, Some(Instant::now() + wait))
+    }
+}
+
+impl FaultyEngine {
+    fn reap_until(&mut self, min: usize, out: &mut Vec<Completion>, deadline: Option<Instant>) {
         let start = out.len();
         out.append(&mut self.injected);
         loop {
@@ -162,12 +172,15 @@ impl IoEngine for FaultyEngine {
             // Never block on the real engine for completions we already produced.
             let need = min.saturating_sub(out.len() - start);
             if self.held.is_empty() || need == 0 {
-                self.inner.reap(need, out);
+                match deadline {
+                    Some(d) => self.inner.reap_for(need, out, d.saturating_duration_since(Instant::now())),
+                    None => self.inner.reap(need, out),
+                }
                 return;
             }
             // Ops are held back: poll the real engine, so a held op is released on time.
             self.inner.reap(0, out);
-            if out.len() - start >= min {
+            if out.len() - start >= min || deadline.is_some_and(|d| Instant::now() >= d) {
                 return;
             }
             std::thread::sleep(DELAY_POLL);

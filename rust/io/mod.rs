@@ -71,6 +71,12 @@ pub trait IoEngine: Send {
     fn push(&mut self, fd: RawFd, op: &IoOp, tag: u64) -> bool;
     /// Submit what was pushed and wait for at least `min` completions.
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>);
+    /// `reap`, but return after about `wait` even with fewer completions, so the device queue
+    /// can push ops that arrived meanwhile (a read must not wait behind a slow write).
+    fn reap_for(&mut self, min: usize, out: &mut Vec<Completion>, wait: std::time::Duration) {
+        let _ = wait;
+        self.reap(min, out)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

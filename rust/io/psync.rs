@@ -64,16 +64,27 @@ impl IoEngine for PsyncEngine {
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {
+        self.reap_until(min, out, None)
+    }
+
+    fn reap_for(&mut self, min: usize, out: &mut Vec<Completion>, wait: std::time::Duration) {
+        self.reap_until(min, out, Some(std::time::Instant::now() + wait))
+    }
+}
+
+impl PsyncEngine {
+    /// Wait for `min` completions (fewer past `deadline`), then take every one that is ready.
+    fn reap_until(&mut self, min: usize, out: &mut Vec<Completion>, deadline: Option<std::time::Instant>) {
         let mut got = 0;
         while got < min.min(self.inflight) {
-            match self.done.recv() {
-                Ok(c) => {
-                    out.push(c);
-                    got += 1;
-                    self.inflight -= 1;
-                }
-                Err(_) => return,
-            }
+            let next = match deadline {
+                Some(d) => self.done.recv_deadline(d).ok(),
+                None => self.done.recv().ok(),
+            };
+            let Some(c) = next else { break };
+            out.push(c);
+            got += 1;
+            self.inflight -= 1;
         }
         while let Ok(c) = self.done.try_recv() {
             out.push(c);

@@ -1,6 +1,11 @@
 //! A device queue: one thread per directory that owns an engine. Ops from every batch sent to
 //! it are pushed as soon as there is room and each batch is handed back when its last op
 //! completes, so the device stays busy across batch boundaries.
+//!
+//! Reads go first: they have their own backlog, pushed before any write, and a quarter of the
+//! engine's depth that writes never take, and the thread never blocks on completions for longer
+//! than `WAKE`, so a read that arrives while a write is slow (or stuck) is pushed at once instead
+//! of waiting for that write (a load never waits behind a background write-behind).
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -32,8 +37,24 @@ pub struct DeviceQueue {
     engine_name: &'static str,
 }
 
-/// Bytes of I/O kept in flight per device (at least one op always is).
+/// Bytes of reads, and of writes, kept in flight per device (at least one op always is).
 const MAX_INFLIGHT_BYTES: usize = 64 << 20;
+/// Longest wait for completions before the thread looks for newly submitted ops.
+const WAKE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Ops waiting to be pushed and the bytes in flight, for one direction.
+#[derive(Default)]
+struct Lane {
+    backlog: VecDeque<(usize, usize)>,
+    inflight: usize,
+    bytes: usize,
+}
+
+impl Lane {
+    fn has_room(&self, cap: usize) -> bool {
+        self.inflight < cap && (self.inflight == 0 || self.bytes < MAX_INFLIGHT_BYTES)
+    }
+}
 
 fn tag(slot: usize, op: usize) -> u64 {
     ((slot as u64) << 32) | op as u64
@@ -45,12 +66,14 @@ fn untag(tag: u64) -> (usize, usize) {
 
 fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, fd: RawFd, gauge: Arc<AtomicUsize>) {
     let mut slots: Vec<Option<Active>> = Vec::new();
-    let mut backlog: VecDeque<(usize, usize)> = VecDeque::new();
-    let mut inflight = 0usize;
-    let mut inflight_bytes = 0usize;
+    // [reads, writes]
+    let mut lanes: [Lane; 2] = Default::default();
     let mut done: Vec<Completion> = Vec::new();
     let mut open = true;
-    let admit = |job: Job, slots: &mut Vec<Option<Active>>, backlog: &mut VecDeque<(usize, usize)>| {
+    let capacity = engine.capacity();
+    // Writes never take the last quarter of the depth: a read always finds room.
+    let write_cap = (capacity - capacity / 4).max(1);
+    let admit = |job: Job, slots: &mut Vec<Option<Active>>, lanes: &mut [Lane; 2]| {
         let n = job.ops.len();
         if n == 0 {
             let _ = job.reply.send(job.ops);
@@ -60,22 +83,25 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, fd: RawFd, gauge: Arc
             slots.push(None);
             slots.len() - 1
         });
-        backlog.extend((0..n).map(|i| (slot, i)));
+        for (i, op) in job.ops.iter().enumerate() {
+            lanes[op.write as usize].backlog.push_back((slot, i));
+        }
         slots[slot] = Some(Active { job, results: vec![None; n], remaining: n });
     };
     loop {
-        if inflight == 0 && backlog.is_empty() {
+        let idle = lanes.iter().all(|l| l.inflight == 0 && l.backlog.is_empty());
+        if idle {
             if !open {
                 return;
             }
             match rx.recv() {
-                Ok(job) => admit(job, &mut slots, &mut backlog),
+                Ok(job) => admit(job, &mut slots, &mut lanes),
                 Err(_) => return,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(job) => admit(job, &mut slots, &mut backlog),
+                Ok(job) => admit(job, &mut slots, &mut lanes),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     open = false;
@@ -83,26 +109,28 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, fd: RawFd, gauge: Arc
                 }
             }
         }
-        // Bounded by ops (the engine's depth) and by bytes: a few large merged ops already keep
-        // a device busy, and queueing hundreds of MiB more only adds latency.
-        while inflight < engine.capacity() && (inflight == 0 || inflight_bytes < MAX_INFLIGHT_BYTES) {
-            let Some(&(slot, op)) = backlog.front() else { break };
-            let Some(active) = slots[slot].as_ref() else {
-                backlog.pop_front();
-                continue;
-            };
-            let io = &active.job.ops[op];
-            if !engine.push(fd, io, tag(slot, op)) {
-                break;
+        // Bounded by ops (the engine's depth) and by bytes per direction: a few large merged
+        // ops already keep a device busy, and queueing hundreds of MiB more only adds latency.
+        for (w, cap) in [(0usize, capacity), (1, write_cap)] {
+            while lanes[0].inflight + lanes[1].inflight < capacity && lanes[w].has_room(cap) {
+                let Some(&(slot, op)) = lanes[w].backlog.front() else { break };
+                let Some(active) = slots[slot].as_ref() else {
+                    lanes[w].backlog.pop_front();
+                    continue;
+                };
+                let io = &active.job.ops[op];
+                if !engine.push(fd, io, tag(slot, op)) {
+                    break;
+                }
+                lanes[w].backlog.pop_front();
+                lanes[w].inflight += 1;
+                lanes[w].bytes += io.expected_len();
             }
-            backlog.pop_front();
-            inflight += 1;
-            inflight_bytes += io.expected_len();
         }
-        if inflight == 0 {
+        if lanes[0].inflight + lanes[1].inflight == 0 {
             continue;
         }
-        engine.reap(1, &mut done);
+        engine.reap_for(1, &mut done, WAKE);
         for (t, result) in done.drain(..) {
             let (slot, op) = untag(t);
             // Only an op that is in flight may complete (never count one twice).
@@ -112,11 +140,13 @@ fn serve(rx: Receiver<Job>, mut engine: Box<dyn IoEngine>, fd: RawFd, gauge: Arc
                 tracing::error!("completion for an op that is not in flight ({slot}/{op}) ignored");
                 continue;
             }
-            inflight -= 1;
             gauge.fetch_sub(1, Ordering::Relaxed);
             let finished = match slots[slot].as_mut() {
                 Some(active) => {
-                    inflight_bytes -= active.job.ops[op].expected_len();
+                    let io = &active.job.ops[op];
+                    let lane = &mut lanes[io.write as usize];
+                    lane.inflight -= 1;
+                    lane.bytes -= io.expected_len();
                     active.results[op] = Some(result);
                     active.remaining -= 1;
                     active.remaining == 0

@@ -47,9 +47,36 @@ impl IoEngine for UringEngine {
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<Completion>) {
+        self.reap_within(min, out, None)
+    }
+
+    fn reap_for(&mut self, min: usize, out: &mut Vec<Completion>, wait: std::time::Duration) {
+        // Kernels before 5.11 cannot bound the wait: they block as `reap` does.
+        let bounded = self.ring.params().is_feature_ext_arg();
+        self.reap_within(min, out, bounded.then_some(wait))
+    }
+}
+
+impl UringEngine {
+    fn submit(&self, min: usize, wait: Option<std::time::Duration>) -> std::io::Result<usize> {
+        match wait {
+            None => self.ring.submit_and_wait(min),
+            Some(w) => {
+                let ts = types::Timespec::new().sec(w.as_secs()).nsec(w.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                match self.ring.submitter().submit_with_args(min, &args) {
+                    // Timed out: what is done is reaped below, the caller calls again.
+                    Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+                    other => other,
+                }
+            }
+        }
+    }
+
+    fn reap_within(&mut self, min: usize, out: &mut Vec<Completion>, wait: Option<std::time::Duration>) {
         let mut failures = 0u32;
         loop {
-            match self.ring.submit_and_wait(min) {
+            match self.submit(min, wait) {
                 Ok(_) => break,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // Out of kernel resources or a full completion queue: reap what is done now;

@@ -15,7 +15,9 @@ use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
 use crate::store::stats::StatValue;
-use crate::store::{Batch, BlockResult, BlockStore, Durability, Keepalive, RawBuf, Status, StoreConfig};
+use crate::store::{
+    Batch, BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig,
+};
 use crate::tier::BlockTier;
 
 #[pyclass(name = "BlockResult", module = "flexkv_py._native", frozen)]
@@ -119,6 +121,30 @@ fn parse_dirs(dirs: &Bound<'_, PyAny>) -> PyResult<Vec<std::path::PathBuf>> {
     Ok(list)
 }
 
+/// Parallel `parents` / `metas` lists as one extra per item; empty when neither is given.
+fn zip_extras(
+    n: usize,
+    parents: Option<Vec<Option<Vec<u8>>>>,
+    metas: Option<Vec<Option<Vec<u8>>>>,
+) -> crate::error::Result<Vec<PutExtra>> {
+    if parents.is_none() && metas.is_none() {
+        return Ok(Vec::new());
+    }
+    for (name, list) in [("parents", &parents), ("metas", &metas)] {
+        if let Some(l) = list.as_ref().filter(|l| l.len() != n) {
+            return Err(StoreError::Config(format!("{name} has {} entries for {n} items", l.len())));
+        }
+    }
+    let mut parents = parents.map(Vec::into_iter);
+    let mut metas = metas.map(Vec::into_iter);
+    Ok((0..n)
+        .map(|_| PutExtra {
+            parent: parents.as_mut().and_then(Iterator::next).flatten(),
+            meta: metas.as_mut().and_then(Iterator::next).flatten(),
+        })
+        .collect())
+}
+
 impl PyBlockStore {
     fn single(
         &self,
@@ -128,7 +154,8 @@ impl PyBlockStore {
         put: bool,
     ) -> PyResult<PyBlockResult> {
         let items = PyList::new(py, [(PyBytes::new(py, &key), buf.clone())])?;
-        let handle = if put { self.submit_put(py, &items)? } else { self.submit_get(py, &items)? };
+        let handle =
+            if put { self.submit_put(py, &items, None, None)? } else { self.submit_get(py, &items)? };
         let batch = handle.batch.clone();
         let mut results = py.detach(move || batch.wait(None)).map_err(to_py)?;
         let inner = results.pop().ok_or_else(|| to_py(StoreError::Device("empty batch result".into())))?;
@@ -195,13 +222,43 @@ impl PyBlockStore {
         self.store.capacity_bytes()
     }
 
-    fn submit_put(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {
+    /// `parents` / `metas`: one per item (None: absent), or None for the whole batch.
+    #[pyo3(signature = (items, parents=None, metas=None))]
+    fn submit_put(
+        &self,
+        py: Python<'_>,
+        items: &Bound<'_, PyAny>,
+        parents: Option<Vec<Option<Vec<u8>>>>,
+        metas: Option<Vec<Option<Vec<u8>>>>,
+    ) -> PyResult<PyBatchHandle> {
         let ex = extract_items(py, items, false)?;
-        let tier = self.tier.clone();
         let owners: Keepalive = Box::new(ex.owners);
         let items = ex.items;
-        let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
+        let extras = zip_extras(items.len(), parents, metas).map_err(to_py)?;
+        if extras.is_empty() {
+            let tier = self.tier.clone();
+            let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
+            return Ok(PyBatchHandle { batch });
+        }
+        let store = self.store.clone();
+        let batch = py.detach(move || store.submit_put_with(items, extras, Some(owners))).map_err(to_py)?;
         Ok(PyBatchHandle { batch })
+    }
+
+    /// Every stored key with its chain parent (None when it has none stored), coldest first.
+    fn inventory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let inv = py.detach(|| self.store.inventory());
+        PyList::new(
+            py,
+            inv.iter().map(|(k, p)| (PyBytes::new(py, k), p.as_ref().map(|p| PyBytes::new(py, p)))),
+        )
+    }
+
+    /// The metadata stored with each key (None: absent), read from the block header pages.
+    fn read_metas<'py>(&self, py: Python<'py>, keys: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store.clone();
+        let metas = py.detach(move || store.read_metas(&keys)).map_err(to_py)?;
+        PyList::new(py, metas.iter().map(|m| m.as_ref().map(|m| PyBytes::new(py, m))))
     }
 
     fn submit_get(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<PyBatchHandle> {

@@ -10,6 +10,7 @@ pub mod stats;
 mod executor;
 mod get;
 mod journal;
+mod metas;
 mod open;
 mod put;
 mod replay;
@@ -27,6 +28,7 @@ use crate::format::{MAX_KEY_LEN, PAGE};
 
 pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
 pub use config::{Durability, StoreConfig};
+pub use put::PutExtra;
 pub(crate) use shared::{Shared, State};
 use stats::{Counters, StatValue, StatsSnapshot};
 
@@ -106,13 +108,51 @@ impl BlockStore {
         items: Vec<(Vec<u8>, RawBuf)>,
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
+        self.submit_put_with(items, Vec::new(), keepalive)
+    }
+
+    /// `submit_put` with each block's chain parent and metadata (`extras`: one per item, or
+    /// empty for none). The metadata is written in the block's header page, in the same write.
+    pub fn submit_put_with(
+        &self,
+        items: Vec<(Vec<u8>, RawBuf)>,
+        extras: Vec<PutExtra>,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Arc<Batch>> {
         if self.shared.cfg.read_only {
             return Err(StoreError::Config("store was opened read-only".into()));
         }
         self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
+        check_extras(&items, &extras)?;
+        self.check_keys(extras.iter().filter_map(|x| x.parent.as_deref()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
-        self.spawn(batch.clone(), move |shared| put::run(shared, &items))?;
+        self.spawn(batch.clone(), move |shared| put::run(shared, &items, &extras))?;
         Ok(batch)
+    }
+
+    /// Every stored key with its chain parent (when that is stored too), coldest first.
+    pub fn inventory(&self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let state = self.shared.state.lock();
+        let mut out = Vec::with_capacity(state.index.len());
+        state
+            .index
+            .for_each_in_order(|key, _, _, parent| out.push((key.to_vec(), parent.map(<[u8]>::to_vec))));
+        out
+    }
+
+    /// The metadata stored with each key (one header-page read per key, batched).
+    pub fn read_metas(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.check_keys(keys.iter().map(Vec::as_slice))?;
+        {
+            let state = self.shared.state.lock();
+            if state.closed {
+                return Err(StoreError::Closed);
+            }
+            self.shared.begin();
+        }
+        let out = metas::read_metas(&self.shared, keys);
+        self.shared.end();
+        Ok(out)
     }
 
     /// Read blocks into caller buffers (each at least the block's length).
@@ -308,6 +348,27 @@ impl BlockStore {
             ("directories", StatValue::Int(self.shared.devices.len() as u64)),
         ]
     }
+}
+
+/// One extra per item (or none at all), each metadata small enough for the header page.
+fn check_extras(items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Result<()> {
+    if !extras.is_empty() && extras.len() != items.len() {
+        return Err(StoreError::Config(format!(
+            "{} parents/metas for {} items: pass one per item",
+            extras.len(),
+            items.len()
+        )));
+    }
+    for ((key, _), x) in items.iter().zip(extras) {
+        let len = x.meta.as_ref().map_or(0, Vec::len);
+        let room = crate::format::header::max_meta_len(key.len());
+        if len > room {
+            return Err(StoreError::Config(format!(
+                "block metadata of {len} bytes does not fit the header page ({room} bytes with this key)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl crate::tier::BlockTier for BlockStore {

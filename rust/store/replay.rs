@@ -38,9 +38,13 @@ pub fn replay(
     // a record will probe are asked for when it is read, so the cache misses overlap instead
     // of stalling one after another (they are most of a replay's time at millions of keys).
     let mut ahead: VecDeque<(u64, RecordRef)> = VecDeque::with_capacity(PREFETCH_AHEAD + 1);
+    let mut links: Vec<(&[u8], &[u8])> = Vec::new();
     out.torn = replayed.visit(|pos, record| {
-        if let RecordRef::Put { key, hash, .. } = &record {
+        if let RecordRef::Put { key, hash, parent, .. } = &record {
             index.prefetch(key, hash);
+            if let Some(p) = parent {
+                links.push((key, p));
+            }
         }
         ahead.push_back((pos, record));
         if ahead.len() > PREFETCH_AHEAD {
@@ -51,6 +55,11 @@ pub fn replay(
     });
     for (pos, record) in ahead {
         apply(&mut out, index, allocators, recreated, pos, record);
+    }
+    // Chain links last: a parent may come after its child in the journal (a compacted journal
+    // is in eviction order), so links are resolved once every key is in. Later records win.
+    for (key, parent) in links {
+        index.set_parent(key, Some(parent));
     }
     out
 }
@@ -71,7 +80,7 @@ fn apply(
         out.clean_from = None;
     }
     match record {
-        RecordRef::Put { key, hash, loc } => {
+        RecordRef::Put { key, hash, loc, .. } => {
             out.last_clean = None;
             out.next_seq = out.next_seq.max(loc.seq + 1);
             let dir = loc.dir as usize;

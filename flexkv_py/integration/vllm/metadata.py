@@ -68,6 +68,10 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     # (tp_rank, pp_rank) -> leading host slots ready on that worker (pools prepared in the
     # background report as they grow; the scheduler uses the minimum over all workers).
     ready_slots: dict[tuple[int, int], int] = field(default_factory=dict)
+    # Worker (0, 0)'s restart report also names each recovered block's chain parent (logical
+    # keys), and then, a slice per step, the metadata its store kept with them (block_meta.py).
+    inventory_parents: dict[bytes, bytes] = field(default_factory=dict)
+    recovered_metas: dict[bytes, bytes] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, FlexKVWorkerMetadata):
@@ -84,6 +88,8 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             inventories={**self.inventories, **other.inventories},
             counters=counters,
             ready_slots={**self.ready_slots, **other.ready_slots},
+            inventory_parents={**self.inventory_parents, **other.inventory_parents},
+            recovered_metas={**self.recovered_metas, **other.recovered_metas},
         )
 
     def is_empty(self) -> bool:
@@ -93,4 +99,6 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             or self.inventories
             or self.counters
             or self.ready_slots
+            or self.inventory_parents
+            or self.recovered_metas
         )

@@ -13,9 +13,16 @@ request that gets None.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexkv_py.integration.vllm.events import BlockOrigins
+from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 
 WorkerRank = tuple[int, int]  # (tp_rank, pp_rank)
+
+# Chain parents arrive with worker (0, 0)'s report (every worker holds the same chains).
+PARENTS_RANK: WorkerRank = (0, 0)
 
 
 class RestartInventory:
@@ -27,17 +34,49 @@ class RestartInventory:
         # The cache was reset before the reports were in: what they list predates the reset
         # and must be deleted, not adopted.
         self.stale = False
+        # Logical key -> its chain parent's, from the reports (for prefix-aware adoption).
+        self._parents: dict[bytes, bytes] = {}
+        self._announcer: RecoveredAnnouncer | None = None
+
+    def announce_with(self, origins: BlockOrigins, block_size: int) -> None:
+        """Publish the recovered blocks' origins (token ids...) once adopted (take_events)."""
+        self._announcer = RecoveredAnnouncer(origins, block_size)
+
+    def adopt_reports(self, manager: Any, meta: Any) -> None:
+        """Take a step's worker metadata (FlexKVWorkerMetadata): reports, parents, metas; adopt
+        into `manager` (a CacheManager) once every worker reported."""
+        ranks = self.add(meta.inventories, meta.inventory_parents)
+        if ranks is not None:
+            parents = self.take_parents()
+            manager.adopt_ssd_keys(ranks, adopt=not self.stale, parents=parents)
+        if self._announcer is not None and meta.recovered_metas and not self.stale:
+            self._announcer.add(meta.recovered_metas)
+
+    def take_events(self, known: Callable[[bytes], bool]) -> list[Any]:
+        """BlockStored events for recovered blocks still `known`, once adopted."""
+        if self._announcer is None or not self.ready:
+            return []
+        return self._announcer.take_events(True, known)
 
     def forget(self) -> None:
         """A cache reset: reports still to come list blocks to delete."""
         self.stale = not self.ready
+        if self._announcer is not None:
+            self._announcer.clear()
 
     def add(
-        self, reports: Mapping[WorkerRank, tuple[bytes, ...]]
+        self,
+        reports: Mapping[WorkerRank, tuple[bytes, ...]],
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> list[tuple[bytes, ...]] | None:
         """Take workers' reports; once every worker reported, return them (in rank order, for
-        CacheManager.adopt_ssd_keys, which keeps the keys all of them hold) and become ready."""
-        if self.ready or not reports:
+        CacheManager.adopt_ssd_keys, which keeps the keys all of them hold) and become ready.
+        `parents`: chain parents reported with them (then in `take_parents`)."""
+        if self.ready:
+            return None
+        if parents:
+            self._parents.update(parents)
+        if not reports:
             return None
         self._reports.update(reports)
         if len(self._reports) < self._num_workers:
@@ -46,3 +85,8 @@ class RestartInventory:
         ranks = [self._reports[r] for r in sorted(self._reports)]
         self._reports = {}
         return ranks
+
+    def take_parents(self) -> dict[bytes, bytes]:
+        """The chain parents of the reported blocks (once, at adoption)."""
+        parents, self._parents = self._parents, {}
+        return parents

@@ -24,6 +24,7 @@ from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.coordinator.planning import host_pool_in_background
 from flexkv_py.errors import InternalStateError
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.integration.vllm.block_meta import with_block_metas
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import (
     BlockOrigins,
@@ -89,6 +90,7 @@ class SchedulerSide:
         # vLLM skips a request that gets None, so waiting would stall serving.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
+        self._inventory.announce_with(self._origins, self._bs)
         # LoRA requests key their blocks by the adapter's identity, not only its name.
         self._variants = AdapterVariants()
         # Keys per request, kept across its scheduling attempts (vLLM asks every step).
@@ -208,6 +210,8 @@ class SchedulerSide:
                     self._plan_store(state, req.num_computed_tokens + num_new)
         for job in self._mgr.take_jobs():
             self._add_background(job)
+        if self._config.ssd_enabled:  # the SSD keeps each block's token ids and parent
+            self._step_jobs = with_block_metas(self._step_jobs, self._origins)
         meta.jobs, self._step_jobs = self._step_jobs, []
         meta.delayed_free_req_ids, self._delayed_free = self._delayed_free, set()
         for req_id in so.finished_req_ids:
@@ -232,7 +236,7 @@ class SchedulerSide:
         job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
         if job is None:
             return
-        if self._events_on:
+        if self._events_on or self._config.ssd_enabled:
             self._origins.remember_request(req, start, req.block_hashes[start:full], self._bs)
         if self._hybrid is not None:
             self._hybrid.planned_store(job, plan.reused, self._stats)
@@ -256,9 +260,7 @@ class SchedulerSide:
             self._ready_slots.update(meta.ready_slots)
             if len(self._ready_slots) >= self._info.num_workers:
                 self._mgr.grow_host_slots(min(self._ready_slots.values()))
-        inventories = self._inventory.add(meta.inventories)
-        if inventories is not None:
-            self._mgr.adopt_ssd_keys(inventories, adopt=not self._inventory.stale)
+        self._inventory.adopt_reports(self._mgr, meta)
         for job_id, nranks in meta.gpu_read_done.items():
             info = self._jobs.get(job_id)
             if info is None:
@@ -367,10 +369,12 @@ class SchedulerSide:
         tier_events = self._mgr.take_events()
         if not self._events_on:
             return []
-        return to_vllm_events(tier_events, self._origins, self._bs, self._event_groups)
+        events = to_vllm_events(tier_events, self._origins, self._bs, self._event_groups)
+        return events + self._inventory.take_events(self._mgr.known)
 
     def reset_cache(self) -> bool:
         self._inventory.forget()
+        self._step_jobs.append(JobEntry(None, "reset", None))  # workers forget host-only blocks
         job = self._mgr.reset()
         if job is not None:
             self._add_background(job)

@@ -29,16 +29,22 @@ engine on the worker's own CUDA streams). Ordering rules:
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import JobExecutor
+from flexkv_py.coordinator.jobs import StoreJob
 from flexkv_py.errors import InternalStateError
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
     FlexKVWorkerMetadata,
     JobEntry,
 )
+from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
+from flexkv_py.integration.vllm.restart_inventory import PARENTS_RANK
+from flexkv_py.integration.vllm.shutdown_drain import HostOnlyBlocks
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 
 if TYPE_CHECKING:
@@ -82,6 +88,10 @@ class WorkerSide:
         self._out = FlexKVWorkerMetadata()
         self._stats = FlexKVConnectorStats()
         self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
+        self._meta_reader: RecoveredMetaReader | None = None
+        # Host blocks not on the SSD, written at shutdown (shutdown_drain.py); store jobs by id.
+        self._host_only = HostOnlyBlocks()
+        self._store_jobs: dict[int, Any] = {}
 
     @property
     def executor(self) -> Any:
@@ -103,9 +113,23 @@ class WorkerSide:
             # inventory below adopts nothing and every job part naming the tier fails fast.
             self._stats.add(f"{tier.value}_unavailable", 1)
         if self._config.ssd_enabled:
-            keys = tuple(self._executor.stored_keys())
-            logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
-            self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
+            self._report_inventory()
+
+    def _report_inventory(self) -> None:
+        """The restart report: the SSD's keys (worker (0, 0) adds their chain parents), then,
+        with KV events on, their token ids read in the background (recovered_events.py)."""
+        ssd = self.executor.tiers.get(Tier.SSD)
+        first = (self.tp_rank, self.pp_rank) == PARENTS_RANK
+        if first and ssd is not None and hasattr(ssd, "inventory"):
+            inventory = ssd.inventory()
+            keys = tuple(k for k, _ in inventory)
+            self._out.inventory_parents = {k: p for k, p in inventory if p is not None}
+            if self._info.publish_kv_events and keys:
+                self._meta_reader = RecoveredMetaReader(ssd, keys, self._label)
+        else:
+            keys = tuple(self.executor.stored_keys())
+        logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
+        self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
 
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
@@ -171,12 +195,19 @@ class WorkerSide:
     def submit_pending(self) -> None:
         jobs, self._pending = self._pending, []
         for entry in jobs:
+            if entry.kind == "reset":  # reset_cache: nothing stored before it may be written
+                self._host_only.reset()
+                self._store_jobs.clear()  # nor what stores still running bring in
+                continue
             if entry.job is None:
                 # Unplannable load: fail it now so vLLM recomputes.
                 self._fail_load(entry.req_id, set(entry.gpu_block_ids))
                 continue
             job_id = entry.job.job_id
             self._inflight[job_id] = (entry.req_id, entry.kind, entry.gpu_block_ids)
+            self._host_only.submitted(entry.job)
+            if isinstance(entry.job, StoreJob) and self._config.ssd_enabled:
+                self._store_jobs[job_id] = entry.job
             self.executor.submit(entry.job)
             if entry.kind == "store":
                 self._reads_unreported.add(job_id)
@@ -203,6 +234,9 @@ class WorkerSide:
                 continue  # already collected (a flush wait and a poll can both see it)
             req_id, kind, gpu_ids = entry
             self._out.results.setdefault(res.job_id, []).append(res)
+            store = self._store_jobs.pop(res.job_id, None)
+            if store is not None:
+                self._host_only.finished(store, res)
             failed = set(getattr(res, "failed_gpu_block_ids", ()) or ())
             prefix = "load" if kind == "load" else "store" if kind == "store" else "bg"
             self._stats.add(f"{prefix}_jobs", 1)
@@ -266,6 +300,8 @@ class WorkerSide:
         if ready != self._reported_ready:
             self._reported_ready = ready
             self._out.ready_slots[(self.tp_rank, self.pp_rank)] = ready
+        if self._meta_reader is not None:
+            self._out.recovered_metas.update(self._meta_reader.take())
         if self._out.is_empty():
             return None
         out, self._out = self._out, FlexKVWorkerMetadata()
@@ -278,9 +314,34 @@ class WorkerSide:
         return stats
 
     def shutdown(self) -> None:
+        if self._meta_reader is not None:
+            self._meta_reader.stop()
         if self._executor is not None:
             if self._pending:
                 self.submit_pending()
-            if not self._executor.shutdown(self.shutdown_timeout_s):
+            stuck = self._drain()
+            # A stuck device: waiting longer frees nothing (vLLM kills the worker soon anyway).
+            if not self._executor.shutdown(0.0 if stuck else self.shutdown_timeout_s):
                 logger.error("%s: FlexKV jobs still running at shutdown", self._label)
             self._executor = None
+
+    def _drain(self) -> bool:
+        """Write host blocks the SSD does not have yet, within shutdown_drain_s; True when the
+        device is stuck. Stores still running are waited for within the same budget."""
+        ssd = self.executor.tiers.get(Tier.SSD)
+        budget = self._config.shutdown_drain_s
+        if ssd is None or budget <= 0 or not hasattr(ssd, "stores_block_meta"):
+            return False
+        deadline = time.monotonic() + budget
+        try:
+            self._collect(self.executor.wait(list(self._store_jobs), budget))
+        except TimeoutError:
+            self._collect(self.executor.poll())
+        owed = len(self._host_only)
+        left = max(0.0, deadline - time.monotonic())
+        ex = self.executor
+        written, stuck = self._host_only.drain(ssd, ex.pool, ex.late_io, left)
+        logger.info(
+            "%s: shutdown wrote %d of %d host-only blocks to SSD", self._label, written, owed
+        )
+        return stuck

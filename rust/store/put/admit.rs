@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{extent_of, Encoded, Plan};
+use super::{extent_of, extra_of, Encoded, Plan, PutExtra};
 use crate::format::journal::{Location, Record};
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
@@ -42,7 +42,12 @@ fn allocate(
     }
 }
 
-pub(super) fn plan(shared: &Shared, items: &[(Vec<u8>, RawBuf)], encoded: &[Encoded]) -> Vec<Plan> {
+pub(super) fn plan(
+    shared: &Shared,
+    items: &[(Vec<u8>, RawBuf)],
+    extras: &[PutExtra],
+    encoded: &[Encoded],
+) -> Vec<Plan> {
     let mut plans = Vec::with_capacity(items.len());
     let mut state = shared.state.lock();
     let mut journal = Vec::new();
@@ -77,7 +82,11 @@ pub(super) fn plan(shared: &Shared, items: &[(Vec<u8>, RawBuf)], encoded: &[Enco
             deduped_now.push(i);
             let released = state.index.insert(key, hash, &existing);
             Shared::free_extent(&mut state, released);
-            Record::Put { key: key.clone(), hash, loc: existing }.encode_into(&mut journal);
+            // This key's metadata is not in the existing content's header page (it names the
+            // key that wrote it): `read_metas` answers None for it.
+            let parent = extra_of(extras, i).and_then(|x| x.parent.clone());
+            state.index.set_parent(key, parent.as_deref());
+            Record::Put { key: key.clone(), hash, loc: existing, parent }.encode_into(&mut journal);
             count += 1;
             Counters::add(&shared.counters.deduped, 1);
             plans.push(Plan::Done(BlockResult::new(Status::Deduped, buf.len as u64)));

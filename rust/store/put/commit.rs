@@ -4,7 +4,7 @@
 //! the batch's blocks are withdrawn again.
 
 use super::write::Outcomes;
-use super::{extent_of, Plan};
+use super::{extent_of, extra_of, Plan, PutExtra};
 use crate::format::journal::Location;
 use crate::format::journal::Record;
 use crate::format::PAGE;
@@ -26,10 +26,18 @@ struct Pending {
 
 impl Pending {
     /// Map `key` to `hash` at `loc` in the index and queue its journal record.
-    fn map(&mut self, state: &mut State, i: usize, key: &[u8], hash: ContentHash, loc: &Location) {
+    fn map(
+        &mut self,
+        state: &mut State,
+        (i, key, parent): (usize, &[u8], Option<&[u8]>),
+        hash: ContentHash,
+        loc: &Location,
+    ) {
         let released = state.index.insert(key, hash, loc);
         Shared::free_extent(state, released);
-        Record::Put { key: key.to_vec(), hash, loc: loc.clone() }.encode_into(&mut self.journal);
+        state.index.set_parent(key, parent);
+        let parent = parent.map(<[u8]>::to_vec);
+        Record::Put { key: key.to_vec(), hash, loc: loc.clone(), parent }.encode_into(&mut self.journal);
         self.count += 1;
         self.acknowledged.push(i);
     }
@@ -40,8 +48,7 @@ fn written(
     shared: &Shared,
     state: &mut State,
     pending: &mut Pending,
-    i: usize,
-    key: &[u8],
+    item: (usize, &[u8], Option<&[u8]>),
     (hash, loc): (&ContentHash, &Location),
     outcome: Result<(), String>,
 ) -> BlockResult {
@@ -63,7 +70,7 @@ fn written(
         }
         None => loc.clone(),
     };
-    pending.map(state, i, key, *hash, &loc);
+    pending.map(state, item, *hash, &loc);
     Counters::add(&shared.counters.puts, 1);
     Counters::add(&shared.counters.bytes_written, extent_pages(loc.stored_len) * PAGE as u64);
     if loc.compressed {
@@ -75,6 +82,7 @@ fn written(
 pub(super) fn commit(
     shared: &Shared,
     items: &[(Vec<u8>, RawBuf)],
+    extras: &[PutExtra],
     plans: &[Plan],
     mut outcomes: Outcomes,
 ) -> Vec<Option<BlockResult>> {
@@ -83,20 +91,22 @@ pub(super) fn commit(
     let mut results: Vec<Option<BlockResult>> = Vec::with_capacity(items.len());
     for (i, plan) in plans.iter().enumerate() {
         let key = &items[i].0;
+        let parent = extra_of(extras, i).and_then(|x| x.parent.as_deref());
+        let item = (i, key.as_slice(), parent);
         let result = match plan {
             Plan::Done(r) => r.clone(),
             // Filled in by the reply, once the winning occurrence has its result.
             Plan::Superseded { .. } => BlockResult::new(Status::Ok, 0),
             Plan::Write { hash, loc } => {
                 let outcome = outcomes.remove(&i).unwrap_or(Err("not submitted".into()));
-                written(shared, &mut state, &mut pending, i, key, (hash, loc), outcome)
+                written(shared, &mut state, &mut pending, item, (hash, loc), outcome)
             }
             Plan::Follow { leader, hash } => {
                 let leader_ok =
                     results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
                 match state.index.content(hash).map(|c| c.loc.clone()) {
                     Some(loc) if leader_ok => {
-                        pending.map(&mut state, i, key, *hash, &loc);
+                        pending.map(&mut state, item, *hash, &loc);
                         Counters::add(&shared.counters.deduped, 1);
                         BlockResult::new(Status::Deduped, loc.raw_len)
                     }

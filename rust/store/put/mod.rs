@@ -17,6 +17,19 @@ use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::{extent_pages, FreedExtent};
 
+/// What a put may carry beside the bytes: the previous block of the key's prefix chain
+/// (journaled, a few bytes in RAM) and opaque metadata (in the header page only, never in RAM).
+#[derive(Clone, Debug, Default)]
+pub struct PutExtra {
+    pub parent: Option<Vec<u8>>,
+    pub meta: Option<Vec<u8>>,
+}
+
+/// The extra of item `i` (`extras` is empty when a batch carries none).
+fn extra_of(extras: &[PutExtra], i: usize) -> Option<&PutExtra> {
+    extras.get(i)
+}
+
 /// What phase 2 decided for one item of the batch.
 enum Plan {
     Done(BlockResult),
@@ -45,11 +58,11 @@ fn extent_of(loc: &Location) -> FreedExtent {
     FreedExtent { dir: loc.dir, first_page: loc.offset / PAGE as u64, pages: extent_pages(loc.stored_len) }
 }
 
-pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResult> {
+pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Vec<BlockResult> {
     let encoded = encode(shared, items);
-    let plans = admit::plan(shared, items, &encoded);
-    let outcomes = write::write(shared, items, &encoded, &plans);
-    let results = commit::commit(shared, items, &plans, outcomes);
+    let plans = admit::plan(shared, items, extras, &encoded);
+    let outcomes = write::write(shared, items, extras, &encoded, &plans);
+    let results = commit::commit(shared, items, extras, &plans, outcomes);
     shared.maybe_compact();
     reply(&plans, results)
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{Encoded, Plan};
+use super::{extra_of, Encoded, Plan, PutExtra};
 use crate::format::header::{BlockHeader, FLAG_COMPRESSED};
 use crate::format::{round_up_to_page, PAGE};
 use crate::io::aligned::{is_aligned, AlignedBuf};
@@ -18,6 +18,7 @@ pub(super) type Outcomes = HashMap<usize, Result<(), String>>;
 pub(super) fn write(
     shared: &Shared,
     items: &[(Vec<u8>, RawBuf)],
+    extras: &[PutExtra],
     encoded: &[Encoded],
     plans: &[Plan],
 ) -> Outcomes {
@@ -28,6 +29,7 @@ pub(super) fn write(
         let Plan::Write { hash, loc } = plan else { continue };
         let (key, buf) = &items[i];
         let mut header_page = AlignedBuf::zeroed(PAGE);
+        let meta = extra_of(extras, i).and_then(|x| x.meta.as_deref()).unwrap_or(&[]);
         BlockHeader {
             flags: if loc.compressed { FLAG_COMPRESSED } else { 0 },
             hash_algo: cfg.hash.code(),
@@ -37,7 +39,7 @@ pub(super) fn write(
             content_hash: *hash,
             key: key.clone(),
         }
-        .encode_into(header_page.as_mut_slice());
+        .encode_with_meta(meta, header_page.as_mut_slice());
         let mut iov = vec![iovec(header_page.as_ptr(), PAGE)];
         if loc.stored_len > 0 {
             if !loc.compressed && is_aligned(buf.ptr as usize, buf.len) {

@@ -1,0 +1,123 @@
+"""What the SSD keeps with each block beside its KV (the store's per-block metadata, in the
+block's header page): the block's token ids, parent hash, LoRA and vLLM's extra keys, so that a
+restarted worker can announce its recovered inventory to routers as vLLM `BlockStored` events.
+
+The encoding is compact (it also travels in the connector metadata with every stored block):
+token ids as little-endian u32, the rest length-prefixed; extra keys as JSON with tuples and
+bytes tagged. Unknown versions or damaged bytes decode to None (the block is still served; it
+is only announced without token ids).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from flexkv_py.coordinator.jobs import SpillJob, StoreJob
+from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
+from flexkv_py.integration.vllm.events import BlockOrigin, BlockOrigins
+from flexkv_py.integration.vllm.metadata import JobEntry
+
+VERSION = 1
+_PARENT, _LORA_ID, _LORA_NAME, _EXTRA = 1, 2, 4, 8
+# Bytes of a logical key before the engine's block hash (namespace prefix + variant).
+KEY_HEAD_LEN = PREFIX_LEN + VARIANT_LEN
+
+
+def _tag(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return {"t": [_tag(v) for v in value]}
+    if isinstance(value, bytes):
+        return {"b": value.hex()}
+    return value
+
+
+def _untag(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "t" in value:
+            return tuple(_untag(v) for v in value["t"])
+        return bytes.fromhex(value["b"])
+    return value
+
+
+def encode_origin(origin: BlockOrigin) -> bytes:
+    tokens = origin.token_ids
+    flags = (
+        (_PARENT if origin.parent_hash is not None else 0)
+        | (_LORA_ID if origin.lora_id is not None else 0)
+        | (_LORA_NAME if origin.lora_name is not None else 0)
+        | (_EXTRA if origin.extra_keys is not None else 0)
+    )
+    out = bytearray(struct.pack("<BBI", VERSION, flags, len(tokens)))
+    out += struct.pack(f"<{len(tokens)}I", *tokens)
+    if origin.parent_hash is not None:
+        out += struct.pack("<H", len(origin.parent_hash)) + origin.parent_hash
+    if origin.lora_id is not None:
+        out += struct.pack("<q", origin.lora_id)
+    if origin.lora_name is not None:
+        name = origin.lora_name.encode()
+        out += struct.pack("<H", len(name)) + name
+    if origin.extra_keys is not None:
+        extra = json.dumps(_tag(origin.extra_keys), separators=(",", ":")).encode()
+        out += struct.pack("<I", len(extra)) + extra
+    return bytes(out)
+
+
+def decode_origin(blob: bytes) -> BlockOrigin | None:
+    """The origin `encode_origin` wrote, or None for bytes of another version or damaged."""
+    try:
+        version, flags, n = struct.unpack_from("<BBI", blob, 0)
+        if version != VERSION:
+            return None
+        tokens = struct.unpack_from(f"<{n}I", blob, 6)
+        pos = 6 + 4 * n
+        parent = lora_id = lora_name = extra = None
+        if flags & _PARENT:
+            (ln,) = struct.unpack_from("<H", blob, pos)
+            parent = bytes(blob[pos + 2 : pos + 2 + ln])
+            pos += 2 + ln
+        if flags & _LORA_ID:
+            (lora_id,) = struct.unpack_from("<q", blob, pos)
+            pos += 8
+        if flags & _LORA_NAME:
+            (ln,) = struct.unpack_from("<H", blob, pos)
+            lora_name = bytes(blob[pos + 2 : pos + 2 + ln]).decode()
+            pos += 2 + ln
+        if flags & _EXTRA:
+            (ln,) = struct.unpack_from("<I", blob, pos)
+            extra = _untag(json.loads(bytes(blob[pos + 4 : pos + 4 + ln])))
+            pos += 4 + ln
+        if pos != len(blob):
+            return None
+        return BlockOrigin(parent, tokens, lora_id, lora_name, extra)
+    except (struct.error, ValueError, KeyError, TypeError):
+        return None
+
+
+def parent_key(key: bytes, origin: BlockOrigin | None) -> bytes | None:
+    """The logical key of `key`'s chain parent (same namespace and variant), if it has one."""
+    if origin is None or origin.parent_hash is None:
+        return None
+    return key[:KEY_HEAD_LEN] + origin.parent_hash
+
+
+def with_block_metas(entries: Sequence[JobEntry], origins: BlockOrigins) -> list[JobEntry]:
+    """The step's jobs with each stored or spilled block's parent and metadata filled in from
+    what the scheduler remembers of it (blocks it no longer remembers go without)."""
+    out: list[JobEntry] = []
+    for entry in entries:
+        job = entry.job
+        if isinstance(job, StoreJob | SpillJob) and not job.metas and job.keys:
+            found = [origins.get(k[KEY_HEAD_LEN:]) for k in job.keys]
+            if any(o is not None for o in found):
+                job = dataclasses.replace(
+                    job,
+                    parents=tuple(parent_key(k, o) for k, o in zip(job.keys, found, strict=True)),
+                    metas=tuple(None if o is None else encode_origin(o) for o in found),
+                )
+                entry = dataclasses.replace(entry, job=job)
+        out.append(entry)
+    return out

@@ -1,0 +1,94 @@
+"""The worker's shutdown drain: host blocks that never reached the SSD are written to it within
+a budget (`shutdown_drain_s`), so a restart finds them (write-behind owes at most its lag).
+
+vLLM calls the connector's `shutdown` only after the last step, so the scheduler can hand out no
+more write-behind jobs then; each worker therefore remembers which of its host slots hold a block
+that is readable and not on the SSD (a store that committed to host only), and forgets a slot as
+soon as a job fills it again, writes it to the SSD, or the cache is reset. Only blocks whose store
+succeeded are kept, so a drain never persists KV that is not the key's. The drain writes oldest
+first (parents before their children), in batches, each bounded by what is left of the budget; a
+stuck device leaves the rest unwritten and the slots fenced (late_io.py), never a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from flexkv_py.coordinator.jobs import LoadJob, SpillJob, StoreJob
+from flexkv_py.index.tier_names import Tier
+
+logger = logging.getLogger(__name__)
+
+DRAIN_BATCH = 64
+
+
+class HostOnlyBlocks:
+    """Host slot -> (key, parent, meta) of a committed block with no SSD copy on this worker."""
+
+    def __init__(self) -> None:
+        self._by_slot: dict[int, tuple[bytes, bytes | None, bytes | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_slot)
+
+    def submitted(self, job: Any) -> None:
+        """A job is about to run: slots it fills or writes out no longer hold a host-only block."""
+        if isinstance(job, StoreJob):
+            self._forget(job.spill_slots)
+            self._forget(job.host_slots)
+        elif isinstance(job, LoadJob):
+            self._forget(job.spill_slots)
+            self._forget(
+                [
+                    s
+                    for s, src in zip(job.host_slots, job.sources, strict=True)
+                    if src is not Tier.HOST
+                ]
+            )
+        elif isinstance(job, SpillJob) and job.tier is Tier.SSD:
+            self._forget(job.host_slots)
+
+    def finished(self, job: StoreJob, result: Any) -> None:
+        """A store ended: its blocks committed to host and not written to the SSD are owed."""
+        failed = result.failed
+        on_ssd = set(job.writes_to(Tier.SSD))
+        not_written = result.write_failed_on(Tier.SSD)
+        for i, (key, slot) in enumerate(zip(job.keys, job.host_slots, strict=True)):
+            if key in failed or (i in on_ssd and key not in not_written):
+                continue
+            parent = job.parents[i] if job.parents else None
+            meta = job.metas[i] if job.metas else None
+            self._by_slot[slot] = (key, parent, meta)
+
+    def reset(self) -> None:
+        self._by_slot.clear()
+
+    def _forget(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            self._by_slot.pop(s, None)
+
+    def drain(self, ssd: Any, pool: Any, late_io: Any, budget_s: float) -> tuple[int, bool]:
+        """Write the owed blocks to `ssd` within `budget_s`; (blocks written, device stuck)."""
+        deadline = time.monotonic() + budget_s
+        owed = list(self._by_slot.items())
+        written = 0
+        addr, nbytes = pool.slot_address, pool.slot_nbytes
+        for lo in range(0, len(owed), DRAIN_BATCH):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            part = owed[lo : lo + DRAIN_BATCH]
+            slots = [s for s, _ in part]
+            items = [(k, (addr(s), nbytes)) for s, (k, _, _) in part]
+            batch = ssd.submit_put(
+                items, parents=[p for _, (_, p, _) in part], metas=[m for _, (_, _, m) in part]
+            )
+            results = late_io.wait(batch, slots, "write", Tier.SSD, left)
+            if results is None:  # a stuck device: its slots stay fenced, the rest waits no more
+                return written, True
+            written += sum(1 for r in results if r.ok)
+            self._forget(slots)
+        return written, False
