@@ -62,6 +62,18 @@ class HostEviction(ManagerState):
             and self.index.begin_write(v.key, tier)
         )
 
+    def _take_drops(self) -> dict[Tier, tuple[bytes, ...]]:
+        """The lower-tier evictions the index chose since the last call (to make room for
+        writes begun since): the next job deletes them before it writes anything. Announced
+        and counted here."""
+        taken = self.index.take_lower_evictions()
+        for tier, keys in taken.items():
+            for key in keys:
+                self._event("removed", key, tier)
+            self._stats[f"{tier.value}_evicted_blocks"] += len(keys)
+            self._stats[f"{tier.value}_index_evicted_blocks"] += len(keys)
+        return {tier: tuple(keys) for tier, keys in taken.items()}
+
     def _drop(self, v: Victim) -> None:
         self.index.finish_evict(v.key)
         self._event("removed", v.key, Tier.HOST)
@@ -105,6 +117,7 @@ class HostEviction(ManagerState):
             keys=tuple(v.key for v in self._spill_batch),
             host_slots=tuple(v.host_slot for v in self._spill_batch),
             tier=self.spill_tier,
+            drop_first=self._take_drops(),  # room the index made for these writes
         )
         self._spill_batch = []
         self._inflight[job.job_id] = job

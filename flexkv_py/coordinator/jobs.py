@@ -77,6 +77,8 @@ class StoreJob:
     spill_keys: tuple[bytes, ...] = ()
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
@@ -100,6 +102,8 @@ class LoadJob:
     spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
     @property
     def all_from_host(self) -> bool:
@@ -120,6 +124,8 @@ class SpillJob:
     tier: Tier = Tier.SSD
     kind: JobKind = "spill"
     gpu_block_ids: None = None
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,17 @@ class CacheManager(StorePlanner, LoadPlanner):
         return self.index.known(key)
 
     def lookup(self, keys: Sequence[bytes]) -> int:
-        """Leading keys readable from some tier (host, lower tiers)."""
-        hit = self.index.readable_prefix(keys)
+        """Leading keys readable from some tier (host, lower tiers), at most as many as one load
+        can hold in host slots now (every block of a load sits in one: its own, or one it is
+        staged through), so a hit is never promised that the load must fail."""
+        hit = self.index.loadable(keys, self.index.readable_prefix(keys))
         self.count_lookup(hit)
         return hit
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """The engine used these cached blocks from its own (GPU) prefix cache: they count as
+        recently used here too, so the tiers below keep what the GPU keeps using."""
+        self.index.touch(keys)
 
     def readable_hashes(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
         """Index of the first unreadable key head + hashes[i] in [start, stop) (stop if none),
@@ -58,8 +65,15 @@ class CacheManager(StorePlanner, LoadPlanner):
         with self._lock:
             self._flush_spills()
             self.take_write_behind()  # only when nothing else is queued (write_behind.py)
+            self._drop_evicted()
             jobs, self._background = self._background, []
             return jobs
+
+    def _drop_evicted(self) -> None:
+        """Evictions no write job took (an adoption over capacity): deleted before the rest."""
+        drops = self._take_drops()
+        for tier, keys in reversed(drops.items()):
+            self._background.insert(0, DropJob(next(self._ids), keys, (tier,)))
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
@@ -80,6 +94,8 @@ class CacheManager(StorePlanner, LoadPlanner):
                 else:
                     self._complete_spill(job, result)
             for tier, keys in result.evicted.items():
+                # The store's own eviction: a safety net that fires only if sizes are wrong.
+                self._stats[f"{tier.value}_store_evicted_blocks"] += len(keys)
                 for key in self.index.set_present(keys, tier, False):
                     self._event("removed", key, tier)
                     self._stats[f"{tier.value}_evicted_blocks"] += 1

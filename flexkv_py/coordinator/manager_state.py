@@ -16,9 +16,10 @@ from typing import Literal
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.jobs import Job
-from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import Victim
+from flexkv_py.index.lower_capacity import store_capacity_blocks
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
@@ -27,6 +28,16 @@ from flexkv_py.index.tier_names import Tier
 Medium = Literal["CPU", "SSD", "OBJECT"]
 # The medium each tier's KV events name (vLLM's "CPU" for host memory).
 MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
+
+
+def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> int:
+    """Blocks one rank's SSD store holds: its share of ssd_cache_gb over its directories, each
+    block a whole host slot (index/lower_capacity.py)."""
+    return store_capacity_blocks(
+        namespace.rank_share(config.ssd_cache_bytes),
+        len(config.ssd_cache_dir),
+        slot_nbytes_for(page_bytes),
+    )
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,10 @@ class ManagerState:
             usable_host_slots=usable_host_slots,
             keep_chains=keep_chains,
         )
+        if self.spill_tier is Tier.SSD:  # the index decides every SSD eviction
+            self.index.set_lower_capacity(
+                Tier.SSD, ssd_capacity_blocks(config, namespace, page_bytes)
+            )
         # Host blocks owed to the spill tier in the background (write_behind.py); None: off.
         self._write_behind: WriteBehindQueue | None = None
         if self.spill_tier is not None and config.write_behind_lag_s > 0:

@@ -75,6 +75,7 @@ class StorePlanner(WriteBehind):
                     write_tiers=tuple(self._write_tiers(keys[i]) for i in todo),
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
+                    drop_first=self._take_drops(),  # after write_tiers: room for its writes
                 )
                 self._inflight[job.job_id] = job
             self._keep_reserve()

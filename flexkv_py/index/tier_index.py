@@ -37,7 +37,7 @@ per block. `_add` / `_get` warm a cold block (a load pins it, a write to another
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
@@ -67,10 +67,10 @@ class TierIndex(IndexCore):
             for key in keys:
                 e = entries.get(key)
                 if e is None:  # a cold block? it warms up to be pinned
-                    lower = self._cold.take(key)
-                    if not lower:
+                    cold = self._cold.take(key)
+                    if not cold[0]:
                         break
-                    e = self._add(key, lower)
+                    e = self._add(key, cold)
                 tier = e.best_tier()
                 if tier is None:
                     break
@@ -90,7 +90,7 @@ class TierIndex(IndexCore):
                 if e is not None:
                     e.hits += 1
                     self._policy.touch(key)
-                elif self._cold.has(key):  # a cold block's count lives in the ghost map
+                elif self._cold.touch(key):  # recency in its sets; the count in the ghost map
                     self._remember_hits(key, self._ghost.get(key, 0) + 1)
 
     def pin(self, keys: Iterable[bytes]) -> None:
@@ -162,6 +162,8 @@ class TierIndex(IndexCore):
                 e = entries.get(key)
                 if e is None:
                     e = self._add(key)
+                    if not e.lower:  # not a cold block warming: cached for the first time
+                        self._born(e, parent if parent != key else None)
                 elif e.host_slot is not None or e.stale:
                     raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
                 e.host_slot = slot
@@ -239,7 +241,10 @@ class TierIndex(IndexCore):
             e = self._get(key)
             if (e.lower | e.pending) & bit or e.stale:
                 return False
+            if not self._make_room(tier, 1, keeps_host=e.host_slot is not None and not e.evicting):
+                return False
             e.pending |= bit
+            self._warm_on[tier] += 1
             return True
 
     def readable_on(self, key: bytes, tier: Tier) -> bool:
@@ -259,6 +264,8 @@ class TierIndex(IndexCore):
             e.pending &= ~bit
             if ok:
                 e.lower |= bit
+            else:
+                self._warm_on[tier] -= 1
             self._settle(key, e)
 
     def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
@@ -283,20 +290,75 @@ class TierIndex(IndexCore):
                     if not present:
                         continue
                     e = self._add(key)
+                before = e.lower | e.pending
                 if present:
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
+                        self._on_moved(before, e.lower | e.pending)
                         changed.append(key)
                         self._refresh(key, e)  # a chain parent with a lower copy may leave host
                 elif e.lower & bit:
                     e.lower &= ~bit
+                    self._on_moved(before, e.lower | e.pending)
                     changed.append(key)
                     self._settle(key, e)
             if present:
                 changed += self._cold.add_on(cold, tier)
+                self._make_room(tier, 0)  # a store larger than the capacity (resized)
             else:
-                changed += [k for k in dict.fromkeys(cold) if self._cold.discard_on(k, tier)]
+                for k in dict.fromkeys(cold):
+                    gone, up = self._cold.discard_on(k, tier)
+                    if gone:
+                        changed.append(k)
+                        if up is not None and not self._cold.has(k):
+                            self._kid_dropped(up)  # left every tier
         return changed
+
+    def link_parents(self, parents: Mapping[bytes, bytes]) -> int:
+        """Chain links of blocks adopted at a restart (child key -> parent key, both cached):
+        each child is counted against its parent, so eviction stays tail-first. Returns how
+        many links were made; children linked already, or whose parent is not cached, are
+        skipped."""
+        with self._lock:
+            cold_kids: list[bytes] = []
+            cold_ups: list[bytes] = []
+            made = 0
+            entries = self._entries
+            for child, parent in parents.items():
+                if child == parent:
+                    continue
+                e = entries.get(child)
+                if e is not None:
+                    if e.up is None and e.readable:
+                        self._born(e, parent)
+                        made += e.up is not None
+                elif parent not in entries:
+                    cold_kids.append(child)
+                    cold_ups.append(parent)
+            if cold_kids:
+                made += self._cold.link(cold_kids, cold_ups)
+            return made
+
+    def set_lower_capacity(self, tier: Tier, blocks: int | None) -> None:
+        """How many blocks `tier` holds (None: unbounded, its store evicts on its own). The
+        index then chooses every eviction there before it begins a write (`take_lower_
+        evictions` hands out the deletes); a full tier evicts at once."""
+        if blocks is not None and blocks < 0:
+            raise ValueError(f"capacity of {tier.value}: must be >= 0 blocks, got {blocks}")
+        with self._lock:
+            if blocks is None:
+                self._capacity.pop(tier, None)
+            else:
+                self._capacity[tier] = blocks
+                self._make_room(tier, 0)
+
+    def take_lower_evictions(self) -> dict[Tier, list[bytes]]:
+        """Per lower tier, the blocks the index evicted since the last call: gone from the
+        index already, their deletes must reach the tier before any write that needs the room
+        (the manager sends them first in the next job)."""
+        with self._lock:
+            out, self._lower_evicted = self._lower_evicted, {}
+            return {t: keys for t, keys in out.items() if keys}
 
     def reset(self) -> list[tuple[bytes, Entry]]:
         """Forget every key. Idle ones are removed now (returned, so their lower-tier copies can
@@ -306,8 +368,10 @@ class TierIndex(IndexCore):
             removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
             cold.clear()
             self._children.clear()
+            self._kids.clear()
+            self._lower_evicted.clear()
             for key, e in list(self._entries.items()):
-                e.stale, e.parent = True, None
+                e.stale, e.parent, e.up = True, None, None
                 self._policy.remove(key)
                 if (
                     e.pins == 0
@@ -321,6 +385,9 @@ class TierIndex(IndexCore):
                     self._heads.remove(key)
                     removed.append((key, e))
             self._ghost.clear()
+            left = [e.lower | e.pending for e in self._entries.values()]
+            for tier, bit in TIER_BIT.items():  # what stale blocks still hold or write
+                self._warm_on[tier] = sum(bool(m & bit) for m in left)
         return removed
 
     def take_garbage(self) -> dict[Tier, list[bytes]]:
