@@ -15,7 +15,7 @@ result dispatch, the restart inventory, reset and stats.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
@@ -105,15 +105,26 @@ class CacheManager(StorePlanner, LoadPlanner):
 
     # ------------------------------------------------------------------ inventory / reset
     def adopt_ssd_keys(
-        self, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+        self,
+        keys_per_rank: Sequence[Collection[bytes]],
+        *,
+        adopt: bool = True,
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> int:
         """Restart: index the blocks every rank's SSD tier holds (from JobExecutor.stored_keys).
         Blocks only some ranks hold are useless and get deleted. Returns how many were adopted.
-        `adopt` False (the cache was reset before the reports came): delete them all."""
-        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt)
+        `adopt` False (the cache was reset before the reports came): delete them all.
+        `parents`: logical key -> its chain parent's logical key (what the store persisted),
+        so eviction stays tail-first across restarts; None: blocks adopted unlinked."""
+        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt, parents=parents)
 
     def adopt_keys(
-        self, tier: Tier, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+        self,
+        tier: Tier,
+        keys_per_rank: Sequence[Collection[bytes]],
+        *,
+        adopt: bool = True,
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
@@ -135,6 +146,10 @@ class CacheManager(StorePlanner, LoadPlanner):
                 kept = set(common)
                 orphans = sorted({k for ks in owned for k in ks if k not in kept})
             adopted = self.index.set_present(common, tier, True)
+            if parents:
+                self.index.link_parents(parents)
+            self.index.fit_lower_capacity(tier)  # linked first: what goes is chain tails
+            self._drop_evicted()
             # Only the newest max_events fit the event queue: the older would be dropped unread.
             maxlen = self._events.maxlen or len(adopted)
             for key in adopted[-maxlen:]:

@@ -82,8 +82,9 @@ class ManagerState:
         # The lower tier that blocks leaving the host tier are written to (None: none exists).
         self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
         # Prefix-aware host eviction matters where a victim can be dropped: no spill tier, or an
-        # admission filter that leaves some victims out. Otherwise every victim stays
-        # matchable from the spill tier and the policy's own order is kept.
+        # admission filter that leaves some victims out. Otherwise a victim stays matchable
+        # from the spill tier and the policy's own order is kept (a full SSD can still refuse
+        # one: its children are orphans then, never written down, index/index_core.py).
         keep_chains = self.spill_tier is None or config.admission_spec.min_hits > 1
         self.index = TierIndex(
             slots,

@@ -156,6 +156,10 @@ class ColdBlocks:
     def drop_kid(self, up: bytes) -> bool:
         return self._chains.drop_kid(up)
 
+    def has_digest(self, up: bytes) -> bool:
+        """Is the block with this digest cold on the chain tier?"""
+        return self._chains.has_digest(up)
+
     def kids_of(self, key: bytes) -> int | None:
         return self._chains.kids_of(key) if len(key) > HEAD_LEN else None
 

@@ -151,6 +151,13 @@ class IndexCore(IndexReads):
         else:
             del self._kids[up]
 
+    def _orphan(self, e: Entry) -> bool:
+        """The block's chain parent left every tier: no prefix match reaches it any more, so
+        it is not worth a lower-tier write. (A live parent holds the count of its children:
+        `_kids` while warm, the chain set while cold.)"""
+        up = e.up
+        return up is not None and up not in self._kids and not self._cold.has_digest(up)
+
     def _born(self, e: Entry, parent: bytes | None) -> None:
         """A block cached for the first time: count it against its (cached) parent."""
         if parent is not None and (parent in self._entries or self._cold.has(parent)):
@@ -209,3 +216,6 @@ class IndexCore(IndexReads):
                 self._remember_hits(key, e.hits)
                 if e.up is not None:  # left every tier: its parent loses a cached child
                     self._kid_dropped(e.up)
+                # Its cached children (if any) are orphans now: forget its count, so that
+                # they are seen as such (`_orphan`).
+                self._kids.pop(key_digest(key), None)

@@ -239,7 +239,7 @@ class TierIndex(IndexCore):
             if key not in self._entries and self._cold.on(key, tier):
                 return False  # already there: the cold block stays cold
             e = self._get(key)
-            if (e.lower | e.pending) & bit or e.stale:
+            if (e.lower | e.pending) & bit or e.stale or self._orphan(e):
                 return False
             if not self._make_room(tier, 1, keeps_host=e.host_slot is not None and not e.evicting):
                 return False
@@ -304,7 +304,6 @@ class TierIndex(IndexCore):
                     self._settle(key, e)
             if present:
                 changed += self._cold.add_on(cold, tier)
-                self._make_room(tier, 0)  # a store larger than the capacity (resized)
             else:
                 for k in dict.fromkeys(cold):
                     gone, up = self._cold.discard_on(k, tier)
@@ -351,6 +350,11 @@ class TierIndex(IndexCore):
             else:
                 self._capacity[tier] = blocks
                 self._make_room(tier, 0)
+
+    def fit_lower_capacity(self, tier: Tier) -> None:
+        """Evict down to `tier`'s capacity (a restart adopted a store larger than it is now)."""
+        with self._lock:
+            self._make_room(tier, 0)
 
     def take_lower_evictions(self) -> dict[Tier, list[bytes]]:
         """Per lower tier, the blocks the index evicted since the last call: gone from the

@@ -276,6 +276,12 @@ impl PyBlockSet {
         self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
     }
 
+    /// Is the block with this digest here?
+    fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
+        let d = to_digest(digest, 0)?;
+        Ok(self.locked(py, |s| s.contains(&d)))
+    }
+
     /// Count one more cached child against the block with digest `parent`; False if absent.
     fn add_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
         let d = to_digest(parent, 0)?;
