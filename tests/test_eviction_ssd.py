@@ -104,7 +104,7 @@ def test_adopted_chains_with_parents_evict_from_the_tail(tmp_path: Path) -> None
 
 def test_adopted_blocks_without_parents_evict_in_store_order(tmp_path: Path) -> None:
     mgr, keys, drops = _adopt(tmp_path, parents=False)
-    assert mgr.index.readable_prefix(keys) == 0  # as before parents: the oldest (the head) went first
+    assert mgr.index.readable_prefix(keys) == 0  # no parents: the oldest (the head) went first
     assert sorted(drops) == sorted(keys[:37])
 
 
