@@ -53,14 +53,15 @@ class HostEviction(ManagerState):
 
     def _needs_spill(self, v: Victim) -> bool:
         """Should this victim reach the spill tier before its slot is reused? Marks the write in
-        flight."""
+        flight. A victim the tier has no room for is dropped (counted: its cached children, if
+        any, are orphans from then on)."""
         tier = self.spill_tier
-        return (
-            tier is not None
-            and tier not in v.lower
-            and self.admission.admit_on_evict(v.hits)
-            and self.index.begin_write(v.key, tier)
-        )
+        if tier is None or tier in v.lower or not self.admission.admit_on_evict(v.hits):
+            return False
+        if self.index.begin_write(v.key, tier):
+            return True
+        self._stats[f"{tier.value}_spill_refused_blocks"] += 1
+        return False
 
     def _take_drops(self) -> dict[Tier, tuple[bytes, ...]]:
         """The lower-tier evictions the index chose since the last call (to make room for

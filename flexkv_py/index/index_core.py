@@ -122,7 +122,8 @@ class IndexCore(IndexReads):
             assert isinstance(key, bytes)
             e = entries[key]
             if e.lower & bit and e.host_readable and not e.pins and not e.evicting:
-                copies.append((key, e))
+                if not (self.keep_chains and key in self._children):  # else no longer evictable
+                    copies.append((key, e))
         for key, e in copies:
             e.lower &= ~bit
             self._warm_on[tier] -= 1
