@@ -1,8 +1,12 @@
 """Tier index: logical key -> where the block lives (host slot, lower tiers: SSD, object store).
 
 Source of truth. What the scheduler may promise is decided here and nowhere else: a lookup hit,
-a load's source tier, an eviction and the KV events all read this index. The worker-side stores
-hold the bytes and may lose them (device errors, their own capacity eviction); they report each
+a load's source tier, an eviction and the KV events all read this index. It also decides every
+lower-tier eviction: it knows each tier's capacity in blocks (`set_lower_capacity`, from the
+store's on-disk layout: lower_capacity.py) and chooses victims before it begins a write
+(index_core.py `_make_room`); their deletes travel first in the job that needs the room
+(`drop_first`). The worker-side stores hold the bytes and may still lose them (device errors;
+their own capacity eviction, a safety net that fires only if sizes are wrong); they report each
 loss (`JobResult.evicted`, a failed read) and the index forgets the copy. The index, not the
 stores, is the truth because only it sees every tier at once and every job in flight: pins,
 pending writes and stale (reset) keys exist nowhere else, and the next features need exactly

@@ -12,7 +12,9 @@
 //! ~11 bytes per key). 32-45 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
 //! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
 //! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
-//! they span some: at millions of keys, lookups are otherwise dominated by page walks.
+//! they span some: at millions of keys, lookups are otherwise dominated by page walks. A set
+//! made `with_chains` also keeps a 20-byte chain link per node (block_set_chains.rs) and two
+//! LRU lists, chain tails and inner blocks; `pop_front` takes tails only.
 
 use std::ops::Range;
 
@@ -134,7 +136,13 @@ impl Default for BlockSet {
 
 impl BlockSet {
     pub fn new() -> Self {
-        BlockSet { table: Slots::new(), nodes: Vec::new(), links: Vec::new(), chained: false, ends: [(NIL, NIL); 2] }
+        BlockSet {
+            table: Slots::new(),
+            nodes: Vec::new(),
+            links: Vec::new(),
+            chained: false,
+            ends: [(NIL, NIL); 2],
+        }
     }
 
     /// A set whose nodes keep chain links (block_set_chains.rs): 20 bytes more per node.

@@ -105,5 +105,79 @@ pub fn find_records(head: &[u8], hashes: &[u8], hash_len: usize, wanted: &HashSe
     if hash_len == 0 || wanted.is_empty() {
         return Vec::new();
     }
-    hashes.chunks_exact(hash_len).enumerate().filter(|(_, h)| wanted.contains(&digest(head, h))).map(|(i, _)| i).collect()
+    hashes
+        .chunks_exact(hash_len)
+        .enumerate()
+        .filter(|(_, h)| wanted.contains(&digest(head, h)))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(i: u8) -> Digest {
+        [i; 16]
+    }
+
+    /// A chain 1 <- 2 <- 3 (3 extends 2 extends 1), as the owner builds it.
+    fn chain() -> BlockSet {
+        let mut s = BlockSet::with_chains();
+        s.insert_chained(d(1), NO_PARENT, 0).unwrap();
+        for i in 2..=3 {
+            s.insert_chained(d(i), d(i - 1), 0).unwrap();
+            assert!(s.add_kid(&d(i - 1)));
+        }
+        s
+    }
+
+    #[test]
+    fn tails_go_first_and_their_parents_follow() {
+        let mut s = chain();
+        assert_eq!(s.kids(&d(1)), Some(1));
+        assert_eq!(s.pop_tail(), Some((d(3), d(2), true)));
+        assert_eq!(s.pop_tail(), Some((d(2), d(1), true)));
+        assert_eq!(s.pop_tail(), Some((d(1), NO_PARENT, false)));
+        assert_eq!(s.pop_tail(), None);
+    }
+
+    #[test]
+    fn a_block_held_by_a_child_elsewhere_is_never_a_tail() {
+        let mut s = BlockSet::with_chains();
+        s.insert_chained(d(1), NO_PARENT, 1).unwrap(); // its child lives outside the set
+        s.insert_chained(d(2), NO_PARENT, 0).unwrap();
+        assert_eq!(s.pop_front(), Some(d(2)));
+        assert_eq!(s.pop_front(), None);
+        assert!(s.drop_kid(&d(1)));
+        assert_eq!(s.pop_front(), Some(d(1)));
+    }
+
+    #[test]
+    fn links_survive_the_swap_removal() {
+        let mut s = chain();
+        s.insert_chained(d(9), NO_PARENT, 0).unwrap();
+        assert_eq!(s.take_chained(&d(1)), Some((NO_PARENT, 1))); // d(9) moves into its place
+        assert_eq!(s.take_chained(&d(2)), Some((d(1), 1)));
+        assert_eq!(s.kids(&d(9)), Some(0));
+        assert_eq!(s.take_chained(&d(3)), Some((d(2), 0)));
+        assert!(!s.link(&d(9), &d(3))); // the parent is gone
+    }
+
+    #[test]
+    fn plain_sets_keep_no_links() {
+        let mut s = BlockSet::new();
+        s.insert_chained(d(1), d(2), 3).unwrap();
+        assert!(!s.add_kid(&d(1)));
+        assert_eq!(s.kids(&d(1)), Some(0));
+        assert_eq!(s.pop_front(), Some(d(1)));
+    }
+
+    #[test]
+    fn records_are_found_by_digest() {
+        let head = b"head";
+        let hashes = b"aabbcc".to_vec();
+        let wanted: HashSet<Digest> = [digest(head, b"cc"), digest(head, b"aa")].into();
+        assert_eq!(find_records(head, &hashes, 2, &wanted), vec![0, 2]);
+    }
 }

@@ -304,7 +304,11 @@ impl PyBlockSet {
 
     /// Evict up to `n` chain tails, least recently used first (a parent left without a child
     /// here is a tail at once): (digest, the parent's digest when it is not in this set).
-    fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>> {
+    fn pop_tails<'py>(
+        &self,
+        py: Python<'py>,
+        n: i64,
+    ) -> PyResult<Vec<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>> {
         let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
         let popped: Vec<(Digest, Digest, bool)> =
             self.locked_for(py, n, |s| std::iter::from_fn(|| s.pop_tail()).take(n).collect());
@@ -325,10 +329,18 @@ impl PyBlockSet {
 
     /// Link adopted blocks: `children[i]` extends `parents[i]` (keys, both present). Returns
     /// how many links were made (absent or already linked children are skipped).
-    fn link_keys(&self, py: Python<'_>, children: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn link_keys(
+        &self,
+        py: Python<'_>,
+        children: &Bound<'_, PyAny>,
+        parents: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
         let n = seq_len(children, "children")?;
         if seq_len(parents, "parents")? != n {
-            return Err(PyValueError::new_err(format!("{n} children but {} parents", seq_len(parents, "parents")?)));
+            return Err(PyValueError::new_err(format!(
+                "{n} children but {} parents",
+                seq_len(parents, "parents")?
+            )));
         }
         let mut linked = 0;
         for at in (0..n).step_by(CHUNK) {

@@ -50,7 +50,10 @@ pub(super) fn borrow_bytes<'py>(
     Ok(out)
 }
 
-pub(super) fn as_sequence<'a, 'py>(seq: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'py, PySequence>> {
+pub(super) fn as_sequence<'a, 'py>(
+    seq: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<&'a Bound<'py, PySequence>> {
     let not_a_sequence =
         || PyTypeError::new_err(format!("{what} must be a sequence of bytes, not {}", type_name(seq)));
     // bytes and str are sequences too, of ints and of str: one is a key passed where a list goes.
@@ -101,4 +104,3 @@ pub(super) fn slices<'a>(objs: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
 pub(super) fn to_digest(b: &[u8], i: usize) -> PyResult<Digest> {
     b.try_into().map_err(|_| PyValueError::new_err(format!("digests[{i}] must be 16 bytes, got {}", b.len())))
 }
-
