@@ -16,6 +16,9 @@ use pyo3::types::PyBytes;
 use super::block_set_args::{borrow_bytes, for_chunks, seq_len, slices, span, to_digest, type_name, CHUNK};
 use crate::index::block_set::{digest, find_records, BlockSet, Digest, SetError, NO_PARENT};
 
+/// An evicted chain tail: its digest, and its parent's when that parent is not in the set.
+type Evicted<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
+
 /// Below this many keys a call keeps the GIL.
 const DETACH_MIN: usize = 64;
 /// `prefix_run` borrows hashes in chunks growing 8x from this, so a miss early in a long
@@ -304,11 +307,7 @@ impl PyBlockSet {
 
     /// Evict up to `n` chain tails, least recently used first (a parent left without a child
     /// here is a tail at once): (digest, the parent's digest when it is not in this set).
-    fn pop_tails<'py>(
-        &self,
-        py: Python<'py>,
-        n: i64,
-    ) -> PyResult<Vec<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>> {
+    fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<Evicted<'py>>> {
         let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
         let popped: Vec<(Digest, Digest, bool)> =
             self.locked_for(py, n, |s| std::iter::from_fn(|| s.pop_tail()).take(n).collect());
