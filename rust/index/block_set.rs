@@ -311,36 +311,22 @@ impl BlockSet {
         })
     }
 
-    /// Append `idx` at the most recent end of its list (per its `kids`).
-    fn link_back(&mut self, idx: u32) {
+    /// Put `idx` at one end of its list (per its `kids`): the most recent (`back`), or the
+    /// least recent, the next to go.
+    fn link_end(&mut self, idx: u32, back: bool) {
         let list = self.list_of(idx);
-        let old = self.ends[list].1;
-        {
-            let node = &mut self.nodes[idx as usize];
-            node.prev = old;
-            node.next = NIL;
+        let old = if back { self.ends[list].1 } else { self.ends[list].0 };
+        let node = &mut self.nodes[idx as usize];
+        (node.prev, node.next) = if back { (old, NIL) } else { (NIL, old) };
+        match (old, back) {
+            (NIL, _) => self.ends[list] = (idx, idx),
+            (o, true) => (self.nodes[o as usize].next, self.ends[list].1) = (idx, idx),
+            (o, false) => (self.nodes[o as usize].prev, self.ends[list].0) = (idx, idx),
         }
-        match old {
-            NIL => self.ends[list].0 = idx,
-            o => self.nodes[o as usize].next = idx,
-        }
-        self.ends[list].1 = idx;
     }
 
-    /// Put `idx` at the least recent end of its list (the next to go).
-    fn link_front(&mut self, idx: u32) {
-        let list = self.list_of(idx);
-        let old = self.ends[list].0;
-        {
-            let node = &mut self.nodes[idx as usize];
-            node.prev = NIL;
-            node.next = old;
-        }
-        match old {
-            NIL => self.ends[list].1 = idx,
-            o => self.nodes[o as usize].prev = idx,
-        }
-        self.ends[list].0 = idx;
+    fn link_back(&mut self, idx: u32) {
+        self.link_end(idx, true);
     }
 
     fn unlink(&mut self, idx: u32) {

@@ -47,7 +47,7 @@ impl BlockSet {
             1 => {
                 self.unlink(idx);
                 self.links[idx as usize].kids = 0;
-                self.link_front(idx);
+                self.link_end(idx, false);
             }
             k => self.links[idx as usize].kids = k - 1,
         }
