@@ -193,7 +193,7 @@ class BlockSet:
     worker's store verifies the full key in the block header and answers not_found, and the
     block is recomputed. Thread-safe; calls over many keys release the GIL."""
 
-    def __init__(self) -> None: ...
+    def __new__(cls, chains: bool = False) -> BlockSet: ...
     def add(self, head: bytes, hash: bytes) -> bool:
         """True if newly added; adding a present key keeps its place in the LRU order."""
     def add_key(self, key: bytes) -> bool:
@@ -226,6 +226,24 @@ class BlockSet:
         """The 16-byte digest that (head, hash) is kept as."""
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
+    # Chain links (prefix-aware eviction order): parents are 16-byte digests (`digest`).
+    def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
+        """Add `key` extending the block with digest `parent`, `kids` children counted."""
+    def has_digest(self, digest: bytes) -> bool: ...
+    def add_kid(self, parent: bytes) -> bool: ...
+    def drop_kid(self, parent: bytes) -> bool: ...
+    def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:
+        """Remove `key`: (parent digest or None, children counted), None if absent."""
+    def pop_tails(self, n: int) -> list[tuple[bytes, bytes | None]]:
+        """Evict up to `n` chain tails (no counted child), least recently used first: (digest,
+        parent digest when that parent is not in this set; one here loses the child itself)."""
+    def kids_of(self, key: bytes) -> int | None: ...
+    def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
+    @staticmethod
+    def find_records(
+        head: bytes, hashes: bytes, hash_len: int, digests: Sequence[bytes]
+    ) -> list[int]:
+        """Positions of the `hash_len`-byte records of `hashes` whose digest is in `digests`."""
     def reserve(self, additional: int) -> None:
         """Room for `additional` more keys without regrowing (ValueError past the set's limit of
         2**32 - 2 keys, MemoryError when it cannot be allocated)."""
@@ -233,7 +251,6 @@ class BlockSet:
         """Forget every key and release the memory."""
     def nbytes(self) -> int:
         """Heap bytes held (table and arena capacities)."""
-
 
 def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ...
 def io_uring_available() -> bool: ...

@@ -28,6 +28,7 @@ from flexkv_py.config import FlexKVConfig, load_config, resolve_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.coordinator.planning import slot_nbytes_for
 from flexkv_py.errors import ConfigError
+from flexkv_py.index.lower_capacity import STORE_PAGE, SUPERBLOCK_PAGES, block_pages
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.private_files import make_private_dir
@@ -36,7 +37,6 @@ from flexkv_py.transfer import describe_kv_caches
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-SSD_HEADER_BYTES = 4096  # the store adds one header page per block
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,10 @@ def _config(opts: ReplayOptions, page_bytes: int, cpu: int, ssd: int, ssd_dir: s
     cpu_bytes = cpu * slot + slot // 2
     values: dict[str, Any] = {"cpu_cache_gb": cpu_bytes / GIB, "host_huge_pages": False}
     if ssd > 0:
-        ssd_bytes = max(ssd * (slot + SSD_HEADER_BYTES), cpu_bytes + slot) + (16 << 20)
+        # Exactly `ssd` blocks as the store lays them out (one directory), as the references
+        # assume; half a page of slack so float GiB rounds back to the same pages.
+        exact = (ssd * block_pages(slot) + SUPERBLOCK_PAGES) * STORE_PAGE + STORE_PAGE // 2
+        ssd_bytes = max(exact, cpu_bytes + slot)  # the config wants SSD > host
         values.update(ssd_cache_gb=ssd_bytes / GIB, ssd_cache_dir=ssd_dir)
     values.update(opts.overrides)
     return load_config(values, env={})  # embedded defaults: the environment does not leak in
@@ -309,6 +312,8 @@ def _run(
     for req in bar:
         keys, contents = ns.keys(req.keys), req.contents
         g = len(gpu.prefix_hits(keys))
+        if g:  # as a connector hears of the engine's own prefix hits: recency below too
+            engine.manager.touch(keys[:g])
         rest = keys[g:]
         blocks = gpu.allocate(len(rest), keep=keys[:g])
         loaded, load_bytes, load_s = 0, 0, 0.0
@@ -329,7 +334,9 @@ def _run(
         store_bytes, store_s = 0, 0.0
         if loaded < len(rest):
             t0 = time.perf_counter()
-            stored = engine.store(rest[loaded:], blocks[loaded:])
+            first = g + loaded  # the stored blocks extend the prefix before them
+            parent = keys[first - 1] if first else None
+            stored = engine.store(rest[loaded:], blocks[loaded:], parent=parent)
             store_s = time.perf_counter() - t0
             store_bytes = stored.num_ok * page_bytes
         gpu.insert(rest, blocks)

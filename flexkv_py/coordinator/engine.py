@@ -186,10 +186,16 @@ class CacheEngine:
         return self.manager.lookup(keys)
 
     def store(
-        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int],
+        timeout: float | None = None,
+        *,
+        parent: bytes | None = None,
     ) -> BlockOutcome:
-        """Store GPU blocks; waits for in-flight spills when the host tier is short of slots."""
-        return self._store(keys, gpu_block_ids, None, timeout)
+        """Store GPU blocks; waits for in-flight spills when the host tier is short of slots.
+        `parent`: the cached block keys[0] extends (prefix-aware eviction keeps it)."""
+        return self._store(keys, gpu_block_ids, None, timeout, parent)
 
     def store_pages(
         self, keys: Sequence[bytes], pages: Sequence[Buffer], timeout: float | None = None
@@ -205,6 +211,7 @@ class CacheEngine:
         gpu_block_ids: Sequence[int] | None,
         pages: Sequence[Buffer] | None,
         timeout: float | None,
+        parent: bytes | None = None,
     ) -> BlockOutcome:
         statuses: dict[bytes, str] = {}
         handles: list[JobHandle] = []
@@ -228,7 +235,7 @@ class CacheEngine:
             for start, end in bounds:
                 part = todo[start:end]
                 gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
-                parents = [keys[i - 1] if i else None for i in part]  # keys form a chain
+                parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
                 job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
                 if job is not None:
                     fill = None

@@ -53,14 +53,27 @@ class HostEviction(ManagerState):
 
     def _needs_spill(self, v: Victim) -> bool:
         """Should this victim reach the spill tier before its slot is reused? Marks the write in
-        flight."""
+        flight. A victim the tier has no room for is dropped (counted: its cached children, if
+        any, are orphans from then on)."""
         tier = self.spill_tier
-        return (
-            tier is not None
-            and tier not in v.lower
-            and self.admission.admit_on_evict(v.hits)
-            and self.index.begin_write(v.key, tier)
-        )
+        if tier is None or tier in v.lower or not self.admission.admit_on_evict(v.hits):
+            return False
+        if self.index.begin_write(v.key, tier):
+            return True
+        self._stats[f"{tier.value}_spill_refused_blocks"] += 1
+        return False
+
+    def _take_drops(self) -> dict[Tier, tuple[bytes, ...]]:
+        """The lower-tier evictions the index chose since the last call (to make room for
+        writes begun since): the next job deletes them before it writes anything. Announced
+        and counted here."""
+        taken = self.index.take_lower_evictions()
+        for tier, keys in taken.items():
+            for key in keys:
+                self._event("removed", key, tier)
+            self._stats[f"{tier.value}_evicted_blocks"] += len(keys)
+            self._stats[f"{tier.value}_index_evicted_blocks"] += len(keys)
+        return {tier: tuple(keys) for tier, keys in taken.items()}
 
     def _drop(self, v: Victim) -> None:
         self.index.finish_evict(v.key)
@@ -105,6 +118,7 @@ class HostEviction(ManagerState):
             keys=tuple(v.key for v in self._spill_batch),
             host_slots=tuple(v.host_slot for v in self._spill_batch),
             tier=self.spill_tier,
+            drop_first=self._take_drops(),  # room the index made for these writes
         )
         self._spill_batch = []
         self._inflight[job.job_id] = job

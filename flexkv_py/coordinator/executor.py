@@ -185,6 +185,8 @@ class JobExecutor:
         """Run `job`, the part of `shown` that can run; `fenced` keys of `shown` fail."""
         started = time.perf_counter()
         bodies = self._bodies
+        if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
+            bodies.delete(job.drop_first)
         if isinstance(job, DropJob):
             future: Future[JobResult] = Future()
             future.set_result(self._guard(job, started, lambda: bodies.drop(job, started)))

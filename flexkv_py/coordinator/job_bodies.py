@@ -387,6 +387,13 @@ class JobBodies:
         return nbytes
 
     # ------------------------------------------------------------------ spill / drop
+    def delete(self, drops: Mapping[Tier, Sequence[bytes]]) -> None:
+        """Delete blocks per tier (a DropJob, or a job's `drop_first`: room for its writes)."""
+        for tier, keys in drops.items():
+            lower = self.tiers.get(tier)
+            if lower is not None and keys:
+                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(keys))
+
     def spill(self, job: SpillJob, started: float) -> JobResult:
         failed = self.tier_batch(job.tier, True, job.keys, job.host_slots, job)
         return JobResult(
@@ -399,10 +406,7 @@ class JobBodies:
         )
 
     def drop(self, job: DropJob, started: float) -> JobResult:
-        for tier in job.tiers:
-            lower = self.tiers.get(tier)
-            if lower is not None:
-                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(job.keys))
+        self.delete(dict.fromkeys(job.tiers, job.keys))
         return JobResult(
             job.job_id, "drop", evicted=self.evicted(), seconds=time.perf_counter() - started
         )

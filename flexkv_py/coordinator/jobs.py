@@ -84,6 +84,8 @@ class StoreJob:
     # the SSD keeps with it (token ids, extra keys; see integration/vllm/block_meta.py).
     parents: tuple[bytes | None, ...] = ()
     metas: tuple[bytes | None, ...] = ()
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
@@ -107,6 +109,8 @@ class LoadJob:
     spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
     @property
     def all_from_host(self) -> bool:
@@ -129,6 +133,8 @@ class SpillJob:
     gpu_block_ids: None = None
     parents: tuple[bytes | None, ...] = ()  # as in StoreJob
     metas: tuple[bytes | None, ...] = ()
+    # Deletes the index chose to make room on lower tiers, done before any write of this job.
+    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class LoadPlanner(HostEviction):
             job = self.prepare_load(keys, gpu_block_ids)
             if job is None:
                 return []
-            if len(bounds) < 2 or job.spill_keys or not job.all_from_host:
+            if len(bounds) < 2 or job.spill_keys or job.drop_first or not job.all_from_host:
                 return [job]
             del self._inflight[job.job_id]
             del self._load_plans[job.job_id]
@@ -146,6 +146,7 @@ class LoadPlanner(HostEviction):
             spill_keys=tuple(v.key for v in chained),
             spill_slots=tuple(v.host_slot for v in chained),
             spill_tier=self.spill_tier or Tier.SSD,
+            drop_first=self._take_drops(),  # room the index made for the spills (eviction.py)
         )
         self._inflight[job.job_id] = job
         self._load_plans[job.job_id] = LoadPlan(promoted)

@@ -36,10 +36,17 @@ class CacheManager(StorePlanner, LoadPlanner):
         return self.index.known(key)
 
     def lookup(self, keys: Sequence[bytes]) -> int:
-        """Leading keys readable from some tier (host, lower tiers)."""
-        hit = self.index.readable_prefix(keys)
+        """Leading keys readable from some tier (host, lower tiers), at most as many as one load
+        can hold in host slots now (every block of a load sits in one: its own, or one it is
+        staged through), so a hit is never promised that the load must fail."""
+        hit = self.index.loadable(keys, self.index.readable_prefix(keys))
         self.count_lookup(hit)
         return hit
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """The engine used these cached blocks from its own (GPU) prefix cache: they count as
+        recently used here too, so the tiers below keep what the GPU keeps using."""
+        self.index.touch(keys)
 
     def readable_hashes(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
         """Index of the first unreadable key head + hashes[i] in [start, stop) (stop if none),
@@ -58,8 +65,15 @@ class CacheManager(StorePlanner, LoadPlanner):
         with self._lock:
             self._flush_spills()
             self.take_write_behind()  # only when nothing else is queued (write_behind.py)
+            self._drop_evicted()
             jobs, self._background = self._background, []
             return jobs
+
+    def _drop_evicted(self) -> None:
+        """Evictions no write job took (an adoption over capacity): deleted before the rest."""
+        drops = self._take_drops()
+        for tier, keys in reversed(drops.items()):
+            self._background.insert(0, DropJob(next(self._ids), keys, (tier,)))
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
@@ -80,6 +94,8 @@ class CacheManager(StorePlanner, LoadPlanner):
                 else:
                     self._complete_spill(job, result)
             for tier, keys in result.evicted.items():
+                # The store's own eviction: a safety net that fires only if sizes are wrong.
+                self._stats[f"{tier.value}_store_evicted_blocks"] += len(keys)
                 for key in self.index.set_present(keys, tier, False):
                     self._event("removed", key, tier)
                     self._stats[f"{tier.value}_evicted_blocks"] += 1
@@ -98,13 +114,17 @@ class CacheManager(StorePlanner, LoadPlanner):
         """Restart: index the blocks every rank's SSD tier holds (from JobExecutor.stored_keys).
         Blocks only some ranks hold are useless and get deleted. Returns how many were adopted.
         `adopt` False (the cache was reset before the reports came): delete them all.
-        `parents`: logical key -> its chain parent's (accepted, not used yet: s3-evict's
-        prefix-aware SSD adoption replaces this)."""
-        del parents
-        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt)
+        `parents`: logical key -> its chain parent's logical key (what the store persisted),
+        so eviction stays tail-first across restarts; None: blocks adopted unlinked."""
+        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt, parents=parents)
 
     def adopt_keys(
-        self, tier: Tier, keys_per_rank: Sequence[Collection[bytes]], *, adopt: bool = True
+        self,
+        tier: Tier,
+        keys_per_rank: Sequence[Collection[bytes]],
+        *,
+        adopt: bool = True,
+        parents: Mapping[bytes, bytes] | None = None,
     ) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
@@ -126,6 +146,10 @@ class CacheManager(StorePlanner, LoadPlanner):
                 kept = set(common)
                 orphans = sorted({k for ks in owned for k in ks if k not in kept})
             adopted = self.index.set_present(common, tier, True)
+            if parents:
+                self.index.link_parents(parents)
+            self.index.fit_lower_capacity(tier)  # linked first: what goes is chain tails
+            self._drop_evicted()
             # Only the newest max_events fit the event queue: the older would be dropped unread.
             maxlen = self._events.maxlen or len(adopted)
             for key in adopted[-maxlen:]:

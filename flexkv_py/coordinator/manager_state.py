@@ -16,9 +16,10 @@ from typing import Literal
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.jobs import Job
-from flexkv_py.coordinator.planning import host_slots_for
+from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import Victim
+from flexkv_py.index.lower_capacity import store_capacity_blocks
 from flexkv_py.index.namespace import PREFIX_LEN, Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
@@ -27,6 +28,16 @@ from flexkv_py.index.tier_names import Tier
 Medium = Literal["CPU", "SSD", "OBJECT"]
 # The medium each tier's KV events name (vLLM's "CPU" for host memory).
 MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
+
+
+def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> int:
+    """Blocks one rank's SSD store holds: its share of ssd_cache_gb over its directories, each
+    block a whole host slot (index/lower_capacity.py)."""
+    return store_capacity_blocks(
+        namespace.rank_share(config.ssd_cache_bytes),
+        len(config.ssd_cache_dir),
+        slot_nbytes_for(page_bytes),
+    )
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,9 @@ class ManagerState:
         # The lower tier that blocks leaving the host tier are written to (None: none exists).
         self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
         # Prefix-aware host eviction matters where a victim can be dropped: no spill tier, or an
-        # admission filter that leaves some victims out. Otherwise every victim stays
-        # matchable from the spill tier and the policy's own order is kept.
+        # admission filter that leaves some victims out. Otherwise a victim stays matchable
+        # from the spill tier and the policy's own order is kept (a full SSD can still refuse
+        # one: its children are orphans then, never written down, index/index_core.py).
         keep_chains = self.spill_tier is None or config.admission_spec.min_hits > 1
         self.index = TierIndex(
             slots,
@@ -82,6 +94,10 @@ class ManagerState:
             usable_host_slots=usable_host_slots,
             keep_chains=keep_chains,
         )
+        if self.spill_tier is Tier.SSD:  # the index decides every SSD eviction
+            self.index.set_lower_capacity(
+                Tier.SSD, ssd_capacity_blocks(config, namespace, page_bytes)
+            )
         # Host blocks owed to the spill tier in the background (write_behind.py); None: off.
         self._write_behind: WriteBehindQueue | None = None
         if self.spill_tier is not None and config.write_behind_lag_s > 0:

@@ -68,7 +68,9 @@ class StorePlanner(WriteBehind):
             passing = 0  # leading blocks streamed through reused slots (no host copy kept)
             if len(slots) < len(todo):
                 if gpu_block_ids is not None:
-                    passing = self._stream_through([keys[i] for i in todo], len(slots))
+                    passing = self._stream_through(
+                        [keys[i] for i in todo], len(slots), [parents[i] for i in todo]
+                    )
                 kept = min(len(todo), passing + len(slots))
                 self._stats["store_skipped_no_slot"] += len(todo) - kept
                 todo = todo[:kept]
@@ -99,13 +101,16 @@ class StorePlanner(WriteBehind):
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
                     streamed=passing,
+                    drop_first=self._take_drops(),  # after write_tiers: room for its writes
                 )
                 self._stats["store_streamed_blocks"] += passing
                 self._inflight[job.job_id] = job
             self._keep_reserve()
             return job
 
-    def _stream_through(self, keys: Sequence[bytes], free: int) -> int:
+    def _stream_through(
+        self, keys: Sequence[bytes], free: int, parents: Sequence[bytes | None]
+    ) -> int:
         """A store of more blocks than the `free` slots it got: how many leading blocks pass
         through the slots to the spill tier (and keep no host copy). All but the last
         `free - 1` do: one slot is left free for the loads of this prefix to stage its SSD
@@ -121,8 +126,7 @@ class StorePlanner(WriteBehind):
             if not admit(hits(key) + 1):  # +1: this store is an access
                 break
             n += 1
-        self.index.begin_pass_through(keys[:n], tier)
-        return n
+        return self.index.begin_pass_through(keys[:n], tier, parents[:n])
 
     def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""

@@ -70,7 +70,9 @@ class WriteBehind(HostEviction):
                 return None
             if not drain:
                 wb.spend(len(keys))
-            job = SpillJob(next(self._ids), tuple(keys), tuple(slots), tier)
+            job = SpillJob(
+                next(self._ids), tuple(keys), tuple(slots), tier, drop_first=self._take_drops()
+            )
             self._inflight[job.job_id] = job
             self._write_behind_jobs.add(job.job_id)
             self._background.append(job)

@@ -13,12 +13,12 @@ for diagnostics. So each cold block's hash is also appended, once, to a per-head
 lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
 blocks. Worst case ~36 + 48 B per cold block, about 70 B on average.
 
-Capacity eviction is still the worker's store's (it evicts on its own and reports full keys in
-`JobResult.evicted`, which `set_present(False)` applies). For the manager to decide it instead
-(within the tier's budget, sending DropJobs): a cold block is never touched while cold (a use
-warms it), so a set's LRU order is the order blocks cooled, which is the arena's record order;
-`pop_lru(n)` digests are then found by scanning the arena from its head (records of blocks that
-left or cooled again are skipped), O(n + skipped) per batch, giving the full keys a DropJob needs.
+Capacity eviction is the index's (tier_index.py): it chooses the spill tier's victims here and
+sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
+block in that set keeps its parent's digest and a count of cached children, so victims leave
+tail-first (the set evicts only blocks no cached child depends on, rust/index/
+block_set_chains.rs): 20 bytes more per block. Evicted digests are turned back into full keys
+(a DropJob needs them) by one scan of the arena in Rust per batch of victims (`find_records`).
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
@@ -35,12 +35,24 @@ from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 _COMPACT_RATIO = 1.5
 _COMPACT_MIN = 4096
+# The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
+CHAIN_TIER = Tier.SSD
+digest_of = BlockSet.digest
+
+
+def key_digest(key: bytes) -> bytes:
+    """The 16-byte digest a key is kept as (and chain parents are named by)."""
+    return digest_of(key, b"")
 
 
 class ColdBlocks:
     def __init__(self) -> None:
-        self._sets: list[tuple[int, BlockSet]] = [(TIER_BIT[t], BlockSet()) for t in LOWER_TIERS]
+        self._sets: list[tuple[int, BlockSet]] = [
+            (TIER_BIT[t], BlockSet(chains=t is CHAIN_TIER)) for t in LOWER_TIERS
+        ]
         self._by_tier = {t: s for t, (_, s) in zip(LOWER_TIERS, self._sets, strict=True)}
+        self._chain_bit = TIER_BIT[CHAIN_TIER]
+        self._chains = self._by_tier[CHAIN_TIER]
         # Sets that ever held a block since the last clear: a lookup's miss asks only these
         # (usually the SSD tier's alone), not every tier.
         self._live: list[BlockSet] = []
@@ -109,14 +121,69 @@ class ColdBlocks:
         ]
 
     # --- changes
-    def add(self, key: bytes, mask: int) -> None:
-        """Make `key` cold on the tiers in `mask` (it was warm: in no set)."""
+    def add(self, key: bytes, mask: int, up: bytes | None = None, kids: int = 0) -> bool:
+        """Make `key` cold on the tiers in `mask` (it was warm: in no set). `up` (its parent's
+        digest) and `kids` (cached children counted against it) go with it into the chain
+        tier's set; False if `mask` has no chain tier (the caller keeps the counts)."""
         for bit, s in self._sets:
             if mask & bit:
-                s.add_key(key)
+                if s is self._chains:
+                    s.add_chained(key, up, kids)
+                else:
+                    s.add_key(key)
                 self._mark_live(s)
         self._record(key)
         self._maybe_compact()
+        return bool(mask & self._chain_bit)
+
+    def touch(self, key: bytes) -> bool:
+        """A use of a cold block (e.g. a GPU prefix hit): the most recent in its sets. False if
+        it is not cold."""
+        if len(key) <= HEAD_LEN:
+            return False
+        head, hashes, hit = key[:HEAD_LEN], [key[HEAD_LEN:]], False
+        for s in self._live:
+            if key in s:
+                s.touch(head, hashes)
+                hit = True
+        return hit
+
+    # --- chains (the chain tier's set)
+    def add_kid(self, up: bytes) -> bool:
+        """Count a cached child against the cold block with digest `up`; False: not cold."""
+        return self._chains.add_kid(up)
+
+    def drop_kid(self, up: bytes) -> bool:
+        return self._chains.drop_kid(up)
+
+    def has_digest(self, up: bytes) -> bool:
+        """Is the block with this digest cold on the chain tier?"""
+        return self._chains.has_digest(up)
+
+    def kids_of(self, key: bytes) -> int | None:
+        return self._chains.kids_of(key) if len(key) > HEAD_LEN else None
+
+    def link(self, children: list[bytes], parents: list[bytes]) -> int:
+        """Chain links between cold blocks of the chain tier (a restart's adoption)."""
+        return self._chains.link_keys(children, parents)
+
+    def evict(self, n: int) -> tuple[list[bytes], list[bytes]]:
+        """Evict up to `n` chain tails from the chain tier's set, least recently used first
+        (a parent whose last cold child went is a tail at once). Returns the evicted keys and
+        the parent digests of theirs that are not in the set (warm: the caller's counts).
+        Blocks also cold on another tier stay there."""
+        popped = self._chains.pop_tails(n)
+        if not popped:
+            return [], []
+        digests = [d for d, _ in popped]
+        ups = [u for _, u in popped if u is not None]
+        keys: list[bytes] = []
+        for (head, hlen), arena in self._arena.items():
+            found = BlockSet.find_records(head, bytes(arena), hlen, digests)
+            keys.extend(head + bytes(arena[i * hlen : (i + 1) * hlen]) for i in found)
+        keys = list(dict.fromkeys(keys))
+        self._maybe_compact()
+        return keys, ups
 
     def add_on(self, keys: list[bytes], tier: Tier) -> list[bytes]:
         """Mark keys cold on `tier` (none of them warm, all longer than a head); returns those
@@ -182,21 +249,35 @@ class ColdBlocks:
                 self._record(key)
         return keys
 
-    def discard_on(self, key: bytes, tier: Tier) -> bool:
-        gone = len(key) > HEAD_LEN and self._by_tier[tier].discard_key(key)
+    def discard_on(self, key: bytes, tier: Tier) -> tuple[bool, bytes | None]:
+        """Remove `key` from `tier`'s set: (was it there, its parent's digest if known)."""
+        if len(key) <= HEAD_LEN:
+            return False, None
+        s = self._by_tier[tier]
+        if s is self._chains:
+            got = s.take_chained(key)
+            gone, up = got is not None, None if got is None else got[0]
+        else:
+            gone, up = s.discard_key(key), None
         if gone:
             self._maybe_compact()
-        return gone
+        return gone, up
 
-    def take(self, key: bytes) -> int:
-        """Remove `key` from every set (it becomes warm); returns the mask it had."""
-        m = 0
+    def take(self, key: bytes) -> tuple[int, bytes | None, int]:
+        """Remove `key` from every set (it becomes warm): (the mask it had, its parent's
+        digest, the cached children counted against it)."""
+        m, up, kids = 0, None, 0
         if len(key) <= HEAD_LEN:
-            return 0
+            return 0, None, 0
         for bit, s in self._sets:
-            if s.discard_key(key):
+            if s is self._chains:
+                got = s.take_chained(key)
+                if got is not None:
+                    m |= bit
+                    up, kids = got
+            elif s.discard_key(key):
                 m |= bit
-        return m
+        return m, up, kids
 
     @property
     def live(self) -> list[BlockSet]:

@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from flexkv_py.index.cold_blocks import ColdBlocks
+from flexkv_py.index.cold_blocks import ColdBlocks, key_digest
 from flexkv_py.index.entry import TIER_BIT, Entry, fastest_of
 from flexkv_py.index.head_map import HEAD_LEN, HeadMap
 from flexkv_py.index.host_slots import HostSlots
@@ -49,6 +49,15 @@ class IndexReads:
         self._garbage: dict[Tier, list[bytes]] = {}
         # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
         self._cold = ColdBlocks()
+        # Lower-tier capacity (index_core.py `_make_room`): per tier, blocks it may hold
+        # (absent: unbounded); blocks on it or being written there among the entries (the
+        # cold sets count theirs); victims chosen whose deletes the manager has not taken.
+        self._capacity: dict[Tier, int] = {}
+        self._warm_on: dict[Tier, int] = dict.fromkeys(LOWER_TIERS, 0)
+        self._lower_evicted: dict[Tier, list[bytes]] = {}
+        # Chains over every tier: digest of a warm (or object-only) block -> cached children
+        # counted against it (a cold block's count is in the chain tier's set).
+        self._kids: dict[bytes, int] = {}
         self._cold_live = self._cold.live  # empty: no cold block, a miss asks no set
         # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
         self._ghost: OrderedDict[bytes, int] = OrderedDict()
@@ -175,6 +184,25 @@ class IndexReads:
     def __len__(self) -> int:
         return len(self.keys())
 
+    def loadable(self, keys: Sequence[bytes], n: int) -> int:
+        """How many of the first `n` (readable) keys one load can take now: each lower-tier
+        block is staged through a host slot, free or evicted, and the host blocks it pins
+        leave the evictable ones. `n` when room is plenty (the usual case, O(1))."""
+        with self._lock:
+            room = len(self._slots.free) + len(self._policy)
+            if n <= room:
+                return n
+            entries, policy = self._entries, self._policy
+            for i, key in enumerate(keys[:n]):
+                e = entries.get(key)
+                if e is not None and e.host_ready and not e.evicting:
+                    if key not in policy:
+                        continue  # pinned already: its own slot, none taken
+                room -= 1  # staged through a slot, or pinned out of the evictable ones
+                if room < 0:
+                    return i
+            return n
+
     @property
     def free_slots(self) -> int:
         with self._lock:
@@ -205,6 +233,21 @@ class IndexReads:
                 cold_arena_bytes=self._cold.arena_bytes(),
             )
             return out
+
+    def occupancy(self, tier: Tier) -> int:
+        """Blocks on `tier` or being written there: what its capacity is checked against."""
+        with self._lock:
+            return self._warm_on[tier] + self._cold.count(tier)
+
+    def lower_capacity(self, tier: Tier) -> int | None:
+        with self._lock:
+            return self._capacity.get(tier)
+
+    def kids(self, key: bytes) -> int:
+        """Cached children counted against `key` (its chain's descendants keep it)."""
+        with self._lock:
+            k = self._cold.kids_of(key) if key not in self._entries else None
+            return k if k is not None else self._kids.get(key_digest(key), 0)
 
     @property
     def usable_host_slots(self) -> int:

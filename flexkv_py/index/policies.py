@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 
 from flexkv_py.config.admission import AdmissionSpec
 from flexkv_py.errors import ConfigError
@@ -37,6 +37,10 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def pop_victim(self) -> Hashable | None:
         """Remove and return the next block to evict, None when nothing is evictable."""
+
+    def newest(self) -> Iterator[Hashable]:
+        """The tracked keys, the last to be evicted first (what stays longest); none by default."""
+        return iter(())
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -71,6 +75,9 @@ class LRUPolicy(EvictionPolicy):
             return None
         key, _ = self._order.popitem(last=False)
         return key
+
+    def newest(self) -> Iterator[Hashable]:
+        return reversed(self._order)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -145,6 +152,10 @@ class LFUPolicy(EvictionPolicy):
                 del self._freq[key]
                 return key
         raise AssertionError("LFU buckets out of sync")  # unreachable
+
+    def newest(self) -> Iterator[Hashable]:
+        for bucket in reversed(self._buckets):
+            yield from reversed(bucket)
 
     def __len__(self) -> int:
         return len(self._freq)

@@ -1,8 +1,12 @@
 """Tier index: logical key -> where the block lives (host slot, lower tiers: SSD, object store).
 
 Source of truth. What the scheduler may promise is decided here and nowhere else: a lookup hit,
-a load's source tier, an eviction and the KV events all read this index. The worker-side stores
-hold the bytes and may lose them (device errors, their own capacity eviction); they report each
+a load's source tier, an eviction and the KV events all read this index. It also decides every
+lower-tier eviction: it knows each tier's capacity in blocks (`set_lower_capacity`, from the
+store's on-disk layout: lower_capacity.py) and chooses victims before it begins a write
+(index_core.py `_make_room`); their deletes travel first in the job that needs the room
+(`drop_first`). The worker-side stores hold the bytes and may still lose them (device errors;
+their own capacity eviction, a safety net that fires only if sizes are wrong); they report each
 loss (`JobResult.evicted`, a failed read) and the index forgets the copy. The index, not the
 stores, is the truth because only it sees every tier at once and every job in flight: pins,
 pending writes and stale (reset) keys exist nowhere else, and the next features need exactly
@@ -41,15 +45,15 @@ from collections.abc import Iterable, Sequence
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.index_core import IndexCore
+from flexkv_py.index.lower_room import LowerRoom
 from flexkv_py.index.tier_names import Tier
 
 __all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-class TierIndex(IndexCore):
+class TierIndex(LowerRoom):
     """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads,
-    the helpers they share: IndexCore).
+    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
     held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
@@ -67,10 +71,10 @@ class TierIndex(IndexCore):
             for key in keys:
                 e = entries.get(key)
                 if e is None:  # a cold block? it warms up to be pinned
-                    lower = self._cold.take(key)
-                    if not lower:
+                    cold = self._cold.take(key)
+                    if not cold[0]:
                         break
-                    e = self._add(key, lower)
+                    e = self._add(key, cold)
                 tier = e.best_tier()
                 if tier is None:
                     break
@@ -90,7 +94,7 @@ class TierIndex(IndexCore):
                 if e is not None:
                     e.hits += 1
                     self._policy.touch(key)
-                elif self._cold.has(key):  # a cold block's count lives in the ghost map
+                elif self._cold.touch(key):  # recency in its sets; the count in the ghost map
                     self._remember_hits(key, self._ghost.get(key, 0) + 1)
 
     def pin(self, keys: Iterable[bytes]) -> None:
@@ -162,6 +166,8 @@ class TierIndex(IndexCore):
                 e = entries.get(key)
                 if e is None:
                     e = self._add(key)
+                    if not e.lower:  # not a cold block warming: cached for the first time
+                        self._born(e, parent if parent != key else None)
                 elif e.host_slot is not None or e.stale:
                     raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
                 e.host_slot = slot
@@ -237,25 +243,43 @@ class TierIndex(IndexCore):
             if key not in self._entries and self._cold.on(key, tier):
                 return False  # already there: the cold block stays cold
             e = self._get(key)
-            if (e.lower | e.pending) & bit or e.stale:
+            if (e.lower | e.pending) & bit or e.stale or self._orphan(e):
+                return False
+            if not self._make_room(tier, 1, keeps_host=e.host_slot is not None and not e.evicting):
                 return False
             e.pending |= bit
+            self._warm_on[tier] += 1
             return True
 
-    def begin_pass_through(self, keys: Sequence[bytes], tier: Tier) -> None:
+    def begin_pass_through(
+        self,
+        keys: Sequence[bytes],
+        tier: Tier,
+        parents: Sequence[bytes | None] | None = None,
+    ) -> int:
         """New keys a store streams through reused host slots straight to `tier` (no host copy
         is kept): each gets an entry with a pending write there, known but not readable until
-        `commit_write`. Counts the store as an access, as `begin_host_fills` does."""
+        `commit_write`, room made for it on `tier` and its chain link counted. Stops at the
+        first key `tier` has no room for (the later ones would be orphans); returns how many
+        were started. Counts the store as an access, as `begin_host_fills` does."""
         bit = TIER_BIT[tier]
         with self._lock:
-            for key in keys:
+            for n, key in enumerate(keys):
                 e = self._entries.get(key)
                 if e is None:
                     e = self._add(key)
+                    if not e.lower:
+                        parent = parents[n] if parents is not None else None
+                        self._born(e, parent if parent != key else None)
                 if e.host_slot is not None or e.stale or (e.lower | e.pending) & bit:
                     raise IndexStateError(f"key {key.hex()} is cached or being written")
+                if not self._make_room(tier, 1):
+                    self._settle(key, e)
+                    return n
                 e.hits += 1
                 e.pending |= bit
+                self._warm_on[tier] += 1
+            return len(keys)
 
     def readable_on(self, key: bytes, tier: Tier) -> bool:
         """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
@@ -274,6 +298,8 @@ class TierIndex(IndexCore):
             e.pending &= ~bit
             if ok:
                 e.lower |= bit
+            else:
+                self._warm_on[tier] -= 1
             self._settle(key, e)
 
     def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
@@ -298,19 +324,27 @@ class TierIndex(IndexCore):
                     if not present:
                         continue
                     e = self._add(key)
+                before = e.lower | e.pending
                 if present:
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
+                        self._on_moved(before, e.lower | e.pending)
                         changed.append(key)
                         self._refresh(key, e)  # a chain parent with a lower copy may leave host
                 elif e.lower & bit:
                     e.lower &= ~bit
+                    self._on_moved(before, e.lower | e.pending)
                     changed.append(key)
                     self._settle(key, e)
             if present:
                 changed += self._cold.add_on(cold, tier)
             else:
-                changed += [k for k in dict.fromkeys(cold) if self._cold.discard_on(k, tier)]
+                for k in dict.fromkeys(cold):
+                    gone, up = self._cold.discard_on(k, tier)
+                    if gone:
+                        changed.append(k)
+                        if up is not None and not self._cold.has(k):
+                            self._kid_dropped(up)  # left every tier
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
@@ -321,8 +355,10 @@ class TierIndex(IndexCore):
             removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
             cold.clear()
             self._children.clear()
+            self._kids.clear()
+            self._lower_evicted.clear()
             for key, e in list(self._entries.items()):
-                e.stale, e.parent = True, None
+                e.stale, e.parent, e.up = True, None, None
                 self._policy.remove(key)
                 if (
                     e.pins == 0
@@ -336,6 +372,9 @@ class TierIndex(IndexCore):
                     self._heads.remove(key)
                     removed.append((key, e))
             self._ghost.clear()
+            left = [e.lower | e.pending for e in self._entries.values()]
+            for tier, bit in TIER_BIT.items():  # what stale blocks still hold or write
+                self._warm_on[tier] = sum(bool(m & bit) for m in left)
         return removed
 
     def take_garbage(self) -> dict[Tier, list[bytes]]:

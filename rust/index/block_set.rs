@@ -12,7 +12,9 @@
 //! ~11 bytes per key). 32-45 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
 //! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
 //! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
-//! they span some: at millions of keys, lookups are otherwise dominated by page walks.
+//! they span some: at millions of keys, lookups are otherwise dominated by page walks. A set
+//! made `with_chains` also keeps a 20-byte chain link per node (block_set_chains.rs) and two
+//! LRU lists, chain tails and inner blocks; `pop_front` takes tails only.
 
 use std::ops::Range;
 
@@ -102,13 +104,28 @@ struct Node {
     next: u32,
 }
 
+/// A node's chain link (block_set_chains.rs), beside it in `links` in sets made `with_chains`.
+#[derive(Clone, Copy)]
+struct Link {
+    /// The chain parent's digest (`NO_PARENT`: none known).
+    parent: Digest,
+    /// Cached children counted against this block; 0: a chain tail.
+    kids: u32,
+}
+
+/// Which of the two LRU lists a node is on: tails (no counted child, the eviction order) or
+/// inner chain blocks (kept while a child is). Sets without chains use the first only.
+const TAILS: usize = 0;
+const INNER: usize = 1;
+
 pub struct BlockSet {
     table: Slots,
     nodes: Vec<Node>,
-    /// Least recently used end of the list (the next `pop_front`).
-    front: u32,
-    /// Most recently used end.
-    back: u32,
+    /// Empty, or one per node (same positions) when the set keeps chain links.
+    links: Vec<Link>,
+    chained: bool,
+    /// Per list (TAILS, INNER): (least recently used end, the next `pop_front`; most recent).
+    ends: [(u32, u32); 2],
 }
 
 impl Default for BlockSet {
@@ -119,7 +136,25 @@ impl Default for BlockSet {
 
 impl BlockSet {
     pub fn new() -> Self {
-        BlockSet { table: Slots::new(), nodes: Vec::new(), front: NIL, back: NIL }
+        BlockSet {
+            table: Slots::new(),
+            nodes: Vec::new(),
+            links: Vec::new(),
+            chained: false,
+            ends: [(NIL, NIL); 2],
+        }
+    }
+
+    /// A set whose nodes keep chain links (block_set_chains.rs): 20 bytes more per node.
+    pub fn with_chains() -> Self {
+        BlockSet { chained: true, ..Self::new() }
+    }
+
+    fn list_of(&self, idx: u32) -> usize {
+        match self.links.get(idx as usize) {
+            Some(l) if l.kids > 0 => INNER,
+            _ => TAILS,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -132,7 +167,9 @@ impl BlockSet {
 
     /// Heap bytes held, from capacities (what the allocator really gave), not from `len`.
     pub fn heap_bytes(&self) -> usize {
-        self.table.heap_bytes() + self.nodes.capacity() * std::mem::size_of::<Node>()
+        self.table.heap_bytes()
+            + self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.links.capacity() * std::mem::size_of::<Link>()
     }
 
     /// Room for `additional` more digests without regrowing (a restart adopting a known
@@ -148,6 +185,9 @@ impl BlockSet {
         }
         self.nodes.try_reserve_exact(additional).map_err(no_memory)?;
         advise_huge_pages(&self.nodes);
+        if self.chained {
+            self.links.try_reserve_exact(additional).map_err(no_memory)?;
+        }
         Ok(())
     }
 
@@ -173,6 +213,10 @@ impl BlockSet {
     /// Add `d` at the most recent end; `Ok(false)` if it was present (its place is kept: a
     /// use is recorded by `touch`, not by adding again).
     pub fn insert(&mut self, d: Digest) -> Result<bool, SetError> {
+        self.insert_node(d, NO_PARENT, 0)
+    }
+
+    fn insert_node(&mut self, d: Digest, parent: Digest, kids: u32) -> Result<bool, SetError> {
         if self.find(&d).is_some() {
             return Ok(false);
         }
@@ -189,6 +233,12 @@ impl BlockSet {
             // empty just after growing (big reallocs are page remaps anyway).
             self.nodes.reserve_exact((idx / 4).max(16));
             advise_huge_pages(&self.nodes);
+        }
+        if self.chained {
+            if idx == self.links.capacity() {
+                self.links.reserve_exact((idx / 4).max(16));
+            }
+            self.links.push(Link { parent, kids });
         }
         self.table.insert_new(&d, idx as u32);
         self.nodes.push(Node { digest: d, prev: NIL, next: NIL });
@@ -209,19 +259,20 @@ impl BlockSet {
     /// Move `d` to the most recent end; false if absent.
     pub fn touch(&mut self, d: &Digest) -> bool {
         let Some(idx) = self.find(d) else { return false };
-        if self.back != idx {
+        if self.ends[self.list_of(idx)].1 != idx {
             self.unlink(idx);
             self.link_back(idx);
         }
         true
     }
 
-    /// Remove and return the least recently used digest.
+    /// Remove and return the least recently used digest of a chain tail (a block no counted
+    /// child depends on); None when there is none.
     pub fn pop_front(&mut self) -> Option<Digest> {
-        if self.front == NIL {
+        let idx = self.ends[TAILS].0;
+        if idx == NIL {
             return None;
         }
-        let idx = self.front;
         let d = self.nodes[idx as usize].digest;
         self.remove_at(idx);
         Some(d)
@@ -239,45 +290,55 @@ impl BlockSet {
 
     /// Forget everything and give the memory back.
     pub fn clear(&mut self) {
-        *self = Self::new();
+        *self = if self.chained { Self::with_chains() } else { Self::new() };
     }
 
-    /// Digests from least to most recently used.
+    /// Digests from least to most recently used: chain tails first, then inner blocks.
     pub fn iter(&self) -> impl Iterator<Item = &Digest> + '_ {
-        let mut at = self.front;
-        std::iter::from_fn(move || {
-            if at == NIL {
+        let mut list = TAILS;
+        let mut at = self.ends[TAILS].0;
+        std::iter::from_fn(move || loop {
+            if at != NIL {
+                let node = &self.nodes[at as usize];
+                at = node.next;
+                return Some(&node.digest);
+            }
+            if list == INNER {
                 return None;
             }
-            let node = &self.nodes[at as usize];
-            at = node.next;
-            Some(&node.digest)
+            list = INNER;
+            at = self.ends[INNER].0;
         })
     }
 
+    /// Put `idx` at one end of its list (per its `kids`): the most recent (`back`), or the
+    /// least recent, the next to go.
+    fn link_end(&mut self, idx: u32, back: bool) {
+        let list = self.list_of(idx);
+        let old = if back { self.ends[list].1 } else { self.ends[list].0 };
+        let node = &mut self.nodes[idx as usize];
+        (node.prev, node.next) = if back { (old, NIL) } else { (NIL, old) };
+        match (old, back) {
+            (NIL, _) => self.ends[list] = (idx, idx),
+            (o, true) => (self.nodes[o as usize].next, self.ends[list].1) = (idx, idx),
+            (o, false) => (self.nodes[o as usize].prev, self.ends[list].0) = (idx, idx),
+        }
+    }
+
     fn link_back(&mut self, idx: u32) {
-        let old = self.back;
-        {
-            let node = &mut self.nodes[idx as usize];
-            node.prev = old;
-            node.next = NIL;
-        }
-        match old {
-            NIL => self.front = idx,
-            o => self.nodes[o as usize].next = idx,
-        }
-        self.back = idx;
+        self.link_end(idx, true);
     }
 
     fn unlink(&mut self, idx: u32) {
-        let Node { prev, next, .. } = self.nodes[idx as usize];
-        match prev {
-            NIL => self.front = next,
-            p => self.nodes[p as usize].next = next,
+        let node = self.nodes[idx as usize];
+        let list = self.list_of(idx);
+        match node.prev {
+            NIL => self.ends[list].0 = node.next,
+            p => self.nodes[p as usize].next = node.next,
         }
-        match next {
-            NIL => self.back = prev,
-            n => self.nodes[n as usize].prev = prev,
+        match node.next {
+            NIL => self.ends[list].1 = node.prev,
+            n => self.nodes[n as usize].prev = node.prev,
         }
     }
 
@@ -290,17 +351,22 @@ impl BlockSet {
             // The last node moves into the hole: repoint its neighbours and its table slot.
             let moved = self.nodes[last as usize];
             self.nodes[idx as usize] = moved;
+            if self.chained {
+                self.links[idx as usize] = self.links[last as usize];
+            }
+            let list = self.list_of(idx);
             match moved.prev {
-                NIL => self.front = idx,
+                NIL => self.ends[list].0 = idx,
                 p => self.nodes[p as usize].next = idx,
             }
             match moved.next {
-                NIL => self.back = idx,
+                NIL => self.ends[list].1 = idx,
                 n => self.nodes[n as usize].prev = idx,
             }
             self.table.repoint(&moved.digest, last, idx);
         }
         self.nodes.pop();
+        self.links.pop();
         self.shrink_if_sparse();
     }
 
@@ -309,6 +375,7 @@ impl BlockSet {
         let (len, cap) = (self.nodes.len(), self.nodes.capacity());
         if cap > 1024 && len < cap / 4 {
             self.nodes.shrink_to(len * 2);
+            self.links.shrink_to(len * 2);
         }
         if self.table.sparse_for(len) {
             // A smaller table always fits: if even that allocation fails, keep the big one.
@@ -322,6 +389,10 @@ impl BlockSet {
 
 #[path = "block_set_slots.rs"]
 mod slots;
+
+#[path = "block_set_chains.rs"]
+mod chains;
+pub use chains::{find_records, NO_PARENT};
 
 #[cfg(test)]
 #[path = "block_set_tests.rs"]

@@ -5,118 +5,31 @@
 //! the GIL: releasing it would cost more than the work. A contended lock is always waited for
 //! with the GIL released, so a long call on another thread never stalls the interpreter.
 
+use std::collections::HashSet;
 use std::ops::Range;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
+use pyo3::types::PyBytes;
 
-use crate::index::block_set::{check_span, digest, BlockSet, Digest, SetError};
+use super::block_set_args::{borrow_bytes, for_chunks, seq_len, slices, span, to_digest, type_name, CHUNK};
+use crate::index::block_set::{digest, find_records, BlockSet, Digest, SetError, NO_PARENT};
+
+/// An evicted chain tail: its digest, and its parent's when that parent is not in the set.
+type Evicted<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
 /// Below this many keys a call keeps the GIL.
 const DETACH_MIN: usize = 64;
 /// `prefix_run` borrows hashes in chunks growing 8x from this, so a miss early in a long
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
-/// Calls over a whole key list work this many keys at a time.
-const CHUNK: usize = 1 << 16;
 
 fn set_error(e: SetError) -> PyErr {
     match e {
         SetError::Full => PyValueError::new_err(e.to_string()),
         SetError::NoMemory(_) => PyMemoryError::new_err(e.to_string()),
     }
-}
-
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
-}
-
-/// Items `start..stop` of a list, tuple or other sequence of bytes, each kept alive by the
-/// returned reference.
-fn borrow_bytes<'py>(
-    seq: &Bound<'py, PyAny>,
-    what: &str,
-    start: usize,
-    stop: usize,
-) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    let mut out = Vec::with_capacity(stop - start);
-    let check = |i: usize, item: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyBytes>> {
-        item.cast_into::<PyBytes>().map_err(|e| {
-            PyTypeError::new_err(format!(
-                "{what}[{i}] must be bytes, not {}",
-                type_name(e.into_inner().as_any())
-            ))
-        })
-    };
-    if let Ok(list) = seq.cast::<PyList>() {
-        for i in start..stop {
-            out.push(check(i, list.get_item(i)?)?);
-        }
-    } else if let Ok(tuple) = seq.cast::<PyTuple>() {
-        for i in start..stop {
-            out.push(check(i, tuple.get_item(i)?)?);
-        }
-    } else {
-        let s = as_sequence(seq, what)?;
-        for i in start..stop {
-            out.push(check(i, s.get_item(i)?)?);
-        }
-    }
-    Ok(out)
-}
-
-fn as_sequence<'a, 'py>(seq: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'py, PySequence>> {
-    let not_a_sequence =
-        || PyTypeError::new_err(format!("{what} must be a sequence of bytes, not {}", type_name(seq)));
-    // bytes and str are sequences too, of ints and of str: one is a key passed where a list goes.
-    if seq.is_instance_of::<PyBytes>() || seq.is_instance_of::<PyString>() {
-        return Err(not_a_sequence());
-    }
-    seq.cast::<PySequence>().map_err(|_| not_a_sequence())
-}
-
-fn seq_len(seq: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    if let Ok(list) = seq.cast::<PyList>() {
-        return Ok(list.len());
-    }
-    if let Ok(tuple) = seq.cast::<PyTuple>() {
-        return Ok(tuple.len());
-    }
-    as_sequence(seq, what)?.len()
-}
-
-fn span(start: i64, stop: i64, len: usize) -> PyResult<Range<usize>> {
-    check_span(start, stop, len).map_err(|e| PyValueError::new_err(e.to_string()))
-}
-
-/// Call `f` on the slices of `seq` (all bytes), `CHUNK` at a time, so a big call holds bounded
-/// temporary memory. A non-bytes item anywhere fails the call before `f` sees any chunk.
-fn for_chunks(
-    seq: &Bound<'_, PyAny>,
-    what: &str,
-    mut f: impl FnMut(&[&[u8]]) -> PyResult<()>,
-) -> PyResult<()> {
-    let n = seq_len(seq, what)?;
-    if n > CHUNK {
-        for at in (0..n).step_by(CHUNK) {
-            borrow_bytes(seq, what, at, n.min(at + CHUNK))?;
-        }
-    }
-    for at in (0..n).step_by(CHUNK) {
-        let objs = borrow_bytes(seq, what, at, n.min(at + CHUNK))?;
-        f(&slices(&objs))?;
-    }
-    Ok(())
-}
-
-fn slices<'a>(objs: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
-    objs.iter().map(|b| b.as_bytes()).collect()
-}
-
-fn to_digest(b: &[u8], i: usize) -> PyResult<Digest> {
-    b.try_into().map_err(|_| PyValueError::new_err(format!("digests[{i}] must be 16 bytes, got {}", b.len())))
 }
 
 /// A set of block keys (namespace head + block hash) kept as 16-byte xxh3-128 digests of
@@ -165,9 +78,11 @@ impl PyBlockSet {
 
 #[pymethods]
 impl PyBlockSet {
+    /// `chains`: keep chain links (parents, child counts) for prefix-aware eviction.
     #[new]
-    fn new() -> Self {
-        PyBlockSet { inner: Mutex::new(BlockSet::new()) }
+    #[pyo3(signature = (chains = false))]
+    fn new(chains: bool) -> Self {
+        PyBlockSet { inner: Mutex::new(if chains { BlockSet::with_chains() } else { BlockSet::new() }) }
     }
 
     /// True if newly added. Adding a present key keeps its place in the LRU order.
@@ -351,6 +266,106 @@ impl PyBlockSet {
         let n = usize::try_from(additional)
             .map_err(|_| PyValueError::new_err(format!("additional must be >= 0, got {additional}")))?;
         self.locked_for(py, n, |s| s.reserve(n)).map_err(set_error)
+    }
+
+    // --- chain links (crate::index::block_set::chains): prefix-aware eviction order
+
+    /// Add `key` extending the block whose digest is `parent` (None: none known), with `kids`
+    /// cached children counted against it. True if newly added.
+    #[pyo3(signature = (key, parent, kids))]
+    fn add_chained(&self, py: Python<'_>, key: &[u8], parent: Option<&[u8]>, kids: u32) -> PyResult<bool> {
+        let parent = parent.map_or(Ok(NO_PARENT), |p| to_digest(p, 0))?;
+        let d = digest(key, b"");
+        self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
+    }
+
+    /// Is the block with this digest here?
+    fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
+        let d = to_digest(digest, 0)?;
+        Ok(self.locked(py, |s| s.contains(&d)))
+    }
+
+    /// Count one more cached child against the block with digest `parent`; False if absent.
+    fn add_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
+        let d = to_digest(parent, 0)?;
+        Ok(self.locked(py, |s| s.add_kid(&d)))
+    }
+
+    /// A cached child of the block with digest `parent` left; False if absent.
+    fn drop_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
+        let d = to_digest(parent, 0)?;
+        Ok(self.locked(py, |s| s.drop_kid(&d)))
+    }
+
+    /// Remove `key`: (its parent's digest or None, the children counted against it), or
+    /// None if absent.
+    fn take_chained<'py>(&self, py: Python<'py>, key: &[u8]) -> Option<(Option<Bound<'py, PyBytes>>, u32)> {
+        let d = digest(key, b"");
+        let (parent, kids) = self.locked(py, |s| s.take_chained(&d))?;
+        Some(((parent != NO_PARENT).then(|| PyBytes::new(py, &parent)), kids))
+    }
+
+    /// Evict up to `n` chain tails, least recently used first (a parent left without a child
+    /// here is a tail at once): (digest, the parent's digest when it is not in this set).
+    fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<Evicted<'py>>> {
+        let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
+        let popped: Vec<(Digest, Digest, bool)> =
+            self.locked_for(py, n, |s| std::iter::from_fn(|| s.pop_tail()).take(n).collect());
+        Ok(popped
+            .iter()
+            .map(|(d, p, here)| {
+                let elsewhere = *p != NO_PARENT && !here;
+                (PyBytes::new(py, d), elsewhere.then(|| PyBytes::new(py, p)))
+            })
+            .collect())
+    }
+
+    /// Children counted against `key` (None: absent).
+    fn kids_of(&self, py: Python<'_>, key: &[u8]) -> Option<u32> {
+        let d = digest(key, b"");
+        self.locked(py, |s| s.kids(&d))
+    }
+
+    /// Link adopted blocks: `children[i]` extends `parents[i]` (keys, both present). Returns
+    /// how many links were made (absent or already linked children are skipped).
+    fn link_keys(
+        &self,
+        py: Python<'_>,
+        children: &Bound<'_, PyAny>,
+        parents: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let n = seq_len(children, "children")?;
+        if seq_len(parents, "parents")? != n {
+            return Err(PyValueError::new_err(format!(
+                "{n} children but {} parents",
+                seq_len(parents, "parents")?
+            )));
+        }
+        let mut linked = 0;
+        for at in (0..n).step_by(CHUNK) {
+            let stop = n.min(at + CHUNK);
+            let kids = borrow_bytes(children, "children", at, stop)?;
+            let ups = borrow_bytes(parents, "parents", at, stop)?;
+            let (kids, ups) = (slices(&kids), slices(&ups));
+            linked += self.locked_for(py, kids.len(), |s| {
+                kids.iter().zip(&ups).filter(|(c, p)| s.link(&digest(c, b""), &digest(p, b""))).count()
+            });
+        }
+        Ok(linked)
+    }
+
+    /// Positions of the records of `hashes` (a bytes-like of `hash_len`-byte hashes) whose
+    /// digest under `head` is one of `digests`: full keys for digests the set evicted.
+    #[staticmethod]
+    fn find_records(
+        py: Python<'_>,
+        head: &[u8],
+        hashes: &[u8],
+        hash_len: usize,
+        digests: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<usize>> {
+        let wanted: HashSet<Digest> = Self::read_digests(digests)?.into_iter().collect();
+        Ok(py.detach(|| find_records(head, hashes, hash_len, &wanted)))
     }
 
     /// Forget every key and release the memory.

@@ -2,6 +2,7 @@
 //! with the GIL released (`py.detach`).
 
 mod block_set;
+mod block_set_args;
 mod buffers;
 mod errors;
 mod log_bridge;
