@@ -81,8 +81,7 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     print(
-        f"{'blocks':>9} {'py B':>11} {'rust B':>11} {'B/block':>8} {'adopt s':>8} "
-        f"{'lookup us':>10}"
+        f"{'blocks':>9} {'py B':>11} {'rust B':>11} {'B/block':>8} {'adopt s':>8} {'lookup us':>10}"
     )
     for r in rows:
         print(

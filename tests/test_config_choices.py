@@ -31,6 +31,7 @@ def _keep_package_log_level() -> Iterator[None]:
     yield
     logger.setLevel(level)
 
+
 # config key -> its Literal
 KEYED = {
     "eviction_policy": choices.EvictionPolicy,
