@@ -662,3 +662,51 @@ def test_restarted_engine_loads_from_ssd_alone(tmp_path: Path) -> None:
         assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers
         for name, t in caches.items():
             assert torch.equal(bits(t)[dst], want[name]), f"{name}: blocks from SSD differ"
+
+
+def streamed_store_then_reload(tmp_path: Path, dev: torch.device, backend: str) -> None:
+    """A store of 30 blocks through a 6-slot host tier streams through the slots in rounds
+    (GPU -> host copy, SSD write, slot reuse: coordinator/stores.py) and sees the bytes the
+    caller's stream wrote just before it; after a restart the 30 blocks come back from SSD
+    through the same few slots into other GPU blocks, bit-exact."""
+    from flexkv_py.coordinator import CacheEngine
+
+    n, host_slots = 30, 6
+    caches = vllm_caches("LBNHC", dev, num_layers=4, num_blocks=2 * n + 2)
+    fill_random(caches, seed=61)
+    geom = describe_kv_caches(caches)
+    ns = _namespace(geom.page_nbytes)
+    cfg = _config(
+        tmp_path / "ssd", host_slots, 2 * n, geom.slot_nbytes, backend, admission="write_through"
+    )
+    src, dst = list(range(0, 2 * n, 2)), list(range(2 * n - 1, 0, -2))
+    keys = ns.keys([b"stream-%026x" % i for i in range(n)])
+    fresh = {
+        name: torch.randint(-128, 128, t.view(torch.int8)[src].shape, device=dev, dtype=torch.int8)
+        for name, t in caches.items()
+    }
+    with CacheEngine.from_kv_caches(cfg, ns, caches) as engine:
+        assert engine.pool.num_slots == host_slots
+        if dev.type == "cuda":
+            torch.cuda._sleep(SLEEP_CYCLES // 10)  # the writes below are still queued at store
+        idx = torch.tensor(src, device=dev)
+        for name, t in caches.items():
+            t.view(torch.int8).index_copy_(0, idx, fresh[name])
+        outcome = engine.store(keys, src)
+        assert outcome.ok, outcome.statuses
+        assert engine.manager.stats()["store_streamed_blocks"] > 0
+    with CacheEngine.from_kv_caches(cfg, ns, caches) as engine:
+        got_n = engine.lookup(keys)
+        assert got_n > host_slots, got_n  # more than one round of the host tier
+        for t in caches.values():
+            t.view(torch.int8)[dst] = 0x5A
+        outcome = engine.load(keys[:got_n], dst[:got_n])
+        assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers
+        for name, t in caches.items():
+            got = t.view(torch.int8)[dst[:got_n]]
+            assert torch.equal(got, fresh[name][:got_n]), f"{name}: blocks from SSD differ"
+
+
+@pytest.mark.parametrize("backend", PATHS)
+def test_store_larger_than_the_host_tier_streams_through_it(tmp_path: Path, backend: str) -> None:
+    streamed_store_then_reload(tmp_path, _device(), backend)

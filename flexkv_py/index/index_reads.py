@@ -185,20 +185,25 @@ class IndexReads:
         return len(self.keys())
 
     def loadable(self, keys: Sequence[bytes], n: int) -> int:
-        """How many of the first `n` (readable) keys one load can take now: each lower-tier
-        block is staged through a host slot, free or evicted, and the host blocks it pins
-        leave the evictable ones. `n` when room is plenty (the usual case, O(1))."""
+        """How many of the first `n` (readable) keys one load can take now: the host blocks it
+        pins leave the evictable ones, and its lower-tier blocks stream through the staging
+        slots it gets, free or evicted (coordinator/loads.py), so they need one between them.
+        `n` when room is plenty (the usual case, O(1))."""
         with self._lock:
             room = len(self._slots.free) + len(self._policy)
             if n <= room:
                 return n
             entries, policy = self._entries, self._policy
+            staged = False
             for i, key in enumerate(keys[:n]):
                 e = entries.get(key)
                 if e is not None and e.host_ready and not e.evicting:
                     if key not in policy:
                         continue  # pinned already: its own slot, none taken
-                room -= 1  # staged through a slot, or pinned out of the evictable ones
+                    room -= 1  # pinned out of the evictable ones
+                elif not staged:
+                    staged = True
+                    room -= 1  # the staging slot every lower-tier block of the load shares
                 if room < 0:
                     return i
             return n
