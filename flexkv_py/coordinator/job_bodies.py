@@ -11,7 +11,8 @@ per-block call. A tier the job names that this rank does not have (off, or could
 tiers/ssd_open.py) fails its blocks at once (`not_found`), touching no device.
 
 Per-block statuses from a tier become failure reasons through `jobs.reason_for_status`, the one
-table between the two vocabularies.
+table between the two vocabularies. A store's write-through to its lower tiers (and the
+streamed store's rounds) is in store_write_through.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from flexkv_py.coordinator.counters import Counters
@@ -49,7 +50,8 @@ from flexkv_py.coordinator.staged_load import (
     sub_batches,
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
-from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+from flexkv_py.coordinator.store_write_through import store_in_rounds, write_through
+from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
 
@@ -252,14 +254,14 @@ class JobBodies:
         write_failed: dict[Tier, set[bytes]] = {}
         rounds = store_rounds(job.host_slots)
         if len(rounds) > 1 and isinstance(d2h, StreamMark):
-            nbytes += self._store_in_rounds(job, d2h, rounds, failed, write_failed)
+            nbytes += store_in_rounds(self, job, d2h, rounds, failed, write_failed)
         else:
             if d2h_error is not None or d2h is not None:
                 if self.copies.all_at_once(job, d2h, d2h_error):
                     nbytes += len(job.keys) * slot_nbytes
                 else:
                     failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
-            nbytes += self._write_through(job, range(len(job.keys)), failed, write_failed)
+            nbytes += write_through(self, job, range(len(job.keys)), failed, write_failed)
         return JobResult(
             job.job_id,
             "store",
@@ -270,54 +272,6 @@ class JobBodies:
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
         )
-
-    def _write_through(
-        self,
-        job: StoreJob,
-        positions: Iterable[int],
-        failed: Mapping[bytes, str],
-        write_failed: dict[Tier, set[bytes]],
-    ) -> int:
-        """Copy the job's blocks at `positions` (not failed) from their slots to each tier in
-        their `write_tiers`, one batch per tier; returns the bytes written."""
-        todo = [i for i in positions if job.keys[i] not in failed]
-        nbytes = 0
-        for tier in _in_order(set().union(*(job.write_tiers[i] for i in todo))):
-            mine = [i for i in todo if tier in job.write_tiers[i]]
-            keys = [job.keys[i] for i in mine]
-            tier_failed = self.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine], job)
-            nbytes += (len(mine) - len(tier_failed)) * self.pool.slot_nbytes
-            if tier_failed:
-                write_failed.setdefault(tier, set()).update(tier_failed)
-        return nbytes
-
-    def _store_in_rounds(
-        self,
-        job: StoreJob,
-        mark: StreamMark,
-        rounds: Sequence[Sequence[int]],
-        failed: dict[bytes, str],
-        write_failed: dict[Tier, set[bytes]],
-    ) -> int:
-        """A store streamed through fewer slots than blocks (stores.py): per round, GPU -> host
-        copy, then the write to the lower tier, which frees the slots for the next round. A
-        round whose copy fails (or the job abandoned) ends the job: its blocks and every later
-        round's fail, the rounds before it are kept (their copies ended before the abandon).
-        Returns the bytes moved."""
-        nbytes = 0
-        last = len(rounds) - 1
-        for r, part in enumerate(rounds):
-            held = self.late_io.fenced(job.host_slots[i] for i in part)
-            if held:  # a timed-out write of the round before may still read these slots
-                failed.update((job.keys[i], IO_TIMEOUT) for i in part if job.host_slots[i] in held)
-                part = [i for i in part if job.host_slots[i] not in held]
-            if not self.copies.round(job, mark, part, r == last):
-                for i in (i for later in rounds[r:] for i in later):
-                    failed.setdefault(job.keys[i], TRANSFER_ERROR)
-                break
-            nbytes += len(part) * self.pool.slot_nbytes
-            nbytes += self._write_through(job, part, failed, write_failed)
-        return nbytes
 
     # ------------------------------------------------------------------ load
     def load(self, job: LoadJob, started: float) -> JobResult:
@@ -364,7 +318,7 @@ class JobBodies:
         """Read one round of a load's lower-tier blocks into their slots, tier by tier, each
         sub-batch copied to the GPU as it lands; returns the bytes read."""
         nbytes = 0
-        for tier in _in_order({job.sources[i] for i in part}):
+        for tier in lower_in_order({job.sources[i] for i in part}):
             staged = [i for i in part if job.sources[i] is tier]
             held = self.late_io.fenced(job.host_slots[i] for i in staged)
             if held:  # a late I/O may still touch these slots: do not read into them
@@ -410,8 +364,3 @@ class JobBodies:
         return JobResult(
             job.job_id, "drop", evicted=self.evicted(), seconds=time.perf_counter() - started
         )
-
-
-def _in_order(named: Collection[Tier | None]) -> list[Tier]:
-    """The lower tiers among `named`, fastest first (host and None are not lower tiers)."""
-    return [t for t in LOWER_TIERS if t in named]

@@ -3,6 +3,7 @@ with these values. The index layer is the lowest one that needs it, so it lives 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import Enum
 
 
@@ -16,3 +17,8 @@ class Tier(str, Enum):
 
 # Tiers below the host tier: a block reaches them from its host slot and comes back through one.
 LOWER_TIERS: tuple[Tier, ...] = (Tier.SSD, Tier.OBJECT)
+
+
+def lower_in_order(named: Collection[Tier | None]) -> list[Tier]:
+    """The lower tiers among `named`, fastest first (host and None are not lower tiers)."""
+    return [t for t in LOWER_TIERS if t in named]

@@ -1,6 +1,7 @@
 //! PyO3 bindings: `flexkv_py._native`. Every call that does I/O, hashing or compression runs
 //! with the GIL released (`py.detach`).
 
+mod batch;
 mod block_set;
 mod block_set_args;
 mod buffers;
@@ -22,8 +23,8 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     names::register(m)?;
     m.add_class::<store::PyBlockStore>()?;
-    m.add_class::<store::PyBatchHandle>()?;
-    m.add_class::<store::PyBlockResult>()?;
+    m.add_class::<batch::PyBatchHandle>()?;
+    m.add_class::<batch::PyBlockResult>()?;
     m.add_class::<pool::PyHostPool>()?;
     m.add_class::<block_set::PyBlockSet>()?;
     object_tier::register(m)?;

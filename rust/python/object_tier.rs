@@ -7,9 +7,9 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+use super::batch::PyBatchHandle;
 use super::buffers::extract_items;
 use super::errors::to_py;
-use super::store::PyBatchHandle;
 use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::object::gc::GcOptions;

@@ -1,11 +1,11 @@
-//! `BlockStore`, `BatchHandle` and `BlockResult` for Python.
+//! `BlockStore` for Python (its batches complete through `batch.rs`: `BatchHandle`, `BlockResult`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use super::batch::{PyBatchHandle, PyBlockResult};
 use super::buffers::extract_items;
 use super::errors::to_py;
 use crate::compression::Compression;
@@ -15,90 +15,8 @@ use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
 use crate::store::stats::StatValue;
-use crate::store::{
-    Batch, BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig,
-};
+use crate::store::{BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig};
 use crate::tier::BlockTier;
-
-#[pyclass(name = "BlockResult", module = "flexkv_py._native", frozen)]
-pub struct PyBlockResult {
-    inner: BlockResult,
-}
-
-#[pymethods]
-impl PyBlockResult {
-    #[getter]
-    fn status(&self) -> &'static str {
-        self.inner.status.name()
-    }
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.inner.nbytes
-    }
-    #[getter]
-    fn error(&self) -> Option<String> {
-        self.inner.error.clone()
-    }
-    #[getter]
-    fn ok(&self) -> bool {
-        self.inner.status.is_ok()
-    }
-    fn __repr__(&self) -> String {
-        match &self.inner.error {
-            Some(e) => format!(
-                "BlockResult({}, nbytes={}, error={e:?})",
-                self.inner.status.name(),
-                self.inner.nbytes
-            ),
-            None => format!("BlockResult({}, nbytes={})", self.inner.status.name(), self.inner.nbytes),
-        }
-    }
-}
-
-fn wrap_results(py: Python<'_>, results: Vec<BlockResult>) -> PyResult<Bound<'_, PyList>> {
-    let objs = results
-        .into_iter()
-        .map(|inner| Py::new(py, PyBlockResult { inner }))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, objs)
-}
-
-#[pyclass(name = "BatchHandle", module = "flexkv_py._native", frozen)]
-pub struct PyBatchHandle {
-    batch: Arc<Batch>,
-}
-
-impl PyBatchHandle {
-    /// A handle over any tier's batch (the SSD store's and the object tier's are one type).
-    pub(crate) fn from_batch(batch: Arc<Batch>) -> Self {
-        Self { batch }
-    }
-}
-
-#[pymethods]
-impl PyBatchHandle {
-    fn done(&self) -> bool {
-        self.batch.done()
-    }
-
-    #[pyo3(signature = (timeout=None))]
-    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
-        let timeout = match timeout {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(pyo3::exceptions::PyValueError::new_err("timeout must be a finite number >= 0"))
-            }
-            Some(t) => Some(Duration::from_secs_f64(t)),
-            None => None,
-        };
-        let batch = self.batch.clone();
-        let results = py.detach(move || batch.wait(timeout)).map_err(to_py)?;
-        wrap_results(py, results)
-    }
-
-    fn __len__(&self) -> usize {
-        self.batch.len()
-    }
-}
 
 /// The SSD block store for Python. The calls every block tier has go through the `BlockTier`
 /// trait (`tier`); the SSD-only ones (verify, checkpoint, keys, io engine) use `store`. Both
@@ -159,7 +77,7 @@ impl PyBlockStore {
         let batch = handle.batch.clone();
         let mut results = py.detach(move || batch.wait(None)).map_err(to_py)?;
         let inner = results.pop().ok_or_else(|| to_py(StoreError::Device("empty batch result".into())))?;
-        Ok(PyBlockResult { inner })
+        Ok(PyBlockResult::new(inner))
     }
 }
 
@@ -238,11 +156,11 @@ impl PyBlockStore {
         if extras.is_empty() {
             let tier = self.tier.clone();
             let batch = py.detach(move || tier.submit_put(items, Some(owners))).map_err(to_py)?;
-            return Ok(PyBatchHandle { batch });
+            return Ok(PyBatchHandle::from_batch(batch));
         }
         let store = self.store.clone();
         let batch = py.detach(move || store.submit_put_with(items, extras, Some(owners))).map_err(to_py)?;
-        Ok(PyBatchHandle { batch })
+        Ok(PyBatchHandle::from_batch(batch))
     }
 
     /// Every stored key with its chain parent (None when it has none stored), coldest first.
@@ -267,7 +185,7 @@ impl PyBlockStore {
         let owners: Keepalive = Box::new(ex.owners);
         let items = ex.items;
         let batch = py.detach(move || tier.submit_get(items, Some(owners))).map_err(to_py)?;
-        Ok(PyBatchHandle { batch })
+        Ok(PyBatchHandle::from_batch(batch))
     }
 
     fn put(&self, py: Python<'_>, key: Vec<u8>, data: &Bound<'_, PyAny>) -> PyResult<PyBlockResult> {

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::journal_file::JOURNAL_FILE;
 use super::*;
 use crate::format::journal::Location;
+use crate::format::PAGE;
 
 fn key(i: u64) -> Vec<u8> {
     // Shaped like the connector's stored keys: a 4-byte rank tag, the 24-byte namespace head

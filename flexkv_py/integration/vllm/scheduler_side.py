@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.coordinator.planning import host_pool_in_background
-from flexkv_py.errors import InternalStateError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.block_meta import with_block_metas
 from flexkv_py.integration.vllm.engine_info import EngineInfo
@@ -34,6 +33,7 @@ from flexkv_py.integration.vllm.group_plans import allocated_block_ids
 from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
 from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
+from flexkv_py.integration.vllm.load_planning import LoadPlanner
 from flexkv_py.integration.vllm.metadata import (
     FlexKVConnectorMetadata,
     FlexKVWorkerMetadata,
@@ -100,6 +100,7 @@ class SchedulerSide:
         self._hybrid = HybridPlan(info.groups, self._bs, interval) if info.hybrid else None
         tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
+        self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
         self._event_groups = {
             g.namespace.prefix: (g.group_id, g.event_kind, g.event_window) for g in info.groups
@@ -117,19 +118,13 @@ class SchedulerSide:
         if first >= len(hashes):
             return 0, False
         variant = self._variants.variant(request.lora_request)
-        if self._hybrid is not None:
-            hit = self._hybrid.hit(request, first, variant, self._mgr.readable_hashes)
-        else:
-            hit = self._keys.longest_hit(request, first, variant, self._mgr.readable_hashes)
+        hit = self._load_planner.hit(request, first, variant, self._mgr.readable_hashes)
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
             return 0, False
         if self._loading_keys:
-            if self._hybrid is not None:
-                keys = self._hybrid.prefix_keys(request, variant, first, first + hit)
-            else:
-                keys = self._keys.keys(request, variant, first + hit)[first : first + hit]
+            keys = self._load_planner.hit_keys(request, variant, first, first + hit)
             if self._loading_keys.any_of(keys):
                 # Another request is loading this prefix: wait, then take it from the GPU cache.
                 return None, False
@@ -150,18 +145,10 @@ class SchedulerSide:
         first = local_tokens // self._bs
         count = -(-num_external_tokens // self._bs)
         variant = self._variants.variant(request.lora_request)
-        if self._hybrid is not None:
-            keys, block_ids, n_full = self._hybrid.load(
-                request, variant, blocks.get_block_ids(), first, first + count, self._stats
-            )
-        else:
-            block_ids = list(blocks.get_block_ids()[0][first : first + count])
-            keys = self._keys.keys(request, variant, first + count)[first : first + count]
-            n_full = count
-            if len(block_ids) != count or len(keys) != count:
-                raise InternalStateError(
-                    f"{request.request_id}: {count} blocks to load but {len(block_ids)} allocated"
-                )
+        tables = blocks.get_block_ids()
+        keys, block_ids, n_full = self._load_planner.plan(
+            request, variant, tables, first, count, self._stats
+        )
         # No keys: a group cannot be written (hybrid_plan.load); the load fails, vLLM recomputes.
         job = self._mgr.prepare_load(keys, block_ids) if keys else None
         self._stats.add("hit_blocks", count)

@@ -1,0 +1,70 @@
+"""The store job's host -> lower-tier leg: write-through of the blocks in their host slots to
+each tier in their `write_tiers`, and the streamed store that alternates GPU -> host rounds
+with those writes when the job has fewer slots than blocks.
+
+Kept apart from job_bodies.py (which runs every job kind and owns the per-tier batch calls)
+because it is the one store-only path that loops over rounds; it calls back into the bodies
+for the batches (`JobBodies.tier_batch`) and the GPU -> host copies (`JobBodies.copies`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from flexkv_py.coordinator.jobs import IO_TIMEOUT, TRANSFER_ERROR, StoreJob
+from flexkv_py.index.tier_names import Tier, lower_in_order
+from flexkv_py.transfer.stream_order import StreamMark
+
+if TYPE_CHECKING:
+    from flexkv_py.coordinator.job_bodies import JobBodies
+
+
+def write_through(
+    bodies: JobBodies,
+    job: StoreJob,
+    positions: Iterable[int],
+    failed: Mapping[bytes, str],
+    write_failed: dict[Tier, set[bytes]],
+) -> int:
+    """Copy the job's blocks at `positions` (not failed) from their slots to each tier in
+    their `write_tiers`, one batch per tier; returns the bytes written."""
+    todo = [i for i in positions if job.keys[i] not in failed]
+    nbytes = 0
+    for tier in lower_in_order(set().union(*(job.write_tiers[i] for i in todo))):
+        mine = [i for i in todo if tier in job.write_tiers[i]]
+        keys = [job.keys[i] for i in mine]
+        tier_failed = bodies.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine], job)
+        nbytes += (len(mine) - len(tier_failed)) * bodies.pool.slot_nbytes
+        if tier_failed:
+            write_failed.setdefault(tier, set()).update(tier_failed)
+    return nbytes
+
+
+def store_in_rounds(
+    bodies: JobBodies,
+    job: StoreJob,
+    mark: StreamMark,
+    rounds: Sequence[Sequence[int]],
+    failed: dict[bytes, str],
+    write_failed: dict[Tier, set[bytes]],
+) -> int:
+    """A store streamed through fewer slots than blocks (stores.py): per round, GPU -> host
+    copy, then the write to the lower tier, which frees the slots for the next round. A
+    round whose copy fails (or the job abandoned) ends the job: its blocks and every later
+    round's fail, the rounds before it are kept (their copies ended before the abandon).
+    Returns the bytes moved."""
+    nbytes = 0
+    last = len(rounds) - 1
+    for r, part in enumerate(rounds):
+        held = bodies.late_io.fenced(job.host_slots[i] for i in part)
+        if held:  # a timed-out write of the round before may still read these slots
+            failed.update((job.keys[i], IO_TIMEOUT) for i in part if job.host_slots[i] in held)
+            part = [i for i in part if job.host_slots[i] not in held]
+        if not bodies.copies.round(job, mark, part, r == last):
+            for i in (i for later in rounds[r:] for i in later):
+                failed.setdefault(job.keys[i], TRANSFER_ERROR)
+            break
+        nbytes += len(part) * bodies.pool.slot_nbytes
+        nbytes += write_through(bodies, job, part, failed, write_failed)
+    return nbytes
