@@ -220,7 +220,8 @@ class SchedulerSide:
         if plan is None:
             return
         keys, gpu_ids, start, full = plan.keys, plan.gpu_ids, plan.start, plan.stop
-        job = self._mgr.prepare_store(keys, gpu_ids) if keys else None
+        parents = None if plan.first_parent is None else [plan.first_parent, *keys[:-1]]
+        job = self._mgr.prepare_store(keys, gpu_ids, parents=parents) if keys else None
         if job is None:
             return
         if self._events_on or self._config.ssd_enabled:

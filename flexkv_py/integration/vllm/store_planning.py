@@ -25,6 +25,9 @@ class StorePlan:
     gpu_ids: list[int]
     # GPU blocks vLLM may hand out again while the request runs (sliding window, Mamba state).
     reused: set[int] = field(default_factory=set)
+    # Chain parent of keys[0] (the key of block start - 1), so the index links this store to
+    # the prefix before it (prefix-aware eviction); None: the chain starts here, or hybrid.
+    first_parent: bytes | None = None
 
 
 class StorePlanner:
@@ -76,4 +79,6 @@ class StorePlanner:
         if len(gpu_ids) != len(hashes):
             logger.warning("%s: %d hashes but %d blocks", req.request_id, len(hashes), len(gpu_ids))
             return None
-        return StorePlan(start, full, self._ns.keys(hashes, variant), gpu_ids)
+        keys = self._ns.keys(req.block_hashes[max(start - 1, 0) : full], variant)
+        parent = keys.pop(0) if start > 0 else None
+        return StorePlan(start, full, keys, gpu_ids, first_parent=parent)
