@@ -18,12 +18,16 @@ from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 HERE = Path(__file__).parent
 
 
+@pytest.mark.parametrize("written_by", ["write-behind", "inline-spill"])
 def test_restart_in_a_new_process_announces_the_inventory_with_token_ids(
-    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written_by: str
 ) -> None:
+    """`inline-spill`: the blocks reached the SSD only through the spill a later store ran
+    first (write-behind and the shutdown drain off): they carry their metadata too."""
     ssd = tmp_path / "ssd"
+    mode = [written_by] if written_by == "inline-spill" else []
     out = subprocess.run(
-        [sys.executable, str(HERE / "restart_announce_writer.py"), model_dir, str(ssd)],
+        [sys.executable, str(HERE / "restart_announce_writer.py"), model_dir, str(ssd), *mode],
         capture_output=True,
         text=True,
         cwd=HERE,

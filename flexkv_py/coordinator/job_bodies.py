@@ -37,6 +37,7 @@ from flexkv_py.coordinator.jobs import (
     LoadJob,
     SpillJob,
     StoreJob,
+    inline_spill,
     put_extras,
     reason_for_status,
 )
@@ -241,7 +242,9 @@ class JobBodies:
     ) -> JobResult:
         slot_nbytes = self.pool.slot_nbytes
         failed: dict[bytes, str] = {}
-        spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+        spill_failed = self.tier_batch(
+            job.spill_tier, True, job.spill_keys, job.spill_slots, inline_spill(job)
+        )
         nbytes = (len(job.spill_keys) - len(spill_failed)) * slot_nbytes
         if spill_failed and self.late_io.fenced(job.host_slots):
             # The spill timed out and may still read these slots: copying into them now could
@@ -286,7 +289,9 @@ class JobBodies:
         }
         nbytes = 0
         try:
-            spill_failed = self.tier_batch(job.spill_tier, True, job.spill_keys, job.spill_slots)
+            spill_failed = self.tier_batch(
+                job.spill_tier, True, job.spill_keys, job.spill_slots, inline_spill(job)
+            )
             for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     nbytes += copies.finish(failed) * slot_nbytes

@@ -77,6 +77,9 @@ class StoreJob:
     spill_keys: tuple[bytes, ...] = ()
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    # Parallel to `spill_keys` (or () for none): what `parents` / `metas` are to `keys`.
+    spill_parents: tuple[bytes | None, ...] = ()
+    spill_metas: tuple[bytes | None, ...] = ()
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
     streamed: int = 0
@@ -109,6 +112,8 @@ class LoadJob:
     spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
     spill_slots: tuple[int, ...] = ()
     spill_tier: Tier = Tier.SSD
+    spill_parents: tuple[bytes | None, ...] = ()
+    spill_metas: tuple[bytes | None, ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
@@ -165,6 +170,19 @@ def put_extras(job: StoreJob | SpillJob, keys: Sequence[bytes]) -> PutExtras | N
         return [values[at[k]] if values and k in at else None for k in keys]
 
     return pick(job.parents), pick(job.metas)
+
+
+def inline_spill(job: StoreJob | LoadJob) -> SpillJob:
+    """The spill a store or load job runs first (`spill_keys`), as a SpillJob: the blocks,
+    their slots and what the SSD keeps with them."""
+    return SpillJob(
+        job.job_id,
+        job.spill_keys,
+        job.spill_slots,
+        job.spill_tier,
+        parents=job.spill_parents,
+        metas=job.spill_metas,
+    )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from flexkv_py.coordinator.jobs import SpillJob, StoreJob
+from flexkv_py.coordinator.jobs import LoadJob, SpillJob, StoreJob
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
 from flexkv_py.integration.vllm.events import BlockOrigin, BlockOrigins
 from flexkv_py.integration.vllm.metadata import JobEntry
@@ -104,20 +104,37 @@ def parent_key(key: bytes, origin: BlockOrigin | None) -> bytes | None:
     return key[:KEY_HEAD_LEN] + origin.parent_hash
 
 
+def _extras(
+    keys: Sequence[bytes], origins: BlockOrigins
+) -> tuple[tuple[bytes | None, ...], tuple[bytes | None, ...]] | None:
+    """Parents and metas of `keys` from what the scheduler remembers (None: it knows none)."""
+    found = [origins.get(k[KEY_HEAD_LEN:]) for k in keys]
+    if all(o is None for o in found):
+        return None
+    return (
+        tuple(parent_key(k, o) for k, o in zip(keys, found, strict=True)),
+        tuple(None if o is None else encode_origin(o) for o in found),
+    )
+
+
 def with_block_metas(entries: Sequence[JobEntry], origins: BlockOrigins) -> list[JobEntry]:
     """The step's jobs with each stored or spilled block's parent and metadata filled in from
-    what the scheduler remembers of it (blocks it no longer remembers go without)."""
+    what the scheduler remembers of it (blocks it no longer remembers go without), the blocks
+    a store or load spills first (`spill_keys`) included."""
     out: list[JobEntry] = []
     for entry in entries:
         job = entry.job
+        changes: dict[str, Any] = {}
         if isinstance(job, StoreJob | SpillJob) and not job.metas and job.keys:
-            found = [origins.get(k[KEY_HEAD_LEN:]) for k in job.keys]
-            if any(o is not None for o in found):
-                job = dataclasses.replace(
-                    job,
-                    parents=tuple(parent_key(k, o) for k, o in zip(job.keys, found, strict=True)),
-                    metas=tuple(None if o is None else encode_origin(o) for o in found),
-                )
-                entry = dataclasses.replace(entry, job=job)
+            extras = _extras(job.keys, origins)
+            if extras is not None:
+                changes.update(parents=extras[0], metas=extras[1])
+        if isinstance(job, StoreJob | LoadJob) and job.spill_keys and not job.spill_metas:
+            extras = _extras(job.spill_keys, origins)
+            if extras is not None:
+                changes.update(spill_parents=extras[0], spill_metas=extras[1])
+        if changes:
+            assert job is not None
+            entry = dataclasses.replace(entry, job=dataclasses.replace(job, **changes))
         out.append(entry)
     return out
