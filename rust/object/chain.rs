@@ -19,7 +19,7 @@ use object_store::path::Path;
 use super::manifest::{self, Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
-use super::{finish, hex_name, object_path, ObjectTier, Shared};
+use super::{hex_name, object_path, ObjectTier, Shared};
 use crate::error::Result;
 use crate::hashing::HashAlgo;
 use crate::store::batch::Keepalive;
@@ -141,12 +141,8 @@ impl ObjectTier {
         items: Vec<(Vec<u8>, RawBuf)>,
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
-        let (rt, ctx) = self.client()?;
-        let batch = Arc::new(Batch::new(items.len(), keepalive));
-        let (done, tier) = (batch.clone(), self.shared.clone());
-        let running = ctx.inflight.enter();
         let chain_ok = chain.iter().all(|k| ObjectTier::check_key(k).is_none());
-        rt.spawn(async move {
+        self.spawn_batch(items.len(), keepalive, move |ctx, tier| async move {
             let prefix = tier.prefix.clone();
             tier.age_out();
             let all_known = {
@@ -164,10 +160,8 @@ impl ObjectTier {
             if chain_ok {
                 tier.write_manifests(&ctx, &prefix, &chain).await;
             }
-            done.complete(finish(results));
-            drop(running);
-        });
-        Ok(batch)
+            results
+        })
     }
 }
 

@@ -232,13 +232,25 @@ impl ObjectTier {
         items: Vec<(Vec<u8>, RawBuf)>,
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
+        self.spawn_batch(items.len(), keepalive, move |ctx, shared| async move {
+            shared.put_blocks(&ctx, items).await
+        })
+    }
+
+    /// Run `work` on the tier's runtime as one batch of `n` blocks: the batch completes with
+    /// the results it returns, and `close` waits for it (the in-flight guard).
+    fn spawn_batch<W, F>(&self, n: usize, keepalive: Option<Keepalive>, work: W) -> Result<Arc<Batch>>
+    where
+        W: FnOnce(Ctx, Arc<Shared>) -> F,
+        F: std::future::Future<Output = Vec<Option<BlockResult>>> + Send + 'static,
+    {
         let (rt, ctx) = self.client()?;
-        let batch = Arc::new(Batch::new(items.len(), keepalive));
-        let (done, shared) = (batch.clone(), self.shared.clone());
+        let batch = Arc::new(Batch::new(n, keepalive));
+        let done = batch.clone();
         let running = ctx.inflight.enter();
+        let work = work(ctx, self.shared.clone());
         rt.spawn(async move {
-            let results = shared.put_blocks(&ctx, items).await;
-            done.complete(finish(results));
+            done.complete(finish(work.await));
             drop(running);
         });
         Ok(batch)
@@ -250,13 +262,9 @@ impl ObjectTier {
         items: Vec<(Vec<u8>, RawBuf)>,
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
-        let (rt, ctx) = self.client()?;
-        let batch = Arc::new(Batch::new(items.len(), keepalive));
         let prefix = self.prefix.clone();
         let width = self.cfg.concurrency;
-        let (done, shared) = (batch.clone(), self.shared.clone());
-        let running = ctx.inflight.enter();
-        rt.spawn(async move {
+        self.spawn_batch(items.len(), keepalive, move |ctx, shared| async move {
             let n = items.len();
             let gets = stream::iter(items.into_iter().enumerate()).map(|(i, (key, buf))| {
                 let ctx = ctx.clone();
@@ -277,10 +285,8 @@ impl ObjectTier {
                 }
                 results[i] = Some(r);
             }
-            done.complete(finish(results));
-            drop(running);
-        });
-        Ok(batch)
+            results
+        })
     }
 
     /// Whether each key is stored: known keys answer locally, the rest with one HEAD each (at

@@ -10,6 +10,7 @@ mod log_bridge;
 mod names;
 mod object_tier;
 mod pool;
+mod stats;
 mod store;
 
 use pyo3::prelude::*;

@@ -10,11 +10,11 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::batch::PyBatchHandle;
 use super::buffers::extract_items;
 use super::errors::to_py;
+use super::stats::stats_dict;
 use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::object::gc::GcOptions;
 use crate::object::{ObjectConfig, ObjectTier};
-use crate::store::stats::StatValue;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyObjectTier>()?;
@@ -202,15 +202,7 @@ impl PyObjectTier {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (name, value) in py.detach(|| self.tier.stats()) {
-            match value {
-                StatValue::Int(v) => d.set_item(name, v)?,
-                StatValue::Float(v) => d.set_item(name, v)?,
-                StatValue::Text(v) => d.set_item(name, v)?,
-            }
-        }
-        Ok(d)
+        stats_dict(py, py.detach(|| self.tier.stats()))
     }
 
     fn close(&self, py: Python<'_>) {

@@ -8,13 +8,13 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::batch::{PyBatchHandle, PyBlockResult};
 use super::buffers::extract_items;
 use super::errors::to_py;
+use super::stats::stats_dict;
 use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::hashing::HashAlgo;
 use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
-use crate::store::stats::StatValue;
 use crate::store::{BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig};
 use crate::tier::BlockTier;
 
@@ -270,15 +270,7 @@ impl PyBlockStore {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (name, value) in py.detach(|| self.tier.stats()) {
-            match value {
-                StatValue::Int(v) => d.set_item(name, v)?,
-                StatValue::Float(v) => d.set_item(name, v)?,
-                StatValue::Text(v) => d.set_item(name, v)?,
-            }
-        }
-        Ok(d)
+        stats_dict(py, py.detach(|| self.tier.stats()))
     }
 
     fn checkpoint(&self, py: Python<'_>) -> PyResult<()> {
