@@ -11,6 +11,7 @@ from meta_writer import meta_of
 from store_util import block, start_writer
 
 from flexkv_py._native import BlockStore
+from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
 
 MiB = 1 << 20
 
@@ -57,13 +58,67 @@ def test_parent_link_drops_when_the_parent_is_deleted(tmp_path: Path) -> None:
         assert dict(store.inventory())[b"p/b"] is None
 
 
-def test_meta_of_a_duplicate_is_not_another_keys(tmp_path: Path) -> None:
+def test_meta_of_a_duplicate_is_its_own_across_restarts(tmp_path: Path) -> None:
+    """A put deduplicated onto another key's content keeps its own metadata (side file), never
+    the content owner's: across a reopen, a compaction of the journal, the owner's delete, and
+    for duplicates within one batch."""
     data = block(b"same", 8000)
+    other = block(b"other", 8000)
     with BlockStore(str(tmp_path), 16 * MiB) as store:
         store.submit_put([(b"first", data)], metas=[b"first-meta"]).wait()
-        store.submit_put([(b"second", data)], parents=[b"first"], metas=[b"second-meta"]).wait()
-        assert store.read_metas([b"first", b"second"]) == [b"first-meta", None]
+        r = store.submit_put([(b"second", data)], parents=[b"first"], metas=[b"second-meta"])
+        assert r.wait()[0].status == "deduped"
+        # One batch: the follower maps onto its leader's content.
+        got = store.submit_put([(b"lead", other), (b"follow", other)], metas=[b"l", b"f"]).wait()
+        assert [x.status for x in got] == ["ok", "deduped"]
+        store.submit_put([(b"bare", data)]).wait()  # deduplicated, without metadata
+        assert store.read_metas([b"first", b"second", b"lead", b"follow", b"bare"]) == [
+            b"first-meta",
+            b"second-meta",
+            b"l",
+            b"f",
+            None,
+        ]
         assert dict(store.inventory())[b"second"] == b"first"
+        store.checkpoint()
+    with BlockStore(str(tmp_path), 16 * MiB) as store:
+        # What a restarted worker announces (recovered_events.py reads these in the background).
+        reader = RecoveredMetaReader(store, [b"first", b"second", b"bare"], "test")
+        assert reader.done.wait(10)
+        assert reader.take() == {b"first": b"first-meta", b"second": b"second-meta"}
+        assert store.read_metas([b"first", b"second", b"follow", b"bare"]) == [
+            b"first-meta",
+            b"second-meta",
+            b"f",
+            None,
+        ]
+        assert store.delete(b"first")  # the content stays (second maps onto it)
+        assert store.read_metas([b"second", b"first"]) == [b"second-meta", None]
+        # Mapped again, now without metadata: the older record must not come back.
+        assert store.delete(b"follow")
+        store.submit_put([(b"follow", other)]).wait()
+    with BlockStore(str(tmp_path), 16 * MiB) as store:
+        assert store.read_metas([b"second", b"follow", b"lead"]) == [b"second-meta", None, b"l"]
+        assert store.read(b"second") == data
+
+
+def test_dedup_side_file_is_rewritten_with_live_keys_only(tmp_path: Path) -> None:
+    """The side file does not grow without bound: once past its floor it is rewritten with the
+    records of keys still stored, and every live key's metadata survives that."""
+    data = block(b"shared", 8000)
+    side = tmp_path / "flexkv-dedup-metas.log"
+    meta = b"t" * 2000
+    with BlockStore(str(tmp_path), 16 * MiB) as store:
+        store.submit_put([(b"owner", data)], metas=[b"o"]).wait()
+        for i in range(700):  # ~1.4 MB of records, each key deleted again but the last 10
+            key = b"dup/%d" % i
+            assert store.submit_put([(key, data)], metas=[meta + b"%d" % i]).wait()[0].ok
+            if i < 690:
+                assert store.delete(key)
+        assert side.stat().st_size < 700 * 2000  # rewritten on the way
+        assert oct(side.stat().st_mode & 0o777) == oct(0o600)
+        want = [b"dup/%d" % i for i in range(690, 700)]
+        assert store.read_metas(want) == [meta + b"%d" % i for i in range(690, 700)]
 
 
 def test_bad_parents_or_metas_are_refused_clearly(tmp_path: Path) -> None:

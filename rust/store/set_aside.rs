@@ -41,6 +41,7 @@ fn move_store_files(dir: &Path, target: &Path) -> Result<()> {
         format!("{JOURNAL_FILE}.tmp"),
         format!("{JOURNAL_FILE}.compact"),
         DATA_FILE.into(),
+        super::metas::DEDUP_METAS_FILE.into(),
     ];
     let present: Vec<&String> = names.iter().filter(|n| dir.join(n).exists()).collect();
     if present.is_empty() {

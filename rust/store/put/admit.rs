@@ -11,6 +11,7 @@ use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::extent_pages;
 use crate::store::batch::{BlockResult, RawBuf, Status};
+use crate::store::metas::DedupMetas;
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
 
@@ -54,6 +55,7 @@ pub(super) fn plan(
     let mut count = 0u64;
     let mut leaders: HashMap<ContentHash, usize> = HashMap::new();
     let mut deduped_now: Vec<usize> = Vec::new();
+    let mut dedup_metas = DedupMetas::default();
     let last_of: HashMap<&[u8], usize> =
         items.iter().enumerate().map(|(i, (k, _))| (k.as_slice(), i)).collect();
     for (i, ((key, buf), enc)) in items.iter().zip(encoded).enumerate() {
@@ -82,8 +84,9 @@ pub(super) fn plan(
             deduped_now.push(i);
             let released = state.index.insert(key, hash, &existing);
             Shared::free_extent(&mut state, released);
-            // This key's metadata is not in the existing content's header page (it names the
-            // key that wrote it): `read_metas` answers None for it.
+            // The existing content's header page names the key that wrote it: this key's
+            // metadata goes to the side file (store/metas.rs) once journaled.
+            dedup_metas.add(key, extra_of(extras, i).and_then(|x| x.meta.as_deref()));
             let parent = extra_of(extras, i).and_then(|x| x.parent.clone());
             state.index.set_parent(key, parent.as_deref());
             Record::Put { key: key.clone(), hash, loc: existing, parent }.encode_into(&mut journal);
@@ -121,7 +124,11 @@ pub(super) fn plan(
             }
         }
     }
-    if let Err(e) = shared.journal_append(&mut state, &journal, count) {
+    let journaled = shared.journal_append(&mut state, &journal, count);
+    if journaled.is_ok() {
+        dedup_metas.write(shared, &state);
+    }
+    if let Err(e) = journaled {
         // Not journaled means not acknowledged: undo this phase's dedup mappings and write
         // nothing (freed extents are reused only once a journal rewrite has succeeded).
         Counters::add(&shared.counters.io_errors, 1);

@@ -11,6 +11,7 @@ use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::extent_pages;
 use crate::store::batch::{BlockResult, RawBuf, Status};
+use crate::store::metas::DedupMetas;
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
 
@@ -22,17 +23,13 @@ struct Pending {
     journal: Vec<u8>,
     count: u64,
     acknowledged: Vec<usize>,
+    /// Keys mapped onto content whose header page names another key: their metadata.
+    dedup: DedupMetas,
 }
 
 impl Pending {
     /// Map `key` to `hash` at `loc` in the index and queue its journal record.
-    fn map(
-        &mut self,
-        state: &mut State,
-        (i, key, parent): (usize, &[u8], Option<&[u8]>),
-        hash: ContentHash,
-        loc: &Location,
-    ) {
+    fn map(&mut self, state: &mut State, (i, key, parent, _): Item<'_>, hash: ContentHash, loc: &Location) {
         let released = state.index.insert(key, hash, loc);
         Shared::free_extent(state, released);
         state.index.set_parent(key, parent);
@@ -41,14 +38,23 @@ impl Pending {
         self.count += 1;
         self.acknowledged.push(i);
     }
+
+    /// `map` onto content another key wrote (its header page names that key).
+    fn map_deduped(&mut self, state: &mut State, item: Item<'_>, hash: ContentHash, loc: &Location) {
+        self.dedup.add(item.1, item.3);
+        self.map(state, item, hash, loc);
+    }
 }
+
+/// One item of the batch: its position, key, chain parent and metadata.
+type Item<'a> = (usize, &'a [u8], Option<&'a [u8]>, Option<&'a [u8]>);
 
 /// The result for a block whose write finished (`outcome`).
 fn written(
     shared: &Shared,
     state: &mut State,
     pending: &mut Pending,
-    item: (usize, &[u8], Option<&[u8]>),
+    item: Item<'_>,
     (hash, loc): (&ContentHash, &Location),
     outcome: Result<(), String>,
 ) -> BlockResult {
@@ -66,11 +72,14 @@ fn written(
         }
         Some((existing, false)) => {
             Shared::free_extent(state, ours);
+            pending.map_deduped(state, item, *hash, &existing);
             existing
         }
-        None => loc.clone(),
+        None => {
+            pending.map(state, item, *hash, loc);
+            loc.clone()
+        }
     };
-    pending.map(state, item, *hash, &loc);
     Counters::add(&shared.counters.puts, 1);
     Counters::add(&shared.counters.bytes_written, extent_pages(loc.stored_len) * PAGE as u64);
     if loc.compressed {
@@ -91,8 +100,13 @@ pub(super) fn commit(
     let mut results: Vec<Option<BlockResult>> = Vec::with_capacity(items.len());
     for (i, plan) in plans.iter().enumerate() {
         let key = &items[i].0;
-        let parent = extra_of(extras, i).and_then(|x| x.parent.as_deref());
-        let item = (i, key.as_slice(), parent);
+        let extra = extra_of(extras, i);
+        let item = (
+            i,
+            key.as_slice(),
+            extra.and_then(|x| x.parent.as_deref()),
+            extra.and_then(|x| x.meta.as_deref()),
+        );
         let result = match plan {
             Plan::Done(r) => r.clone(),
             // Filled in by the reply, once the winning occurrence has its result.
@@ -106,7 +120,7 @@ pub(super) fn commit(
                     results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
                 match state.index.content(hash).map(|c| c.loc.clone()) {
                     Some(loc) if leader_ok => {
-                        pending.map(&mut state, item, *hash, &loc);
+                        pending.map_deduped(&mut state, item, *hash, &loc);
                         Counters::add(&shared.counters.deduped, 1);
                         BlockResult::new(Status::Deduped, loc.raw_len)
                     }
@@ -119,7 +133,11 @@ pub(super) fn commit(
         };
         results.push(Some(result));
     }
-    if let Err(e) = shared.journal_append(&mut state, &pending.journal, pending.count) {
+    let journaled = shared.journal_append(&mut state, &pending.journal, pending.count);
+    if journaled.is_ok() {
+        std::mem::take(&mut pending.dedup).write(shared, &state);
+    }
+    if let Err(e) = journaled {
         // Not journaled means not durable: withdraw the blocks instead of acknowledging them.
         tracing::error!(error = %e, "journal append failed; withdrawing the batch");
         Counters::add(&shared.counters.io_errors, 1);
