@@ -92,6 +92,34 @@ def test_shutdown_writes_host_only_blocks_to_the_ssd(tmp_path: Path) -> None:
     e2.shutdown()
 
 
+def test_the_drain_writes_only_what_min_hits_admits(tmp_path: Path) -> None:
+    """With admission min_hits:2 the drain writes a block only once the admission filter counts
+    two accesses (its store and a connector hit), as write-behind and eviction would: a block
+    seen once is not worth its SSD wear at shutdown either."""
+    extra = vh.with_ssd(tmp_path / "ssd", admission="min_hits:2", write_behind_lag_s=0)
+    e1 = vh.Engine(_MODEL[0], vh.connector_transfer_config(extra))
+    once, again = vh.prompt_tokens(65, 4 * BS), vh.prompt_tokens(66, 4 * BS)
+    _compute(e1, "once", once)
+    bits = _compute(e1, "again", again)
+    e1.reset_gpu_prefix_cache()
+    _compute(e1, "again2", again)  # read back from the host tier: a second access
+    assert _loaded(e1, "again2")
+    assert _ssd_blocks(e1) == 0  # write-behind off: nothing on the SSD before shutdown
+    e1.shutdown()
+
+    e2 = _engine(tmp_path / "ssd")
+    assert _ssd_blocks(e2) == 4  # again's, not once's
+    for req_id, prompt, hit in (("a", once, False), ("b", again, True)):
+        req = e2.add(vh.make_request(req_id, prompt, max_tokens=3))
+        e2.run_until(_prompt_done(req))
+        if hit:
+            assert all(torch.equal(x, y) for x, y in zip(bits, _blocks(e2, "b", 4), strict=True))
+        e2.run()
+        assert _loaded(e2, req_id) == hit, f"{req_id}: expected drained={hit}"
+    assert not e2.mismatches()
+    e2.shutdown()
+
+
 def test_no_drain_budget_writes_nothing(tmp_path: Path) -> None:
     e1 = _engine(tmp_path / "ssd", shutdown_drain_s=0)
     _compute(e1, "A", vh.prompt_tokens(62, 4 * BS))

@@ -14,8 +14,10 @@ from test_vllm_connector import block_bits, engine, loaded, prompt_done
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from flexkv_py.config import load_config
+from flexkv_py.index.lower_capacity import STORE_PAGE, SUPERBLOCK_PAGES, block_pages
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.placement import engine_placement
+from flexkv_py.tiers.node_shards import SiblingShards
 
 pytestmark = pytest.mark.usefixtures("connector_form")
 
@@ -71,10 +73,77 @@ def test_two_engines_side_by_side_on_one_ssd_dir(model_dir: str, tmp_path: Path)
     b = engine(model_dir, {**node, "instance_id": 1})  # A still runs
     assert worker_stats(b)["ssd_unavailable"] == 0
     assert shards(ssd) == ["engine0-tp0-pp0", "engine1-tp0-pp0"]
-    assert side_stats(b)["ssd_adopted_blocks"] == 4  # A's, from its shard
-    assert worker_stats(b)["ssd"]["sibling_shards"] == 1
+    assert side_stats(b)["node_adopted_blocks"] == 4  # A's, from its shard
+    assert side_stats(b).get("ssd_adopted_blocks", 0) == 0  # not B's own SSD capacity
+    assert worker_stats(b)["node"]["sibling_shards"] == 1
     hit_and_compare(b, "B", prompt, bits, 4)
     assert worker_stats(b)["ssd"]["blocks"] == 0, "B wrote a copy of A's blocks"
+    vh.assert_no_leaks(b)
+    b.shutdown()
+    a.shutdown()
+
+
+def test_b_follows_what_a_stores_and_evicts_after_b_started(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sibling shards are kept up to date (SiblingShards' refresh): B hits a prefix A stored
+    after B started, bit-identical; blocks A evicts stop being offered by B (a prompt of them is
+    computed, never read); and A's blocks never count against B's own SSD capacity."""
+    monkeypatch.setattr(SiblingShards, "refresh_s", 0.1)
+    probe = engine(model_dir, vh.with_ssd(tmp_path / "probe"))
+    slot = probe.workers[0].connector.worker_side._executor.pool.slot_nbytes
+    probe.shutdown()
+    # Each engine's SSD holds 8 blocks, its host tier 6 (the node's sizes over 2 engines).
+    ssd_bytes = (8 * block_pages(slot) + SUPERBLOCK_PAGES) * STORE_PAGE
+    sizes = {"ssd_cache_gb": 2 * ssd_bytes / (1 << 30), "cpu_cache_gb": 2 * 6 * slot / (1 << 30)}
+    node = vh.with_ssd(tmp_path / "ssd", instance_num=2, **sizes)
+    a = engine(model_dir, {**node, "instance_id": 0})
+    b = engine(model_dir, {**node, "instance_id": 1})  # before A stored anything
+    assert side_stats(b).get("node_adopted_blocks", 0) == 0
+
+    def compute(e: vh.Engine, req_id: str, prompt: list[int], n: int) -> list[Any]:
+        req = e.add(vh.make_request(req_id, prompt, max_tokens=2))
+        e.run_until(prompt_done(req))
+        bits = block_bits(e, req_id, n)
+        e.run()
+        return bits
+
+    def b_sees(stat: str, n: int) -> None:
+        b.run_until(lambda: side_stats(b).get(stat, 0) >= n, timeout_s=30)
+
+    p, r, big = (vh.prompt_tokens(s, n * BS) for s, n in ((95, 4), (96, 4), (97, 16)))
+    bits = [compute(a, "A1", p, 4)]
+    b_sees("node_adopted_blocks", 4)
+    hit_and_compare(b, "B1", p, bits, 4)
+    assert worker_stats(b)["node_read_blocks"] == 4
+    compute(a, "A2", r, 4)  # A's SSD is full now: 8 blocks
+    b_sees("node_adopted_blocks", 8)
+    stats = side_stats(b)
+    assert stats["index_on_node"] == 8 and stats["index_on_ssd"] <= 4  # B's own: only P's
+    a_ssd = a.workers[0].connector.worker_side._executor.tiers[Tier.SSD]
+    b_node = b.workers[0].connector.worker_side._executor.tiers[Tier.NODE]
+
+    def b_tracks_a() -> bool:
+        held = set(a_ssd.keys())
+        return set(b_node.keys()) == held and side_stats(b)["index_on_node"] == len(held)
+
+    compute(a, "A3", big, 16)  # A's full SSD evicts blocks for big's
+    assert side_stats(a)["ssd_evicted_blocks"] >= 1
+    b.run_until(b_tracks_a, timeout_s=30)
+    assert side_stats(b)["node_forgotten_blocks"] >= 1
+    # A drops every block (as a weight update would): B stops offering all of them.
+    assert a.scheduler.reset_prefix_cache(reset_connector=True)
+    a.run_until(lambda: not a_ssd.keys(), timeout_s=30)
+    b.run_until(b_tracks_a, timeout_s=30)
+    assert side_stats(b)["index_on_node"] == 0
+    b.reset_gpu_prefix_cache()
+    before = len(b.history)
+    req = b.add(vh.make_request("B2", r, max_tokens=2))
+    b.run_until(prompt_done(req))
+    b.run()
+    assert not loaded(b, "B2"), "B offered blocks its sibling evicted"
+    assert not any(rec.invalid_block_ids for rec in b.history[before:])
+    assert not b.mismatches() and not a.mismatches()
     vh.assert_no_leaks(b)
     b.shutdown()
     a.shutdown()
@@ -87,6 +156,7 @@ def test_a_sibling_shard_is_not_read_when_sharing_is_off(model_dir: str, tmp_pat
     a.run()
     b = engine(model_dir, {**node, "instance_id": 1, "share_node_shards": False})
     assert side_stats(b).get("ssd_adopted_blocks", 0) == 0
+    assert side_stats(b).get("node_adopted_blocks", 0) == 0
     b.shutdown()
     a.shutdown()
 

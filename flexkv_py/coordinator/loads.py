@@ -42,6 +42,7 @@ class LoadPlanner(HostEviction):
             return None
         with self._lock:
             acquired = self.index.acquire(keys, count_hits=True)
+            self._note_admitted(keys[: len(acquired)], stored=False)
             host = Tier.HOST
             if len(acquired) == len(keys) and all(a.tier is host for a in acquired):
                 # The common case, in one pass: every block is in host memory.

@@ -47,6 +47,7 @@ class CacheManager(StorePlanner, LoadPlanner):
         """The engine used these cached blocks from its own (GPU) prefix cache: they count as
         recently used here too, so the tiers below keep what the GPU keeps using."""
         self.index.touch(keys)
+        self._note_admitted(keys, stored=False)
 
     def readable_hashes(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
         """Index of the first unreadable key head + hashes[i] in [start, stop) (stop if none),
@@ -161,6 +162,14 @@ class CacheManager(StorePlanner, LoadPlanner):
                 "adopted %d %s blocks (%d orphans dropped)", len(adopted), tier.value, len(orphans)
             )
             return len(adopted)
+
+    def forget_on(self, tier: Tier, keys: Sequence[bytes]) -> int:
+        """`tier` no longer holds `keys` (a sibling shard evicted them): stop offering them
+        there. Returns how many were forgotten."""
+        with self._lock:
+            gone = self.index.set_present(keys, tier, False)
+            self._stats[f"{tier.value}_forgotten_blocks"] += len(gone)
+            return len(gone)
 
     def reset(self) -> DropJob | None:
         """Forget every block (e.g. after a weight update). Blocks in use by in-flight jobs become

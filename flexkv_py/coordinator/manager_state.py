@@ -11,6 +11,7 @@ import itertools
 import math
 import threading
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +28,8 @@ from flexkv_py.index.tier_names import Tier
 
 Medium = Literal["CPU", "SSD", "OBJECT"]
 # The medium each tier's KV events name (vLLM's "CPU" for host memory).
+# Admitted keys kept for the workers' shutdown drain until a step takes them.
+MAX_NOTED_ADMITTED = 1 << 20
 MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
 
 
@@ -114,12 +117,39 @@ class ManagerState:
         self._background: list[Job] = []
         self._events: deque[KVEvent] = deque(maxlen=max_events)
         self._stats: Counter[str] = Counter()
+        # min_hits > 1: keys that reached it since the workers last heard (write_behind.py).
+        self._drain_admitted: dict[bytes, None] = {}
 
     @property
     def num_host_slots(self) -> int:
         return self.index.num_host_slots
 
+    def _note_admitted(self, keys: Iterable[bytes], *, stored: bool) -> None:
+        """With min_hits > 1, keys whose access count just reached it (a store: has reached
+        it) are named to the workers: their shutdown drain writes only those
+        (integration/vllm/shutdown_drain.py), as write-behind and eviction would."""
+        need = self.admission.spec.min_hits
+        if need <= 1 or self.spill_tier is None:
+            return
+        with self._lock:
+            hits, noted = self.index.hits, self._drain_admitted
+            for key in keys:
+                h = hits(key)
+                if h == need or (stored and h > need):
+                    noted[key] = None
+            while len(noted) > MAX_NOTED_ADMITTED:  # nobody takes them (no vLLM workers)
+                del noted[next(iter(noted))]
+
+    def take_drain_admitted(self) -> tuple[bytes, ...]:
+        """Keys noted by `_note_admitted` since the last call (for the step's metadata)."""
+        with self._lock:
+            out = tuple(self._drain_admitted)
+            self._drain_admitted.clear()
+            return out
+
     def _event(self, kind: Literal["stored", "removed"], key: bytes, tier: Tier) -> None:
+        if tier is Tier.NODE:
+            return  # a sibling engine's block: that engine announces it
         block_hash = self.namespace.block_hash(key)
         self._events.append(KVEvent(kind, block_hash, MEDIUM[tier], key[:PREFIX_LEN]))
 

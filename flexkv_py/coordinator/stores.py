@@ -84,6 +84,7 @@ class StorePlanner(WriteBehind):
                     host_slots[passing:],
                     parents=[parents[i] for i in todo[passing:]],
                 )
+                self._note_admitted([keys[i] for i in todo[passing:]], stored=True)
             self.index.unpin(outside)
             if todo:
                 tier = self.spill_tier

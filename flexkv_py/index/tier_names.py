@@ -12,11 +12,12 @@ class Tier(str, Enum):
 
     HOST = "host"  # a pinned host-memory slot
     SSD = "ssd"  # the local block store (io_uring / O_DIRECT)
+    NODE = "node"  # sibling engines' SSD shards on this node, read-only (tiers/node_shards.py)
     OBJECT = "object"  # a store shared by the fleet (not available yet)
 
 
 # Tiers below the host tier: a block reaches them from its host slot and comes back through one.
-LOWER_TIERS: tuple[Tier, ...] = (Tier.SSD, Tier.OBJECT)
+LOWER_TIERS: tuple[Tier, ...] = (Tier.SSD, Tier.NODE, Tier.OBJECT)
 
 
 def lower_in_order(named: Collection[Tier | None]) -> list[Tier]:

@@ -17,7 +17,7 @@ import os
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.node_shards import NodeShards, ReadOnlyShard, ReplicaReader
+from flexkv_py.tiers.node_shards import ReadOnlyShard, ReplicaReader, SiblingShards
 from flexkv_py.tiers.protocol import LowerTier
 from flexkv_py.tiers.ssd_open import open_ssd_tier
 
@@ -41,8 +41,10 @@ def open_lower_tiers(
         return tiers, unavailable
     ssd, why = open_ssd_tier(config, namespace)
     if ssd is not None:
+        tiers[Tier.SSD] = ssd
         siblings = sibling_shards(config, namespace) if config.share_node_shards else []
-        tiers[Tier.SSD] = NodeShards(ssd, namespace, siblings) if siblings else ssd
+        if siblings:  # a tier of their own: not this engine's SSD capacity (node_shards.py)
+            tiers[Tier.NODE] = SiblingShards(namespace, siblings)
     elif why is not None:
         unavailable[Tier.SSD] = why
     return tiers, unavailable

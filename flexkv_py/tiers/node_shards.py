@@ -5,12 +5,12 @@ A shard directory has one writer (its flock, rust/device/dir_lock.rs). Readers o
 native store's `read_only` mode: no lock, the journal replayed into a private index, a snapshot
 as of that open. A block the writer evicted and overwrote since then fails the header and
 content-hash check of the read (`corrupt`): it is recomputed, never served. A block written
-after the snapshot is not in it: a miss reopens the snapshot when the writer's journal changed
-since (one stat; the reopen replays the journal).
+after the snapshot is not in it: a miss (and the sibling refresh) reopens the snapshot when the
+writer's journal changed since (one stat; the reopen replays the journal).
 
-- `NodeShards` (issue 10 item 9): this engine's own SSD tier, plus its siblings' shards of the
-  same rank (`Namespace.is_sibling_shard`: other engines of the same model on this node, same
-  storage keys). Its inventory is the union, and a read its own shard misses is tried on them.
+- `SiblingShards` (issue 10 item 9): the shards of this rank that other engines of the same
+  model on this node write (`Namespace.is_sibling_shard`, same storage keys), as a tier of
+  their own (`Tier.NODE`), kept fresh by a background refresh.
 - `ReplicaReader` (item 10): TP ranks > 0 of an MLA engine. The latent KV is the same on every
   rank, so rank 0 alone writes it; these ranks acknowledge writes without writing (a job's
   merged result still fails a block rank 0 did not write) and read rank 0's shard.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.protocol import BatchLike, Item, LowerTier
+from flexkv_py.tiers.protocol import BatchLike, Item
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class ReadOnlyShard:
         self._store: _native.BlockStore | None = None
         self._old: list[_native.BlockStore] = []  # replaced snapshots: reads may still run
         self._seen: tuple[int, int] | None = None  # the journal (mtime, size) last opened
+        self._lock = threading.Lock()  # the refresh thread and readers both reopen
 
     def _journal(self) -> tuple[int, int] | None:
         try:
@@ -110,18 +112,20 @@ class ReadOnlyShard:
     def fresh(self) -> _native.BlockStore | None:
         """The store, its snapshot reopened first if the writer's journal changed since (a
         miss: the writer may have stored the block since)."""
-        if self._store is None or self._journal() != self._seen:
-            return self._open()
-        return self._store
+        with self._lock:
+            if self._store is None or self._journal() != self._seen:
+                return self._open()
+            return self._store
 
     def keys(self) -> list[bytes]:
         store = self.store()
         return store.keys() if store is not None else []
 
     def close(self) -> None:
-        for store in (*self._old, *([self._store] if self._store is not None else [])):
-            store.close()
-        self._old, self._store = [], None
+        with self._lock:
+            for store in (*self._old, *([self._store] if self._store is not None else [])):
+                store.close()
+            self._old, self._store = [], None
 
 
 class _Fallback:
@@ -159,58 +163,114 @@ class _Fallback:
             self._batch = store.submit_get([self._items[i] for i in self._missing])
 
 
-class NodeShards:
-    """Implements `LowerTier`: this engine's own SSD tier plus its siblings' shards, read-only."""
+class SiblingShards:
+    """Implements `LowerTier` as `Tier.NODE`: the sibling engines' shards of this rank, read-only.
 
-    def __init__(self, own: LowerTier, namespace: Namespace, siblings: list[ReadOnlyShard]):
-        self.own = own
+    Its own tier, not part of this engine's SSD tier: the index counts these blocks apart from
+    the own shard's capacity (the siblings evict on their own), writes never go here, and
+    deletes are the siblings' business. A background thread re-reads each sibling's journal
+    every `refresh_s` when it changed (one stat; a reopen replays it) and queues the keys that
+    appeared and vanished since (`take_changes`): the worker hands them to the scheduler, which
+    starts or stops offering them. A block evicted between two refreshes fails its read (the
+    header names another key or the content hash differs: `corrupt`, or `not_found`) and is
+    recomputed, never served. Nothing here runs on a step."""
+
+    refresh_s = 2.0
+
+    def __init__(self, namespace: Namespace, siblings: list[ReadOnlyShard]) -> None:
         self.namespace = namespace
         self.siblings = siblings
+        self._lock = threading.Lock()
+        self._known: set[bytes] = set()  # logical keys as of the last refresh
+        self._added: dict[bytes, None] = {}  # since the last take_changes, in order
+        self._removed: set[bytes] = set()
+        self._stop = threading.Event()
+        self.refreshes = 0
+        self.refresh()  # the blocks siblings hold at start
+        self._thread = threading.Thread(target=self._run, name="flexkv-sibling-shards", daemon=True)
+        self._thread.start()
 
     @property
     def name(self) -> Tier:
-        return self.own.name
+        return Tier.NODE
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self.refresh()
+            except Exception as e:  # a refresh is retried next time; never kills the thread
+                logger.warning("sibling shards: refresh failed: %s", e)
+
+    def refresh(self) -> None:
+        """Reopen the siblings whose journal changed; queue the keys that came and went."""
+        lk = self.namespace.logical_key
+        now: set[bytes] = set()
+        order: list[bytes] = []
+        for sib in self.siblings:
+            store = sib.fresh()
+            for k in map(lk, store.keys() if store is not None else []):
+                if k is not None and k not in now:
+                    now.add(k)
+                    order.append(k)
+        with self._lock:
+            known = self._known
+            for k in order:
+                if k not in known:
+                    self._added[k] = None
+                    self._removed.discard(k)
+            for k in known - now:
+                self._removed.add(k)
+                self._added.pop(k, None)
+            self._known = now
+            self.refreshes += 1
+
+    def take_changes(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """(keys that appeared, keys that vanished) since the last call."""
+        with self._lock:
+            added, self._added = tuple(self._added), {}
+            removed, self._removed = tuple(self._removed), set()
+            return added, removed
 
     def submit_put(self, items: Iterable[Item]) -> BatchLike:
-        return self.own.submit_put(items)
+        # Never planned (the scheduler writes only to its own tiers): refused, not written.
+        return FinishedBatch(
+            [MadeResult("rejected", 0, "sibling shards are read-only")] * len(list(items))
+        )
 
     def submit_get(self, items: Iterable[Item]) -> BatchLike:
-        items = list(items)
         sk = self.namespace.storage_key
         stored = [(sk(k), buf) for k, buf in items]
-        return _Fallback(self.own.submit_get(items), stored, self.siblings)
+        first = self.siblings[0].store() if self.siblings else None
+        if first is None:
+            return FinishedBatch([MadeResult(NOT_FOUND) for _ in stored])
+        return _Fallback(first.submit_get(stored), stored, self.siblings[1:])
 
     def delete(self, keys: Iterable[bytes]) -> int:
-        return self.own.delete(keys)  # siblings' blocks are theirs to delete
+        return 0  # siblings' blocks are theirs to delete
 
     def contains(self, key: bytes) -> bool:
         sk = self.namespace.storage_key(key)
-        return self.own.contains(key) or any(
-            (s := sib.store()) is not None and s.contains(sk) for sib in self.siblings
-        )
+        return any((s := sib.store()) is not None and s.contains(sk) for sib in self.siblings)
 
     def drain_evicted(self) -> list[bytes]:
-        return self.own.drain_evicted()
+        return []  # vanished blocks travel with take_changes
 
     def keys(self) -> list[bytes]:
-        """The own shard's keys, then the siblings' not already listed (the inventory)."""
-        out = self.own.keys()
-        seen = set(out)
-        lk = self.namespace.logical_key
-        for sib in self.siblings:
-            for k in map(lk, sib.keys()):
-                if k is not None and k not in seen:
-                    seen.add(k)
-                    out.append(k)
-        return out
+        """The siblings' blocks as of the last refresh."""
+        with self._lock:
+            return list(self._known)
 
     def stats(self) -> dict[str, int | float | str]:
-        out = dict(self.own.stats())
-        out["sibling_shards"] = len(self.siblings)
-        return out
+        with self._lock:
+            return {
+                "sibling_shards": len(self.siblings),
+                "blocks": len(self._known),
+                "refreshes": self.refreshes,
+            }
 
     def close(self) -> None:
-        self.own.close()
+        self._stop.set()
+        self._thread.join(5.0)
         for sib in self.siblings:
             sib.close()
 

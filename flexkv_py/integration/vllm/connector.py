@@ -223,8 +223,12 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
             return {}
         if not split or sum(split.values()) != num_external_tokens:
             return {self._cache_hit_source: num_external_tokens}
-        names = {Tier.HOST: CacheHitSource.HOST, Tier.SSD: CacheHitSource.DISK}
-        return {names[tier]: tokens for tier, tokens in split.items()}
+        disk = CacheHitSource.DISK  # a sibling engine's shard is SSD too
+        names = {Tier.HOST: CacheHitSource.HOST, Tier.SSD: disk, Tier.NODE: disk}
+        out: dict[CacheHitSource, int] = {}
+        for tier, tokens in split.items():
+            out[names[tier]] = out.get(names[tier], 0) + tokens
+        return out
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self.scheduler_side.build_connector_meta(scheduler_output)

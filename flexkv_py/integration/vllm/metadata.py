@@ -44,6 +44,9 @@ class FlexKVConnectorMetadata(KVConnectorMetadata):
     flush_job_ids: set[int] = field(default_factory=set)
     # Finished requests whose blocks vLLM keeps until we name them in finished_sending.
     delayed_free_req_ids: set[str] = field(default_factory=set)
+    # min_hits > 1: keys the admission filter now admits (their shutdown drain writes only
+    # those, shutdown_drain.py).
+    drain_admitted: tuple[bytes, ...] = ()
 
 
 def _merge_lists(a: dict[int, list[Any]], b: dict[int, list[Any]]) -> dict[int, list[Any]]:
@@ -72,6 +75,10 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     # keys), and then, a slice per step, the metadata its store kept with them (block_meta.py).
     inventory_parents: dict[bytes, bytes] = field(default_factory=dict)
     recovered_metas: dict[bytes, bytes] = field(default_factory=dict)
+    # (tp_rank, pp_rank) -> sibling-shard keys that appeared / vanished on that worker since
+    # its last report (node_inventory.py).
+    node_added: dict[tuple[int, int], tuple[bytes, ...]] = field(default_factory=dict)
+    node_removed: dict[tuple[int, int], tuple[bytes, ...]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, FlexKVWorkerMetadata):
@@ -90,6 +97,8 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             ready_slots={**self.ready_slots, **other.ready_slots},
             inventory_parents={**self.inventory_parents, **other.inventory_parents},
             recovered_metas={**self.recovered_metas, **other.recovered_metas},
+            node_added={**self.node_added, **other.node_added},
+            node_removed={**self.node_removed, **other.node_removed},
         )
 
     def is_empty(self) -> bool:
@@ -101,4 +110,6 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             or self.ready_slots
             or self.inventory_parents
             or self.recovered_metas
+            or self.node_added
+            or self.node_removed
         )

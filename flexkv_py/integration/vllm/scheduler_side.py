@@ -39,6 +39,7 @@ from flexkv_py.integration.vllm.metadata import (
     FlexKVWorkerMetadata,
     JobEntry,
 )
+from flexkv_py.integration.vllm.node_inventory import NodeInventory
 from flexkv_py.integration.vllm.request_keys import RequestKeys
 from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
@@ -91,6 +92,8 @@ class SchedulerSide:
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
         self._inventory.announce_with(self._origins, self._bs)
+        # Sibling engines' blocks on this node, kept up to date by the workers' refreshes.
+        self._node = NodeInventory(info.num_workers)
         # LoRA requests key their blocks by the adapter's identity, not only its name.
         self._variants = AdapterVariants()
         # Keys per request, kept across its scheduling attempts (vLLM asks every step).
@@ -201,6 +204,7 @@ class SchedulerSide:
             self._step_jobs = with_block_metas(self._step_jobs, self._origins)
         meta.jobs, self._step_jobs = self._step_jobs, []
         meta.delayed_free_req_ids, self._delayed_free = self._delayed_free, set()
+        meta.drain_admitted = self._mgr.take_drain_admitted()
         for req_id in so.finished_req_ids:
             self._maybe_forget(req_id)
         return meta
@@ -249,6 +253,8 @@ class SchedulerSide:
             if len(self._ready_slots) >= self._info.num_workers:
                 self._mgr.grow_host_slots(min(self._ready_slots.values()))
         self._inventory.adopt_reports(self._mgr, meta)
+        if meta.node_added or meta.node_removed:
+            self._node.apply(self._mgr, meta.node_added, meta.node_removed)
         for job_id, nranks in meta.gpu_read_done.items():
             info = self._jobs.get(job_id)
             if info is None:

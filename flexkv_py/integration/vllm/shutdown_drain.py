@@ -5,7 +5,10 @@ vLLM calls the connector's `shutdown` only after the last step, so the scheduler
 more write-behind jobs then; each worker therefore remembers which of its host slots hold a block
 that is readable and not on the SSD (a store that committed to host only), and forgets a slot as
 soon as a job fills it again, writes it to the SSD, or the cache is reset. Only blocks whose store
-succeeded are kept, so a drain never persists KV that is not the key's. The drain writes oldest
+succeeded are kept, so a drain never persists KV that is not the key's. With an admission filter
+(`min_hits` > 1) only the blocks the scheduler named admitted (their access count reached
+min_hits: `drain_admitted` in the step metadata) are written, as write-behind and eviction would:
+a block seen too rarely is not worth its SSD wear at shutdown either. The drain writes oldest
 first (parents before their children), in batches, each bounded by what is left of the budget; a
 stuck device leaves the rest unwritten and the slots fenced (late_io.py), never a hang.
 """
@@ -23,13 +26,26 @@ from flexkv_py.index.tier_names import Tier
 logger = logging.getLogger(__name__)
 
 DRAIN_BATCH = 64
+# Admitted keys remembered per worker (a key can be named before its store finishes here).
+MAX_ADMITTED = 1 << 20
 
 
 class HostOnlyBlocks:
     """Host slot -> (key, parent, meta) of a committed block with no SSD copy on this worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_hits: int = 1) -> None:
         self._by_slot: dict[int, tuple[bytes, bytes | None, bytes | None]] = {}
+        self._min_hits = min_hits
+        self._admitted: dict[bytes, None] = {}  # min_hits > 1: keys the filter admits
+
+    def admit(self, keys: Sequence[bytes]) -> None:
+        """The scheduler's admission filter now admits `keys` (min_hits reached)."""
+        if self._min_hits <= 1:
+            return
+        for k in keys:
+            self._admitted[k] = None
+        while len(self._admitted) > MAX_ADMITTED:
+            del self._admitted[next(iter(self._admitted))]
 
     def __len__(self) -> int:
         return len(self._by_slot)
@@ -65,6 +81,13 @@ class HostOnlyBlocks:
 
     def reset(self) -> None:
         self._by_slot.clear()
+        self._admitted.clear()
+
+    def owed(self) -> list[tuple[int, tuple[bytes, bytes | None, bytes | None]]]:
+        """(slot, (key, parent, meta)) of the blocks the drain writes, oldest first."""
+        if self._min_hits <= 1:
+            return list(self._by_slot.items())
+        return [(s, b) for s, b in self._by_slot.items() if b[0] in self._admitted]
 
     def _forget(self, slots: Sequence[int]) -> None:
         for s in slots:
@@ -73,7 +96,7 @@ class HostOnlyBlocks:
     def drain(self, ssd: Any, pool: Any, late_io: Any, budget_s: float) -> tuple[int, bool]:
         """Write the owed blocks to `ssd` within `budget_s`; (blocks written, device stuck)."""
         deadline = time.monotonic() + budget_s
-        owed = list(self._by_slot.items())
+        owed = self.owed()
         written = 0
         addr, nbytes = pool.slot_address, pool.slot_nbytes
         for lo in range(0, len(owed), DRAIN_BATCH):

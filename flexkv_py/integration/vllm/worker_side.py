@@ -90,7 +90,7 @@ class WorkerSide:
         self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
         self._meta_reader: RecoveredMetaReader | None = None
         # Host blocks not on the SSD, written at shutdown (shutdown_drain.py); store jobs by id.
-        self._host_only = HostOnlyBlocks()
+        self._host_only = HostOnlyBlocks(config.admission_spec.min_hits)
         self._store_jobs: dict[int, Any] = {}
 
     @property
@@ -146,6 +146,7 @@ class WorkerSide:
             if entry.kind == "store" and entry.req_id is not None and entry.job is not None:
                 self._req_stores.setdefault(entry.req_id, set()).add(entry.job.job_id)
         self._await_free |= meta.delayed_free_req_ids
+        self._host_only.admit(meta.drain_admitted)
 
     def handle_preemptions(self, meta: FlexKVConnectorMetadata) -> None:
         if not meta.flush_req_ids and not meta.flush_job_ids:
@@ -302,6 +303,14 @@ class WorkerSide:
             self._out.ready_slots[(self.tp_rank, self.pp_rank)] = ready
         if self._meta_reader is not None:
             self._out.recovered_metas.update(self._meta_reader.take())
+        node = self.executor.tiers.get(Tier.NODE) if self._executor is not None else None
+        if node is not None and hasattr(node, "take_changes"):
+            added, removed = node.take_changes()  # sibling shards' refresh (node_shards.py)
+            rank = (self.tp_rank, self.pp_rank)
+            if added:
+                self._out.node_added[rank] = added
+            if removed:
+                self._out.node_removed[rank] = removed
         if self._out.is_empty():
             return None
         out, self._out = self._out, FlexKVWorkerMetadata()
@@ -337,11 +346,15 @@ class WorkerSide:
             self._collect(self.executor.wait(list(self._store_jobs), budget))
         except TimeoutError:
             self._collect(self.executor.poll())
-        owed = len(self._host_only)
+        owed = len(self._host_only.owed())
         left = max(0.0, deadline - time.monotonic())
         ex = self.executor
         written, stuck = self._host_only.drain(ssd, ex.pool, ex.late_io, left)
         logger.info(
-            "%s: shutdown wrote %d of %d host-only blocks to SSD", self._label, written, owed
+            "%s: shutdown wrote %d of %d host-only blocks to SSD (%d left out: min_hits)",
+            self._label,
+            written,
+            owed,
+            len(self._host_only) - owed,
         )
         return stuck
