@@ -13,7 +13,7 @@ from store_util import block
 
 from flexkv_py._native import BlockStore, HostPool
 from flexkv_py.config import load_config
-from flexkv_py.tiers.node_shards import ReadOnlyShard
+from flexkv_py.tiers.node_shards import ReadOnlyShard, SiblingShards
 
 SLOT = 64 * 1024
 MiB = 1 << 20
@@ -86,3 +86,61 @@ def test_an_extent_reused_since_the_snapshot_is_never_served(
             assert [get(snap, p, b"old%d" % i)[0] for i in range(4)] == ["corrupt"] * 4
         finally:
             shard.close()
+
+
+class _Plain:
+    """A namespace whose storage keys are the logical keys (as a real one's, minus the tag)."""
+
+    @staticmethod
+    def storage_key(key: bytes) -> bytes:
+        return key
+
+    @staticmethod
+    def logical_key(key: bytes) -> bytes | None:
+        return key
+
+
+def test_sibling_refresh_reports_what_came_and_went_across_siblings(
+    tmp_path: Path, pool: tuple[HostPool, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SiblingShards.refresh: keys a sibling stored since are reported added, keys it deleted
+    removed, except a key another sibling still holds; an unchanged sibling reports nothing."""
+    p, view = pool
+    cfg = load_config({"ssd_io_engine": "psync"}, env={})
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    with (
+        BlockStore(str(a_dir), 16 * MiB, io_engine="psync") as a,
+        BlockStore(str(b_dir), 16 * MiB, io_engine="psync") as b,
+    ):
+        put(a, p, view, [b"x", b"both"])
+        put(b, p, view, [b"both"])
+        monkeypatch.setattr(SiblingShards, "refresh_s", 3600.0)  # refreshed by hand here
+        sibs = SiblingShards(
+            _Plain(),  # type: ignore[arg-type]
+            [ReadOnlyShard(cfg, [str(a_dir)]), ReadOnlyShard(cfg, [str(b_dir)])],
+        )
+        try:
+            added, removed = sibs.take_changes()
+            assert sorted(added) == [b"both", b"x"] and removed == ()
+            sibs.refresh()
+            assert sibs.take_changes() == ((), ())  # nothing changed
+            put(a, p, view, [b"y"])
+            assert a.delete(b"x") and a.delete(b"both")
+            sibs.refresh()
+            assert sibs.take_changes() == ((b"y",), (b"x",))  # "both": b still holds it
+            assert sorted(sibs.keys()) == [b"both", b"y"]
+            assert b.delete(b"both")
+            sibs.refresh()
+            assert sibs.take_changes() == ((), (b"both",))
+            status, data = get_from(sibs, p, b"y")
+            assert status == "ok" and data == block(b"y", SLOT)
+            assert get_from(sibs, p, b"x")[0] == "not_found"
+        finally:
+            sibs.close()
+
+
+def get_from(tier: SiblingShards, pool: HostPool, key: bytes) -> tuple[str, bytes]:
+    (r,) = tier.submit_get([(key, (pool.address + 7 * SLOT, SLOT))]).wait(10)
+    return r.status, bytes(pool.memoryview()[7 * SLOT : 8 * SLOT])

@@ -78,6 +78,7 @@ class ReadOnlyShard:
         self._store: _native.BlockStore | None = None
         self._old: list[_native.BlockStore] = []  # replaced snapshots: reads may still run
         self._seen: tuple[int, int] | None = None  # the journal (mtime, size) last opened
+        self.opened = 0  # snapshots opened so far (a refresh compares only new ones)
         self._lock = threading.Lock()  # the refresh thread and readers both reopen
 
     def _journal(self) -> tuple[int, int] | None:
@@ -104,6 +105,7 @@ class ReadOnlyShard:
             while len(self._old) > self.keep_old:
                 self._old.pop(0).close()
         self._store = store
+        self.opened += 1
         return store
 
     def store(self) -> _native.BlockStore | None:
@@ -182,6 +184,7 @@ class SiblingShards:
         self.siblings = siblings
         self._lock = threading.Lock()
         self._known: set[bytes] = set()  # logical keys as of the last refresh
+        self._per_sibling: dict[int, set[bytes]] = {}  # each sibling's, as of its last open
         self._added: dict[bytes, None] = {}  # since the last take_changes, in order
         self._removed: set[bytes] = set()
         self._stop = threading.Event()
@@ -204,24 +207,27 @@ class SiblingShards:
     def refresh(self) -> None:
         """Reopen the siblings whose journal changed; queue the keys that came and went."""
         lk = self.namespace.logical_key
-        now: set[bytes] = set()
-        order: list[bytes] = []
-        for sib in self.siblings:
+        for i, sib in enumerate(self.siblings):
+            before = sib.opened
             store = sib.fresh()
-            for k in map(lk, store.keys() if store is not None else []):
-                if k is not None and k not in now:
-                    now.add(k)
-                    order.append(k)
+            if store is None or (sib.opened == before and i in self._per_sibling):
+                continue  # unchanged since the last refresh: nothing to compare
+            now = {k for k in map(lk, store.keys()) if k is not None}
+            old = self._per_sibling.get(i, set())
+            self._per_sibling[i] = now
+            others = [keys for j, keys in self._per_sibling.items() if j != i]
+            with self._lock:
+                for k in now - old:
+                    if k not in self._known:
+                        self._known.add(k)
+                        self._added[k] = None
+                        self._removed.discard(k)
+                for k in old - now:
+                    if not any(k in keys for keys in others):
+                        self._known.discard(k)
+                        self._removed.add(k)
+                        self._added.pop(k, None)
         with self._lock:
-            known = self._known
-            for k in order:
-                if k not in known:
-                    self._added[k] = None
-                    self._removed.discard(k)
-            for k in known - now:
-                self._removed.add(k)
-                self._added.pop(k, None)
-            self._known = now
             self.refreshes += 1
 
     def take_changes(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
