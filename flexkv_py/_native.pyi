@@ -156,6 +156,10 @@ class BlockStore:
     def clear(self) -> int:
         """Delete every key; returns how many were removed."""
     def keys(self) -> list[bytes]: ...
+    def follow(self) -> tuple[list[bytes], list[bytes]] | None:
+        """A read-only view: (keys that appeared, keys that vanished) in the writer's journal
+        since the last call or the open; None when it cannot be followed (replaced by a
+        compaction or rewrite): open a new view then. ConfigError on a writable store."""
     def drain_evicted(self) -> list[bytes]:
         """Keys the store evicted (capacity pressure) since the last call."""
     def verify(self) -> list[bytes]:

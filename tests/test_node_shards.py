@@ -57,7 +57,7 @@ def test_a_snapshot_is_reopened_when_the_writer_stored_more(
             put(writer, p, view, [b"a2"])
             assert get(first, p, b"a2")[0] == "not_found"  # after the snapshot
             again = shard.fresh()
-            assert again is not first and again is not None
+            assert again is first  # followed: the appended records applied, no reopen
             status, data = get(again, p, b"a2")
             assert status == "ok" and data == block(b"a2", SLOT)
         finally:
@@ -134,6 +134,10 @@ def test_sibling_refresh_reports_what_came_and_went_across_siblings(
             assert b.delete(b"both")
             sibs.refresh()
             assert sibs.take_changes() == ((), (b"both",))
+            a.checkpoint()  # a compacted journal: the view is reopened and compared whole
+            put(a, p, view, [b"z"])
+            sibs.refresh()
+            assert sibs.take_changes() == ((b"z",), ())
             status, data = get_from(sibs, p, b"y")
             assert status == "ok" and data == block(b"y", SLOT)
             assert get_from(sibs, p, b"x")[0] == "not_found"
@@ -144,3 +148,32 @@ def test_sibling_refresh_reports_what_came_and_went_across_siblings(
 def get_from(tier: SiblingShards, pool: HostPool, key: bytes) -> tuple[str, bytes]:
     (r,) = tier.submit_get([(key, (pool.address + 7 * SLOT, SLOT))]).wait(10)
     return r.status, bytes(pool.memoryview()[7 * SLOT : 8 * SLOT])
+
+
+def test_a_read_only_view_follows_the_writers_journal(
+    tmp_path: Path, pool: tuple[HostPool, np.ndarray]
+) -> None:
+    """BlockStore.follow: the records a writer appended since are applied to the read-only view
+    (what came, what went), a compacted journal cannot be followed (None: reopen), and only a
+    read-only view follows."""
+    p, view = pool
+    with BlockStore(str(tmp_path), 16 * MiB, io_engine="psync") as writer:
+        put(writer, p, view, [b"a", b"b"])
+        ro = BlockStore(str(tmp_path), 0, io_engine="psync", read_only=True)
+        try:
+            assert ro.follow() == ([], [])
+            put(writer, p, view, [b"c"])
+            assert writer.delete(b"a")
+            put(writer, p, view, [b"d"])
+            assert writer.delete(b"d")  # came and went: not reported
+            came, gone = ro.follow() or ([], [])
+            assert (sorted(came), gone) == ([b"c"], [b"a"])
+            assert sorted(ro.keys()) == [b"b", b"c"]
+            status, data = get(ro, p, b"c")
+            assert status == "ok" and data == block(b"c", SLOT)
+            writer.checkpoint()  # the journal is replaced: this view cannot follow it
+            assert ro.follow() is None
+            with pytest.raises(Exception, match="read-only"):
+                writer.follow()
+        finally:
+            ro.close()

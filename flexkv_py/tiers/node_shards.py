@@ -5,8 +5,9 @@ A shard directory has one writer (its flock, rust/device/dir_lock.rs). Readers o
 native store's `read_only` mode: no lock, the journal replayed into a private index, a snapshot
 as of that open. A block the writer evicted and overwrote since then fails the header and
 content-hash check of the read (`corrupt`): it is recomputed, never served. A block written
-after the snapshot is not in it: a miss (and the sibling refresh) reopens the snapshot when the
-writer's journal changed since (one stat; the reopen replays the journal).
+after the snapshot is not in it: a miss (and the sibling refresh) brings the view up to date
+when the writer's journal changed since (one stat, then a read of the appended records; a
+journal replaced by a compaction is replayed whole into a new view).
 
 - `SiblingShards` (issue 10 item 9): the shards of this rank that other engines of the same
   model on this node write (`Namespace.is_sibling_shard`, same storage keys), as a tier of
@@ -77,9 +78,12 @@ class ReadOnlyShard:
         self._io_engine = config.ssd_io_engine
         self._store: _native.BlockStore | None = None
         self._old: list[_native.BlockStore] = []  # replaced snapshots: reads may still run
-        self._seen: tuple[int, int] | None = None  # the journal (mtime, size) last opened
-        self.opened = 0  # snapshots opened so far (a refresh compares only new ones)
-        self._lock = threading.Lock()  # the refresh thread and readers both reopen
+        self._seen: tuple[int, int] | None = None  # the journal (mtime, size) last read
+        self._lock = threading.Lock()  # the refresh thread and readers both update the view
+        # Storage keys that came and went since `take_changes`; True: reopened (compare all).
+        self._came: list[bytes] = []
+        self._gone: list[bytes] = []
+        self._reopened = False
 
     def _journal(self) -> tuple[int, int] | None:
         try:
@@ -105,19 +109,39 @@ class ReadOnlyShard:
             while len(self._old) > self.keep_old:
                 self._old.pop(0).close()
         self._store = store
-        self.opened += 1
+        self._reopened = True
+        self._came, self._gone = [], []
         return store
 
     def store(self) -> _native.BlockStore | None:
         return self._store if self._store is not None else self.fresh()
 
     def fresh(self) -> _native.BlockStore | None:
-        """The store, its snapshot reopened first if the writer's journal changed since (a
-        miss: the writer may have stored the block since)."""
+        """The view, brought up to date first if the writer's journal changed since (a miss:
+        the writer may have stored the block since): the records it appended are applied to
+        the view (`follow`, a read of the new bytes); a journal replaced since (compaction)
+        is replayed into a new view."""
         with self._lock:
-            if self._store is None or self._journal() != self._seen:
+            seen = self._journal()
+            if self._store is None:
                 return self._open()
+            if seen == self._seen:
+                return self._store
+            self._seen = seen  # before the read: a later append changes it again
+            got = self._store.follow()
+            if got is None:
+                return self._open()
+            self._came += got[0]
+            self._gone += got[1]
             return self._store
+
+    def take_changes(self) -> tuple[list[bytes], list[bytes]] | None:
+        """Storage keys that (appeared, vanished) since the last call, in order; None when the
+        view was reopened since (the caller compares whole key sets)."""
+        with self._lock:
+            reopened, self._reopened = self._reopened, False
+            came, gone, self._came, self._gone = self._came, self._gone, [], []
+            return None if reopened else (came, gone)
 
     def keys(self) -> list[bytes]:
         store = self.store()
@@ -205,30 +229,43 @@ class SiblingShards:
                 logger.warning("sibling shards: refresh failed: %s", e)
 
     def refresh(self) -> None:
-        """Reopen the siblings whose journal changed; queue the keys that came and went."""
+        """Bring each sibling's view up to date (the appended journal records, or a reopen
+        after a compaction); queue the keys that came and went."""
         lk = self.namespace.logical_key
         for i, sib in enumerate(self.siblings):
-            before = sib.opened
             store = sib.fresh()
-            if store is None or (sib.opened == before and i in self._per_sibling):
-                continue  # unchanged since the last refresh: nothing to compare
-            now = {k for k in map(lk, store.keys()) if k is not None}
-            old = self._per_sibling.get(i, set())
-            self._per_sibling[i] = now
-            others = [keys for j, keys in self._per_sibling.items() if j != i]
-            with self._lock:
-                for k in now - old:
-                    if k not in self._known:
-                        self._known.add(k)
-                        self._added[k] = None
-                        self._removed.discard(k)
-                for k in old - now:
-                    if not any(k in keys for keys in others):
-                        self._known.discard(k)
-                        self._removed.add(k)
-                        self._added.pop(k, None)
+            changes = sib.take_changes()
+            old = self._per_sibling.get(i)
+            if store is None or (changes is not None and old is not None and changes == ([], [])):
+                continue  # unchanged
+            if changes is None or old is None:  # a new view: compare whole key sets
+                now = {k for k in map(lk, store.keys()) if k is not None}
+                came, gone = now - (old or set()), (old or set()) - now
+                self._per_sibling[i] = now
+            else:  # the appended records only: O(changes), not O(keys)
+                came = {k for k in map(lk, changes[0]) if k is not None}
+                gone = {k for k in map(lk, changes[1]) if k is not None} - came
+                old.difference_update(gone)
+                old.update(came)
+            self._apply(i, came, gone)
         with self._lock:
             self.refreshes += 1
+
+    def _apply(self, sibling: int, came: set[bytes], gone: set[bytes]) -> None:
+        """Sibling `sibling`'s keys changed: queue what the node view gains and loses (a key
+        leaves it only when no other sibling holds it)."""
+        others = [keys for j, keys in self._per_sibling.items() if j != sibling]
+        with self._lock:
+            for k in came:
+                if k not in self._known:
+                    self._known.add(k)
+                    self._added[k] = None
+                    self._removed.discard(k)
+            for k in gone:
+                if k in self._known and not any(k in keys for keys in others):
+                    self._known.discard(k)
+                    self._removed.add(k)
+                    self._added.pop(k, None)
 
     def take_changes(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
         """(keys that appeared, keys that vanished) since the last call."""

@@ -258,6 +258,16 @@ impl PyBlockStore {
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
+    /// A read-only view: (keys that appeared, keys that vanished) in the writer's journal
+    /// since the last call or the open; None when it cannot be followed (open a new view).
+    #[allow(clippy::type_complexity)]
+    fn follow<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>)>> {
+        let store = self.store.clone();
+        let Some((came, gone)) = py.detach(move || store.follow()).map_err(to_py)? else { return Ok(None) };
+        let list = |keys: &[Vec<u8>]| PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)));
+        Ok(Some((list(&came)?, list(&gone)?)))
+    }
+
     fn drain_evicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let keys = py.detach(|| self.tier.drain_evicted());
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))

@@ -39,6 +39,8 @@ pub struct Journal {
     compactions: u64,
     /// While a compaction runs: its number, and what was appended since it began.
     catch_up: Option<(u64, Vec<u8>, u64)>,
+    /// A read-only view: how far it has read the writer's journal (store/follow.rs).
+    pub follow: Option<super::follow::Followed>,
 }
 
 /// A compaction between `begin_compaction` and `finish_compaction`.
@@ -80,6 +82,7 @@ impl Journal {
             writes: 0,
             compactions: 0,
             catch_up: None,
+            follow: None,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::device::private::FILE_MODE;
@@ -18,6 +18,8 @@ pub const JOURNAL_FILE: &str = "flexkv-journal.log";
 pub struct Replayed {
     pub header: FileHeader,
     buf: Vec<u8>,
+    /// (device, inode) of the file read: a compaction or rewrite replaces it (store/follow.rs).
+    pub ident: Option<(u64, u64)>,
 }
 
 impl Replayed {
@@ -52,10 +54,13 @@ pub struct JournalFile {
 pub fn read(dir: &Path) -> Result<Option<Replayed>> {
     let path = dir.join(JOURNAL_FILE);
     let mut buf = Vec::new();
+    let ident;
     match File::open(&path) {
         Ok(mut f) => {
             // One allocation of the file's size: read_to_end alone grows (and copies) its way up.
-            buf.reserve_exact(f.metadata().map_or(0, |m| m.len() as usize));
+            let meta = f.metadata().ok();
+            ident = meta.as_ref().map(|m| (m.dev(), m.ino()));
+            buf.reserve_exact(meta.map_or(0, |m| m.len() as usize));
             f.read_to_end(&mut buf).map_err(|e| StoreError::io(path.display(), e))?
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -67,7 +72,7 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
         StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;
-    Ok(Some(Replayed { header, buf }))
+    Ok(Some(Replayed { header, buf, ident }))
 }
 
 /// A new journal written to a temp file and synced, not yet current: `install` makes it so.

@@ -8,6 +8,7 @@ pub mod journal_file;
 pub mod stats;
 
 mod executor;
+mod follow;
 mod get;
 mod journal;
 mod metas;

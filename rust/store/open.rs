@@ -136,6 +136,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
     let mut replay = Replay { next_seq: 1, ..Replay::default() };
     let mut journal_bytes = 0;
+    let journal_ident = replayed.as_ref().and_then(|r| r.ident);
     if let Some(r) = &replayed {
         replay = super::replay::replay(r, &mut index, &mut allocators, &recreated);
         journal_bytes = r.file_bytes();
@@ -189,17 +190,17 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         engine = devices.engine_name(),
         "block store opened"
     );
+    let mut journal =
+        Journal::new(journal_dir, journal, header, cfg.durability, fault_plan.filter(|p| p.journal));
+    if cfg.read_only {
+        // Where this view's replay ended: `follow` reads the writer's appends from there.
+        journal.follow = super::follow::Followed::at(journal_dir, journal_ident, journal_bytes - torn);
+    }
     Ok(Shared {
         state: Mutex::new(State {
             index,
             allocators,
-            journal: Journal::new(
-                journal_dir,
-                journal,
-                header,
-                cfg.durability,
-                fault_plan.filter(|p| p.journal),
-            ),
+            journal,
             sketch: FrequencySketch::new(cfg.admit_min_hits),
             next_seq,
             next_dir: 0,
