@@ -37,7 +37,7 @@ def put(store: BlockStore, pool: HostPool, view: np.ndarray, keys: list[bytes]) 
     assert all(r.ok for r in store.submit_put(items).wait(10))
 
 
-def get(store: BlockStore, pool: HostPool, key: bytes) -> tuple[str, bytes]:
+def get(store: BlockStore | SiblingShards, pool: HostPool, key: bytes) -> tuple[str, bytes]:
     (r,) = store.submit_get([(key, (pool.address + 7 * SLOT, SLOT))]).wait(10)
     return r.status, bytes(pool.memoryview()[7 * SLOT : 8 * SLOT])
 
@@ -138,16 +138,11 @@ def test_sibling_refresh_reports_what_came_and_went_across_siblings(
             put(a, p, view, [b"z"])
             sibs.refresh()
             assert sibs.take_changes() == ((b"z",), ())
-            status, data = get_from(sibs, p, b"y")
+            status, data = get(sibs, p, b"y")
             assert status == "ok" and data == block(b"y", SLOT)
-            assert get_from(sibs, p, b"x")[0] == "not_found"
+            assert get(sibs, p, b"x")[0] == "not_found"
         finally:
             sibs.close()
-
-
-def get_from(tier: SiblingShards, pool: HostPool, key: bytes) -> tuple[str, bytes]:
-    (r,) = tier.submit_get([(key, (pool.address + 7 * SLOT, SLOT))]).wait(10)
-    return r.status, bytes(pool.memoryview()[7 * SLOT : 8 * SLOT])
 
 
 def test_a_read_only_view_follows_the_writers_journal(
