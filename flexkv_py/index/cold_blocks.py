@@ -2,7 +2,7 @@
 
 Most cached blocks are cold (a 4 TB SSD tier of 256 KiB blocks is ~16 M of them, the host tier a
 few thousand), so they are not `Entry` objects (~120 B each in Python) but one `BlockSet` per
-lower tier: 16-byte digests of head + hash in a Rust table, ~36 B per block. A block is warm (an
+lower tier: 16-byte digests of head + hash in a Rust table, ~30 B per block. A block is warm (an
 `Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never both; the index
 moves a block between the two as it gains or loses a host copy, a pin or a pending write.
 
@@ -11,15 +11,16 @@ reset (the worker deletes every copy by key, and KV events carry block hashes) a
 for diagnostics. So each cold block's hash is also appended, once, to a per-head byte arena
 (hash length bytes per block, no per-block object); records of blocks that left are dropped
 lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
-blocks. Worst case ~36 + 48 B per cold block, about 70 B on average.
+blocks. Worst case ~30 + 48 B per cold block, about 62 B on average (74 B on the chain tier).
 
 Capacity eviction is the index's (tier_index.py): it chooses the spill tier's victims here and
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
 block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: the first 8
-bytes of its digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted digests are turned back into full keys
-(a DropJob needs them) by one scan of the arena in Rust per batch of victims (`find_records`).
+bytes of its digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted
+digests are turned back into full keys (a DropJob needs them) by one scan of the arena in Rust
+per batch of victims (`find_records`).
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
