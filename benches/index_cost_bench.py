@@ -1,18 +1,22 @@
 """Index cost bench: bytes per cached block and reopen time (issue 9 item 5).
 
-Goal: <= 100 bytes per cached block over both languages (scheduler-side Python + the worker's
-Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N (default 0.2 M and
-2 M blocks; --quick: 20 K and 0.2 M):
+Goal: <= 100 bytes per cached block over both languages (the scheduler's index of a cold SSD
+block + the worker's Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N
+(default 0.2 M and 2 M blocks; --quick: 20 K and 0.2 M):
 
-  blockset   `_native.BlockSet` holding N keys (24-byte head + 32-byte hash): its `nbytes()`
-             (capacities) and the process RSS delta when filled at once (a restart's adoption:
-             sized once), and `nbytes()` when grown 32 keys at a time (stores arriving).
-  tier_index today's `TierIndex` holding N SSD-only blocks, adopted as at restart
-             (`set_present(keys, Tier.SSD, True)`): tracemalloc delta, the keys included (the
-             index holds them).
+  plain      the scheduler's cold index as a plain `BlockSet` (24-byte head + 32-byte hash keys):
+             `nbytes()` filled at once (a restart's adoption: sized once) and grown 32 keys at a
+             time (stores arriving), plus the 32-byte hash each cold block keeps in the key arena
+             (`ColdBlocks`: full keys for drops and reset).
+  chains     the real configuration: `ColdBlocks` adopting N SSD blocks as one chain each
+             N/64 long (`add_on` + `link`), so the SSD set keeps chain links for prefix-aware
+             eviction: the sets' `nbytes()` + the arena's bytes. `rss_per_block`: the process's
+             RSS delta of the same, a check on the counted bytes.
+  tier_index `TierIndex` adopting N SSD-only blocks (`set_present(keys, Tier.SSD, True)`):
+             tracemalloc delta (Python objects only: the Rust sets are in `chains`).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on
-             disk): `index_nbytes()` where the native module has it, else the RSS delta of
-             opening the store in a fresh process, less that of opening an empty store.
+             disk): `index_nbytes()`, else the RSS delta of opening the store in a fresh
+             process, less that of opening an empty store.
   reopen     seconds to open that store of N blocks in a fresh process (journal replay; the
              journal is in the page cache after the first of --reopens runs: median shown),
              wall and CPU (on a shared machine the wall time mostly measures the neighbours).
@@ -20,9 +24,8 @@ Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N (def
              consecutive (near) and spread through the N (median microseconds), and a miss
              at block 0.
 
-"today" = tier_index + store, "new" = blockset + store (the SSD-only blocks' presence in a
-BlockSet instead of per-block Python objects). The store is written once per N in a temporary
-directory under --dir (local disk; 2 M blocks take ~16 GiB) and deleted at the end.
+Totals: plain + store and chains + store (the goal is for chains). The store is written once
+per N in a temporary directory under --dir (local disk; 2 M blocks take ~16 GiB) and deleted.
 
     python3 benches/index_cost_bench.py [--quick] [--json] [--sizes 200000,2000000]
         [--dir /tmp] [--reopens 3] [--no-store]
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from flexkv_py._native import BlockSet, BlockStore
+from flexkv_py.index.cold_blocks import ColdBlocks
 from flexkv_py.index.tier_index import HEAD_LEN, TierIndex
 from flexkv_py.index.tier_names import Tier
 
@@ -56,6 +60,8 @@ HEAD = bytes(range(HEAD_LEN))  # namespace prefix (16) + variant (8)
 STORE_TAG = b"\0\0\0\0"  # rank tag in front of every stored key (namespace.SHARD_TAG)
 LOOKUP_SPAN = 8192
 STORE_BATCH = 32  # keys per add_keys when a BlockSet is grown as stores arrive
+HASH_LEN = 32  # bytes of a block hash (sha256): what the key arena keeps per cold block
+CHAINS = 64  # chains the `chains` row's N blocks form
 BLOCK_DISK_BYTES = 8192  # header page + one payload page
 GOAL_BYTES = 100.0
 GOAL_REOPEN_PER_M = 1.0
@@ -130,7 +136,37 @@ def bench_blockset(hashes: list[bytes], seconds: float) -> dict[str, float]:
         "grown_nbytes_per_block": grown.nbytes() / n,
         "rss_per_block": (rss1 - rss0) / n,
         "fill_ns_per_key": fill_s / n * 1e9,
+        # The scheduler's plain cold index: the set + each block's hash in the key arena.
+        "per_block": s.nbytes() / n + HASH_LEN,
         **lookup_times(lambda q: s.prefix_run(HEAD, q, 0, len(q)), hashes, seconds),
+    }
+
+
+def bench_chains(hashes: list[bytes]) -> dict[str, float]:
+    """The scheduler's cold index of N SSD blocks as a restart adopts them: `ColdBlocks` (the
+    SSD set keeps chain links), CHAINS chains, each block linked to the one before it."""
+    n = len(hashes)
+    keys = [HEAD + h for h in hashes]
+    step = max(1, n // CHAINS)
+    children = [k for i, k in enumerate(keys) if i % step]
+    parents = [keys[i - 1] for i in range(n) if i % step]
+    gc.collect()
+    rss0 = rss_bytes()
+    t = time.perf_counter()
+    cold = ColdBlocks()
+    assert len(cold.add_on(keys, Tier.SSD)) == n
+    linked = cold.link(children, parents)
+    adopt_s = time.perf_counter() - t
+    rss1 = rss_bytes()
+    assert linked == len(children), (linked, len(children))
+    sets, arena = cold.set_bytes(), cold.arena_bytes()
+    del keys, children, parents
+    return {
+        "set_nbytes_per_block": sets / n,
+        "arena_per_block": arena / n,
+        "per_block": (sets + arena) / n,
+        "rss_per_block": (rss1 - rss0) / n,
+        "adopt_s": adopt_s,
     }
 
 
@@ -258,15 +294,15 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     hashes = make_hashes(n, seed=n)
     row: dict[str, Any] = {"blocks": n}
     row["blockset"] = bench_blockset(hashes, args.seconds)
+    row["chains"] = bench_chains(hashes)
     row["tier_index"] = bench_tier_index(hashes, args.seconds)
     row["store"] = (
         {"skipped": "--no-store"} if args.no_store else bench_store(args.dir, hashes, args.reopens)
     )
     store_b = row["store"].get("per_block")
-    bs = row["blockset"]["nbytes_per_block"]
-    ti = row["tier_index"]["tracemalloc_per_block"]
-    row["new_total_per_block"] = None if store_b is None else bs + store_b
-    row["today_total_per_block"] = None if store_b is None else ti + store_b
+    plain, chains = row["blockset"]["per_block"], row["chains"]["per_block"]
+    row["total_plain_per_block"] = None if store_b is None else plain + store_b
+    row["total_chains_per_block"] = None if store_b is None else chains + store_b
     return row
 
 
@@ -276,34 +312,45 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 
 def report(rows: list[dict[str, Any]], out: Any) -> None:
     p = functools.partial(print, file=out)
-    p("bytes per cached block")
+    p("bytes per cached block (scheduler: set + key arena; store: the worker's Rust index)")
     head: tuple[str, ...] = (
         "blocks",
         "bset.nbytes",
         "bset.grown",
-        "bset.rss",
-        "tier_index",
+        "plain",
+        "chains.set",
+        "chains",
+        "chains.rss",
         "store",
         "(by)",
-        "new total",
+        "total plain",
+        "total chain",
+        "/goal",
     )
-    p(" ".join(f"{h:>11}" for h in (*head, "today", "new/goal")))
+    p(" ".join(f"{h:>11}" for h in head))
     for r in rows:
-        st = r["store"]
-        new = r["new_total_per_block"]
+        st, ch = r["store"], r["chains"]
+        total = r["total_chains_per_block"]
         cells: tuple[str, ...] = (
             str(r["blocks"]),
             fmt(r["blockset"]["nbytes_per_block"]),
             fmt(r["blockset"]["grown_nbytes_per_block"]),
-            fmt(r["blockset"]["rss_per_block"]),
-            fmt(r["tier_index"]["tracemalloc_per_block"]),
+            fmt(r["blockset"]["per_block"]),
+            fmt(ch["set_nbytes_per_block"]),
+            fmt(ch["per_block"]),
+            fmt(ch["rss_per_block"]),
             fmt(st.get("per_block")),
             st.get("measured_by", "-"),
-            fmt(new),
-            fmt(r["today_total_per_block"]),
-            fmt(None if new is None else new / GOAL_BYTES, ".2f"),
+            fmt(r["total_plain_per_block"]),
+            fmt(total),
+            fmt(None if total is None else total / GOAL_BYTES, ".2f"),
         )
         p(" ".join(f"{c:>11}" for c in cells))
+    p(
+        "(tier_index, Python objects only, per block: "
+        + ", ".join(f"{r['blocks']}: {r['tier_index']['tracemalloc_per_block']:.1f}" for r in rows)
+        + ")"
+    )
     p("\nstore reopen (fresh process; median, first)")
     p(
         f"{'blocks':>9} {'write s':>8} {'reopen s':>9} {'cpu s':>8} {'first s':>8} "

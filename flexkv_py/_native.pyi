@@ -192,7 +192,7 @@ JOURNAL_FORMAT_VERSION: int
 @final
 class BlockSet:
     """Block keys (namespace head + block hash) kept as 16-byte digests (xxh3-128 of
-    head || hash, little-endian) in least-recently-used order, 35-41 bytes per key: presence
+    head || hash, little-endian) in least-recently-used order, 29-37 bytes per key: presence
     of blocks that live only in a lower tier. A digest collision answers a false "present"; the
     worker's store verifies the full key in the block header and answers not_found, and the
     block is recomputed. Thread-safe; calls over many keys release the GIL."""
@@ -230,17 +230,22 @@ class BlockSet:
         """The 16-byte digest that (head, hash) is kept as."""
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
-    # Chain links (prefix-aware eviction order): parents are 16-byte digests (`digest`).
+    # Chain links (prefix-aware eviction order): a parent is named by 8 bytes, the first 8 of its
+    # digest (`parent_name`); where a name is taken, a 16-byte digest names the same block.
+    @staticmethod
+    def parent_name(key: bytes) -> bytes:
+        """The 8-byte name of the block of `key` in chain links."""
     def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
-        """Add `key` extending the block with digest `parent`, `kids` children counted."""
-    def has_digest(self, digest: bytes) -> bool: ...
+        """Add `key` extending the block named `parent`, `kids` children counted."""
+    def has_digest(self, digest: bytes) -> bool:
+        """Is the block with this 16-byte digest (or 8-byte parent name) here?"""
     def add_kid(self, parent: bytes) -> bool: ...
     def drop_kid(self, parent: bytes) -> bool: ...
     def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:
-        """Remove `key`: (parent digest or None, children counted), None if absent."""
+        """Remove `key`: (parent name or None, children counted), None if absent."""
     def pop_tails(self, n: int) -> list[tuple[bytes, bytes | None]]:
         """Evict up to `n` chain tails (no counted child), least recently used first: (digest,
-        parent digest when that parent is not in this set; one here loses the child itself)."""
+        parent name when that parent is not in this set; one here loses the child itself)."""
     def kids_of(self, key: bytes) -> int | None: ...
     def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
     @staticmethod

@@ -2,7 +2,7 @@
 
 Most cached blocks are cold (a 4 TB SSD tier of 256 KiB blocks is ~16 M of them, the host tier a
 few thousand), so they are not `Entry` objects (~120 B each in Python) but one `BlockSet` per
-lower tier: 16-byte digests of head + hash in a Rust table, ~36 B per block. A block is warm (an
+lower tier: 16-byte digests of head + hash in a Rust table, ~30 B per block. A block is warm (an
 `Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never both; the index
 moves a block between the two as it gains or loses a host copy, a pin or a pending write.
 
@@ -11,14 +11,16 @@ reset (the worker deletes every copy by key, and KV events carry block hashes) a
 for diagnostics. So each cold block's hash is also appended, once, to a per-head byte arena
 (hash length bytes per block, no per-block object); records of blocks that left are dropped
 lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
-blocks. Worst case ~36 + 48 B per cold block, about 70 B on average.
+blocks. Worst case ~30 + 48 B per cold block, about 62 B on average (74 B on the chain tier).
 
 Capacity eviction is the index's (tier_index.py): it chooses the spill tier's victims here and
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
-block_set_chains.rs): 20 bytes more per block. Evicted digests are turned back into full keys
-(a DropJob needs them) by one scan of the arena in Rust per batch of victims (`find_records`).
+block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: the first 8
+bytes of its digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted
+digests are turned back into full keys (a DropJob needs them) by one scan of the arena in Rust
+per batch of victims (`find_records`).
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
@@ -38,11 +40,9 @@ _COMPACT_MIN = 4096
 # The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
 CHAIN_TIER = Tier.SSD
 digest_of = BlockSet.digest
-
-
-def key_digest(key: bytes) -> bytes:
-    """The 16-byte digest a key is kept as (and chain parents are named by)."""
-    return digest_of(key, b"")
+# key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the first
+# 8 bytes of the key's digest, so a chain link costs 12 bytes in the set, not 20.
+key_digest = BlockSet.parent_name
 
 
 class ColdBlocks:
@@ -150,14 +150,14 @@ class ColdBlocks:
 
     # --- chains (the chain tier's set)
     def add_kid(self, up: bytes) -> bool:
-        """Count a cached child against the cold block with digest `up`; False: not cold."""
+        """Count a cached child against the cold block named `up`; False: not cold."""
         return self._chains.add_kid(up)
 
     def drop_kid(self, up: bytes) -> bool:
         return self._chains.drop_kid(up)
 
     def has_digest(self, up: bytes) -> bool:
-        """Is the block with this digest cold on the chain tier?"""
+        """Is the block named `up` (`key_digest`) cold on the chain tier?"""
         return self._chains.has_digest(up)
 
     def kids_of(self, key: bytes) -> int | None:
@@ -170,7 +170,7 @@ class ColdBlocks:
     def evict(self, n: int) -> tuple[list[bytes], list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
         (a parent whose last cold child went is a tail at once). Returns the evicted keys and
-        the parent digests of theirs that are not in the set (warm: the caller's counts).
+        the parent names of theirs that are not in the set (warm: the caller's counts).
         Blocks also cold on another tier stay there."""
         popped = self._chains.pop_tails(n)
         if not popped:
@@ -250,7 +250,7 @@ class ColdBlocks:
         return keys
 
     def discard_on(self, key: bytes, tier: Tier) -> tuple[bool, bytes | None]:
-        """Remove `key` from `tier`'s set: (was it there, its parent's digest if known)."""
+        """Remove `key` from `tier`'s set: (was it there, its parent's name if known)."""
         if len(key) <= HEAD_LEN:
             return False, None
         s = self._by_tier[tier]
@@ -265,7 +265,7 @@ class ColdBlocks:
 
     def take(self, key: bytes) -> tuple[int, bytes | None, int]:
         """Remove `key` from every set (it becomes warm): (the mask it had, its parent's
-        digest, the cached children counted against it)."""
+        name, the cached children counted against it)."""
         m, up, kids = 0, None, 0
         if len(key) <= HEAD_LEN:
             return 0, None, 0

@@ -46,7 +46,7 @@ class Entry:
     hits: int = 0
     stale: bool = False  # dropped by reset() while in use: never readable again
     parent: bytes | None = None  # while the host copy is held: the chain parent counting it
-    up: bytes | None = None  # digest of the chain parent this cached block is counted against
+    up: bytes | None = None  # name (key_digest) of the chain parent this block is counted against
 
     @property
     def host_readable(self) -> bool:

@@ -14,9 +14,10 @@ fill, reset): the parent becomes a tail and evictable.
 Lower tiers: the index decides every eviction (`_make_room`, before a write is begun), within
 each tier's capacity in blocks (`set_lower_capacity`; the native store's own eviction is only a
 safety net). Chains over all tiers: a block born with a parent (its first host fill, or a
-restart's adoption with parents) is counted against it (`Entry.up`, the parent's digest); the
-count lives where the parent lives (`_kids` for warm blocks, the chain tier's BlockSet for cold
-ones, moved along as a block warms or cools) and drops when the child leaves every tier. The
+restart's adoption with parents) is counted against it (`Entry.up`: the parent's 8-byte name,
+`key_digest`); the count lives where the parent lives (`_kids` for warm blocks, the chain tier's
+BlockSet for cold ones, moved along as a block warms or cools) and drops when the child leaves
+every tier. The
 spill tier keeps blocks that live nowhere else over second copies: a block leaving host evicts
 the lower copies of idle host blocks first, then cold chain tails (blocks no cached child
 depends on), least recently cooled first; a copy of a block that stays in host (write-behind,
@@ -37,7 +38,7 @@ from flexkv_py.index.tier_names import Tier
 # by one scan of the cold keys per batch, so a batch must be large for the scan to amortize.
 EVICT_BATCH = 256
 
-ColdState = tuple[int, bytes | None, int]  # ColdBlocks.take: mask, parent digest, kids
+ColdState = tuple[int, bytes | None, int]  # ColdBlocks.take: mask, parent name, kids
 
 
 class IndexCore(IndexReads):

@@ -8,12 +8,12 @@
 //! recomputed. Never a wrong page, only a wasted read.
 //!
 //! Layout, chosen for bytes per entry: a `Vec` arena of nodes (digest + u32 prev/next links of
-//! the LRU list, 24 bytes) and an open-addressing table of 8-byte slots (`block_set_slots.rs`,
-//! ~11 bytes per key). 32-45 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
+//! the LRU list, 24 bytes) and an open-addressing table of 4-byte slots (`block_set_slots.rs`,
+//! ~5-6 bytes per key). 29-37 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
 //! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
 //! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
 //! they span some: at millions of keys, lookups are otherwise dominated by page walks. A set
-//! made `with_chains` also keeps a 20-byte chain link per node (block_set_chains.rs) and two
+//! made `with_chains` also keeps a 12-byte chain link per node (block_set_chains.rs) and two
 //! LRU lists, chain tails and inner blocks; `pop_front` takes tails only.
 
 use std::ops::Range;
@@ -104,11 +104,12 @@ struct Node {
     next: u32,
 }
 
-/// A node's chain link (block_set_chains.rs), beside it in `links` in sets made `with_chains`.
+/// A node's chain link (block_set_chains.rs), beside it in `links` in sets made `with_chains`:
+/// 12 bytes (a 16-byte parent digest made it 20).
 #[derive(Clone, Copy)]
 struct Link {
-    /// The chain parent's digest (`NO_PARENT`: none known).
-    parent: Digest,
+    /// The chain parent's name, its digest's first 8 bytes (`NO_PARENT`: none known).
+    parent: ParentName,
     /// Cached children counted against this block; 0: a chain tail.
     kids: u32,
 }
@@ -145,7 +146,7 @@ impl BlockSet {
         }
     }
 
-    /// A set whose nodes keep chain links (block_set_chains.rs): 20 bytes more per node.
+    /// A set whose nodes keep chain links (block_set_chains.rs): 12 bytes more per node.
     pub fn with_chains() -> Self {
         BlockSet { chained: true, ..Self::new() }
     }
@@ -196,6 +197,15 @@ impl BlockSet {
         self.table.find(d, |pos| nodes[pos as usize].digest)
     }
 
+    /// The node whose digest begins with `name` (a chain parent's name). The table's home and
+    /// tag come from those 8 bytes, so the probe is `find`'s.
+    fn find_name(&self, name: &ParentName) -> Option<u32> {
+        let mut filed = [0u8; 16];
+        filed[..8].copy_from_slice(name);
+        let nodes = &self.nodes;
+        self.table.find_where(&filed, |pos| nodes[pos as usize].digest[..8] == *name)
+    }
+
     pub fn contains(&self, d: &Digest) -> bool {
         self.find(d).is_some()
     }
@@ -216,7 +226,7 @@ impl BlockSet {
         self.insert_node(d, NO_PARENT, 0)
     }
 
-    fn insert_node(&mut self, d: Digest, parent: Digest, kids: u32) -> Result<bool, SetError> {
+    fn insert_node(&mut self, d: Digest, parent: ParentName, kids: u32) -> Result<bool, SetError> {
         if self.find(&d).is_some() {
             return Ok(false);
         }
@@ -344,7 +354,8 @@ impl BlockSet {
 
     fn remove_at(&mut self, idx: u32) {
         let d = self.nodes[idx as usize].digest;
-        self.table.remove(&d, idx);
+        let nodes = &self.nodes;
+        self.table.remove(&d, idx, |pos| nodes[pos as usize].digest);
         self.unlink(idx);
         let last = (self.nodes.len() - 1) as u32;
         if idx != last {
@@ -392,7 +403,7 @@ mod slots;
 
 #[path = "block_set_chains.rs"]
 mod chains;
-pub use chains::{find_records, NO_PARENT};
+pub use chains::{find_records, parent_name, ParentName, NO_PARENT};
 
 #[cfg(test)]
 #[path = "block_set_tests.rs"]

@@ -2,31 +2,44 @@
 //! depend on it, so that the set's eviction order is prefix-aware.
 //!
 //! A prefix match stops at the first miss, so a block must outlive its children (vLLM's prefix
-//! cache frees tail-first for the same reason). Each node keeps its parent's digest (16 bytes:
-//! robust to the arena's swap-removal, unlike an index) and a count of children counted against
-//! it by the owner (the tier index counts every cached child, in whatever tier or set it lives).
+//! cache frees tail-first for the same reason). Each node keeps its parent's name (the first 8
+//! bytes of the parent's digest: robust to the arena's swap-removal, unlike an index, and it
+//! names a parent outside the set too) and a count of children counted against it by the owner
+//! (the tier index counts every cached child, in whatever tier or set it lives). Two blocks whose
+//! names collide (~2^-64 per pair) could only swap places in the eviction order: a name never
+//! decides what is read.
 //! Nodes with no counted child are chain tails: they form the LRU list that `pop_front` /
 //! `pop_tail` evict from. The others sit on a second list and become tails, at the front (they
 //! were used with the child that just left), when their last child goes. A node whose parent is
-//! not in this set keeps the digest anyway: the owner resolves it (the parent may be warm).
+//! not in this set keeps the name anyway: the owner resolves it (the parent may be warm).
 
 use std::collections::HashSet;
 
 use super::{digest, BlockSet, Digest, Link, SetError, TAILS};
 
-/// The parent digest of a node that extends no known block.
-pub const NO_PARENT: Digest = [0u8; 16];
+/// A chain parent's name: the first 8 bytes of its digest.
+pub type ParentName = [u8; 8];
+
+/// The parent name of a node that extends no known block.
+pub const NO_PARENT: ParentName = [0u8; 8];
+
+/// The name chain links call the block with digest `d` by.
+pub fn parent_name(d: &Digest) -> ParentName {
+    let mut name = NO_PARENT;
+    name.copy_from_slice(&d[..8]);
+    name
+}
 
 impl BlockSet {
-    /// Add `d` as a block extending `parent` with `kids` cached children counted against it.
-    /// `Ok(false)` if present (its links are kept).
-    pub fn insert_chained(&mut self, d: Digest, parent: Digest, kids: u32) -> Result<bool, SetError> {
+    /// Add `d` as a block extending the one named `parent` with `kids` cached children counted
+    /// against it. `Ok(false)` if present (its links are kept).
+    pub fn insert_chained(&mut self, d: Digest, parent: ParentName, kids: u32) -> Result<bool, SetError> {
         self.insert_node(d, parent, kids)
     }
 
-    /// One more cached child depends on `parent`; false if it is not in this set.
-    pub fn add_kid(&mut self, parent: &Digest) -> bool {
-        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
+    /// One more cached child depends on the block named `parent`; false if it is not here.
+    pub fn add_kid(&mut self, parent: &ParentName) -> bool {
+        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
         let kids = self.links[idx as usize].kids;
         if kids == 0 {
             self.unlink(idx); // from the tails
@@ -40,8 +53,8 @@ impl BlockSet {
 
     /// A cached child of `parent` left; false if `parent` is not in this set. Its last child
     /// gone, the parent is a tail and goes next.
-    pub fn drop_kid(&mut self, parent: &Digest) -> bool {
-        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
+    pub fn drop_kid(&mut self, parent: &ParentName) -> bool {
+        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
         match self.links[idx as usize].kids {
             0 => {}
             1 => {
@@ -55,17 +68,17 @@ impl BlockSet {
     }
 
     /// Remove `d`; its (parent, kids), for the owner to keep while the block is elsewhere.
-    pub fn take_chained(&mut self, d: &Digest) -> Option<(Digest, u32)> {
+    pub fn take_chained(&mut self, d: &Digest) -> Option<(ParentName, u32)> {
         let idx = self.find(d)?;
         let link = self.link_at(idx);
         self.remove_at(idx);
         Some((link.parent, link.kids))
     }
 
-    /// Evict the least recently used chain tail: (its digest, its parent's digest, whether
+    /// Evict the least recently used chain tail: (its digest, its parent's name, whether
     /// that parent is in this set). A parent here has the child's count dropped already (so
     /// it may be the next tail); one elsewhere is the owner's to update.
-    pub fn pop_tail(&mut self) -> Option<(Digest, Digest, bool)> {
+    pub fn pop_tail(&mut self) -> Option<(Digest, ParentName, bool)> {
         let idx = self.ends[TAILS].0;
         if idx == u32::MAX {
             return None;
@@ -74,6 +87,11 @@ impl BlockSet {
         self.remove_at(idx);
         let here = link.parent != NO_PARENT && self.drop_kid(&link.parent);
         Some((d, link.parent, here))
+    }
+
+    /// Is the block named `name` in this set?
+    pub fn contains_name(&self, name: &ParentName) -> bool {
+        self.find_name(name).is_some()
     }
 
     /// Children counted against `d` (None: not in this set).
@@ -93,8 +111,9 @@ impl BlockSet {
         if self.links[idx as usize].parent != NO_PARENT || child == parent || !self.contains(parent) {
             return false;
         }
-        self.links[idx as usize].parent = *parent;
-        self.add_kid(parent)
+        let name = parent_name(parent);
+        self.links[idx as usize].parent = name;
+        self.add_kid(&name)
     }
 }
 
@@ -121,13 +140,17 @@ mod tests {
         [i; 16]
     }
 
+    fn n(i: u8) -> ParentName {
+        parent_name(&d(i))
+    }
+
     /// A chain 1 <- 2 <- 3 (3 extends 2 extends 1), as the owner builds it.
     fn chain() -> BlockSet {
         let mut s = BlockSet::with_chains();
         s.insert_chained(d(1), NO_PARENT, 0).unwrap();
         for i in 2..=3 {
-            s.insert_chained(d(i), d(i - 1), 0).unwrap();
-            assert!(s.add_kid(&d(i - 1)));
+            s.insert_chained(d(i), n(i - 1), 0).unwrap();
+            assert!(s.add_kid(&n(i - 1)));
         }
         s
     }
@@ -136,8 +159,8 @@ mod tests {
     fn tails_go_first_and_their_parents_follow() {
         let mut s = chain();
         assert_eq!(s.kids(&d(1)), Some(1));
-        assert_eq!(s.pop_tail(), Some((d(3), d(2), true)));
-        assert_eq!(s.pop_tail(), Some((d(2), d(1), true)));
+        assert_eq!(s.pop_tail(), Some((d(3), n(2), true)));
+        assert_eq!(s.pop_tail(), Some((d(2), n(1), true)));
         assert_eq!(s.pop_tail(), Some((d(1), NO_PARENT, false)));
         assert_eq!(s.pop_tail(), None);
     }
@@ -149,7 +172,7 @@ mod tests {
         s.insert_chained(d(2), NO_PARENT, 0).unwrap();
         assert_eq!(s.pop_front(), Some(d(2)));
         assert_eq!(s.pop_front(), None);
-        assert!(s.drop_kid(&d(1)));
+        assert!(s.drop_kid(&n(1)));
         assert_eq!(s.pop_front(), Some(d(1)));
     }
 
@@ -158,19 +181,32 @@ mod tests {
         let mut s = chain();
         s.insert_chained(d(9), NO_PARENT, 0).unwrap();
         assert_eq!(s.take_chained(&d(1)), Some((NO_PARENT, 1))); // d(9) moves into its place
-        assert_eq!(s.take_chained(&d(2)), Some((d(1), 1)));
+        assert_eq!(s.take_chained(&d(2)), Some((n(1), 1)));
         assert_eq!(s.kids(&d(9)), Some(0));
-        assert_eq!(s.take_chained(&d(3)), Some((d(2), 0)));
+        assert_eq!(s.take_chained(&d(3)), Some((n(2), 0)));
         assert!(!s.link(&d(9), &d(3))); // the parent is gone
     }
 
     #[test]
     fn plain_sets_keep_no_links() {
         let mut s = BlockSet::new();
-        s.insert_chained(d(1), d(2), 3).unwrap();
-        assert!(!s.add_kid(&d(1)));
+        s.insert_chained(d(1), n(2), 3).unwrap();
+        assert!(!s.add_kid(&n(1)));
         assert_eq!(s.kids(&d(1)), Some(0));
         assert_eq!(s.pop_front(), Some(d(1)));
+    }
+
+    #[test]
+    fn a_parent_is_found_by_its_name_only() {
+        let mut s = BlockSet::with_chains();
+        let (a, mut b) = (d(7), d(7));
+        b[15] = 8; // the same first 8 bytes: the same name, another block
+        s.insert_chained(a, NO_PARENT, 0).unwrap();
+        assert!(s.contains_name(&parent_name(&b)));
+        assert!(!s.contains(&b));
+        assert!(!s.contains_name(&n(9)));
+        assert!(s.add_kid(&parent_name(&a)));
+        assert_eq!(s.kids(&a), Some(1));
     }
 
     #[test]

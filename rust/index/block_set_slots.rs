@@ -1,10 +1,12 @@
 //! The hash index of a `BlockSet`: digest -> arena position, by open addressing with linear
-//! probing over u64 slots (`tag << 32 | position + 1`, 0 = empty; tag = the digest's first 4
-//! bytes). One slot is 8 bytes at 64-80 % load (~11 bytes per key), a probe compares tags
-//! within one cache line and touches the arena only on a tag match, and the memory is ours to
-//! back with huge pages: at millions of keys a lookup is one TLB-covered cache miss instead of
-//! three page walks. The home slot is the tag scaled to the table (`tag * n >> 32`), so a
-//! slot's home is known from the slot alone and deletion shifts entries back (no tombstones).
+//! probing over u32 slots (`tag << id_bits | position + 1`, 0 = empty). Positions are below
+//! the slot count, so the bits above them carry a tag from the digest's bytes 4..8 and a probe
+//! touches the arena only on a tag match (1 in 2^10 non-matching slots at 2 M keys). One slot
+//! is 4 bytes at 64-80 % load (~5-6 bytes per key; 8-byte slots with a 32-bit tag spent ~11),
+//! and the memory is ours to back with huge pages: at millions of keys a lookup is one
+//! TLB-covered cache miss instead of three page walks. The home slot is the digest's first 4
+//! bytes scaled to the table (`h * n >> 32`); deletion shifts entries back (no tombstones),
+//! reading a shifted entry's home from its digest in the arena.
 
 use std::collections::TryReserveError;
 
@@ -15,20 +17,16 @@ const MAX_LOAD_NUM: usize = 4;
 const MAX_LOAD_DEN: usize = 5;
 const MIN_SLOTS: usize = 16;
 
-fn tag_of(d: &Digest) -> u32 {
+fn home_hash(d: &Digest) -> u32 {
     u32::from_le_bytes([d[0], d[1], d[2], d[3]])
 }
 
-fn home(tag: u32, n: usize) -> usize {
-    ((tag as u64 * n as u64) >> 32) as usize
+fn tag_hash(d: &Digest) -> u32 {
+    u32::from_le_bytes([d[4], d[5], d[6], d[7]])
 }
 
-fn pack(tag: u32, pos: u32) -> u64 {
-    (tag as u64) << 32 | (pos as u64 + 1)
-}
-
-fn position(slot: u64) -> u32 {
-    (slot as u32).wrapping_sub(1)
+fn home(d: &Digest, n: usize) -> usize {
+    ((home_hash(d) as u64 * n as u64) >> 32) as usize
 }
 
 /// Slots that hold `len` keys at 64 % load.
@@ -37,16 +35,18 @@ fn slots_for(len: usize) -> usize {
 }
 
 pub(super) struct Slots {
-    slots: Vec<u64>,
+    slots: Vec<u32>,
+    /// Low bits of a slot that hold `position + 1`; the rest hold the tag.
+    id_bits: u32,
 }
 
 impl Slots {
     pub fn new() -> Self {
-        Slots { slots: Vec::new() }
+        Slots { slots: Vec::new(), id_bits: 0 }
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<u64>()
+        self.slots.capacity() * std::mem::size_of::<u32>()
     }
 
     fn next(&self, pos: usize) -> usize {
@@ -57,20 +57,43 @@ impl Slots {
         }
     }
 
+    fn id_mask(&self) -> u32 {
+        if self.id_bits >= 32 {
+            u32::MAX
+        } else {
+            (1 << self.id_bits) - 1
+        }
+    }
+
+    fn tag(&self, d: &Digest) -> u32 {
+        tag_hash(d).checked_shl(self.id_bits).unwrap_or(0)
+    }
+
+    fn pack(&self, d: &Digest, pos: u32) -> u32 {
+        self.tag(d) | (pos + 1)
+    }
+
     /// The arena position of `d`. `digest_at` reads the digest at an arena position.
     pub fn find(&self, d: &Digest, digest_at: impl Fn(u32) -> Digest) -> Option<u32> {
+        self.find_where(d, |pos| digest_at(pos) == *d)
+    }
+
+    /// The arena position, among those filed under `d`'s first 8 bytes (home and tag come
+    /// from nothing else), for which `is_it` holds.
+    pub fn find_where(&self, d: &Digest, is_it: impl Fn(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
-        let tag = tag_of(d);
-        let mut at = home(tag, self.slots.len());
+        let mask = self.id_mask();
+        let tag = self.tag(d);
+        let mut at = home(d, self.slots.len());
         loop {
             let slot = self.slots[at];
             if slot == 0 {
                 return None;
             }
-            if (slot >> 32) as u32 == tag && digest_at(position(slot)) == *d {
-                return Some(position(slot));
+            if slot & !mask == tag && is_it((slot & mask) - 1) {
+                return Some((slot & mask) - 1);
             }
             at = self.next(at);
         }
@@ -81,11 +104,12 @@ impl Slots {
         if self.slots.is_empty() {
             return None;
         }
-        let mut at = home(tag_of(d), self.slots.len());
+        let mask = self.id_mask();
+        let mut at = home(d, self.slots.len());
         loop {
             match self.slots[at] {
                 0 => return None,
-                slot if position(slot) == pos => return Some(at),
+                slot if slot & mask == pos + 1 => return Some(at),
                 _ => at = self.next(at),
             }
         }
@@ -98,19 +122,19 @@ impl Slots {
 
     /// Record `d` at arena position `pos`: the caller checked it is absent and there is room.
     pub fn insert_new(&mut self, d: &Digest, pos: u32) {
-        let tag = tag_of(d);
-        let mut at = home(tag, self.slots.len());
+        debug_assert!((pos as usize) < self.slots.len());
+        let mut at = home(d, self.slots.len());
         while self.slots[at] != 0 {
             at = self.next(at);
         }
-        self.slots[at] = pack(tag, pos);
+        self.slots[at] = self.pack(d, pos);
     }
 
     /// Forget the slot of arena position `pos` (digest `d`), shifting later entries back so
-    /// every probe chain stays unbroken.
-    pub fn remove(&mut self, d: &Digest, pos: u32) {
+    /// every probe chain stays unbroken (`digest_at`: a shifted entry's digest, for its home).
+    pub fn remove(&mut self, d: &Digest, pos: u32, digest_at: impl Fn(u32) -> Digest) {
         let Some(mut hole) = self.slot_of(d, pos) else { return };
-        let n = self.slots.len();
+        let (n, mask) = (self.slots.len(), self.id_mask());
         let mut at = hole;
         loop {
             at = self.next(at);
@@ -119,7 +143,7 @@ impl Slots {
                 break;
             }
             // An entry may fill the hole unless its home lies cyclically in (hole, at].
-            let h = home((slot >> 32) as u32, n);
+            let h = home(&digest_at((slot & mask) - 1), n);
             let stays = if hole <= at { hole < h && h <= at } else { hole < h || h <= at };
             if !stays {
                 self.slots[hole] = slot;
@@ -132,7 +156,7 @@ impl Slots {
     /// The arena moved `d` from position `from` to `to`.
     pub fn repoint(&mut self, d: &Digest, from: u32, to: u32) {
         if let Some(at) = self.slot_of(d, from) {
-            self.slots[at] = pack(tag_of(d), to);
+            self.slots[at] = self.pack(d, to);
         }
     }
 
@@ -148,6 +172,9 @@ impl Slots {
         super::advise_huge_pages(&slots);
         slots.resize(n, 0);
         self.slots = slots;
+        // Positions stay below the slot count (the arena never outgrows its table), so these
+        // bits always hold one; a u32 position needs at most 32.
+        self.id_bits = (usize::BITS - n.leading_zeros()).min(32);
         for (pos, d) in digests.enumerate() {
             self.insert_new(d, pos as u32);
         }

@@ -14,9 +14,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::block_set_args::{borrow_bytes, for_chunks, seq_len, slices, span, to_digest, type_name, CHUNK};
-use crate::index::block_set::{digest, find_records, BlockSet, Digest, SetError, NO_PARENT};
+use crate::index::block_set::{
+    digest, find_records, parent_name, BlockSet, Digest, ParentName, SetError, NO_PARENT,
+};
 
-/// An evicted chain tail: its digest, and its parent's when that parent is not in the set.
+/// An evicted chain tail: its digest, and its parent's name when that parent is not in the set.
 type Evicted<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
 /// Below this many keys a call keeps the GIL.
@@ -24,6 +26,20 @@ const DETACH_MIN: usize = 64;
 /// `prefix_run` borrows hashes in chunks growing 8x from this, so a miss early in a long
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
+
+/// A chain parent's name (8 bytes), or a full digest naming it (its first 8 bytes).
+fn to_name(b: &[u8], what: &str) -> PyResult<ParentName> {
+    match b.len() {
+        8 | 16 => {
+            let mut name = NO_PARENT;
+            name.copy_from_slice(&b[..8]);
+            Ok(name)
+        }
+        n => Err(PyValueError::new_err(format!(
+            "{what} must be an 8-byte parent name or a 16-byte digest, got {n} bytes"
+        ))),
+    }
+}
 
 fn set_error(e: SetError) -> PyErr {
     match e {
@@ -270,34 +286,44 @@ impl PyBlockSet {
 
     // --- chain links (crate::index::block_set::chains): prefix-aware eviction order
 
-    /// Add `key` extending the block whose digest is `parent` (None: none known), with `kids`
+    /// Add `key` extending the block named `parent` (`parent_name`; None: none known), with `kids`
     /// cached children counted against it. True if newly added.
     #[pyo3(signature = (key, parent, kids))]
     fn add_chained(&self, py: Python<'_>, key: &[u8], parent: Option<&[u8]>, kids: u32) -> PyResult<bool> {
-        let parent = parent.map_or(Ok(NO_PARENT), |p| to_digest(p, 0))?;
+        let parent = parent.map_or(Ok(NO_PARENT), |p| to_name(p, "parent"))?;
         let d = digest(key, b"");
         self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
     }
 
-    /// Is the block with this digest here?
+    /// Is the block with this digest (16 bytes) or parent name (8 bytes) here?
     fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
-        let d = to_digest(digest, 0)?;
-        Ok(self.locked(py, |s| s.contains(&d)))
+        if digest.len() == 16 {
+            let d = to_digest(digest, 0)?;
+            return Ok(self.locked(py, |s| s.contains(&d)));
+        }
+        let name = to_name(digest, "digest")?;
+        Ok(self.locked(py, |s| s.contains_name(&name)))
     }
 
-    /// Count one more cached child against the block with digest `parent`; False if absent.
+    /// The 8-byte name chain links call the block of `key` by: its digest's first 8 bytes.
+    #[staticmethod]
+    fn parent_name<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &parent_name(&digest(key, b"")))
+    }
+
+    /// Count one more cached child against the block named `parent`; False if absent.
     fn add_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
-        let d = to_digest(parent, 0)?;
+        let d = to_name(parent, "parent")?;
         Ok(self.locked(py, |s| s.add_kid(&d)))
     }
 
-    /// A cached child of the block with digest `parent` left; False if absent.
+    /// A cached child of the block named `parent` left; False if absent.
     fn drop_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
-        let d = to_digest(parent, 0)?;
+        let d = to_name(parent, "parent")?;
         Ok(self.locked(py, |s| s.drop_kid(&d)))
     }
 
-    /// Remove `key`: (its parent's digest or None, the children counted against it), or
+    /// Remove `key`: (its parent's name or None, the children counted against it), or
     /// None if absent.
     fn take_chained<'py>(&self, py: Python<'py>, key: &[u8]) -> Option<(Option<Bound<'py, PyBytes>>, u32)> {
         let d = digest(key, b"");
@@ -306,10 +332,10 @@ impl PyBlockSet {
     }
 
     /// Evict up to `n` chain tails, least recently used first (a parent left without a child
-    /// here is a tail at once): (digest, the parent's digest when it is not in this set).
+    /// here is a tail at once): (digest, the parent's name when it is not in this set).
     fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<Evicted<'py>>> {
         let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
-        let popped: Vec<(Digest, Digest, bool)> =
+        let popped: Vec<(Digest, ParentName, bool)> =
             self.locked_for(py, n, |s| std::iter::from_fn(|| s.pop_tail()).take(n).collect());
         Ok(popped
             .iter()
