@@ -48,10 +48,11 @@ class StorePlanner(WriteBehind):
             raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
         with self._lock:
             known = self.index.known
+            cached = self.index.known_many(keys)  # one lock for the batch, not one per block
             todo: list[int] = []
             seen: set[bytes] = set()
             for i, key in enumerate(keys):
-                if key in seen or known(key):
+                if cached[i] or key in seen:
                     self._stats["store_skipped_cached"] += 1
                     continue
                 parent = parents[i]
