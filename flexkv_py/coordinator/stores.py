@@ -161,8 +161,7 @@ class StorePlanner(WriteBehind):
             self.index.release_slots(set(job.host_slots[:n]) - set(job.host_slots[n:]))
         # Announced: the blocks readable now (not those reset while they were stored).
         readable = self.index.commit_host_fills(job.keys[n:], oks[n:])
-        for key in readable:
-            self._event("stored", key, Tier.HOST)
+        self._events_of("stored", readable, Tier.HOST)
         self._queue_write_behind(readable)
         num_ok = sum(oks)
         self._stats["stored_blocks"] += num_ok
