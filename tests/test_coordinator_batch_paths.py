@@ -14,16 +14,11 @@ from flexkv_py.index.entry import Located
 from flexkv_py.index.namespace import PREFIX_LEN
 from flexkv_py.index.tier_index import TierIndex
 
+NS_FIELDS = {"model": "test/batch-paths", "kv_dtype": "bfloat16", "kv_layout": "LBNHC"}
+
 
 def _ns() -> Namespace:
-    return Namespace(
-        model="test/batch-paths",
-        revision=None,
-        kv_dtype="bfloat16",
-        kv_layout="LBNHC",
-        block_size=16,
-        page_bytes=4096,
-    )
+    return Namespace(revision=None, block_size=16, page_bytes=4096, **NS_FIELDS)
 
 
 def _keys(ns: Namespace, n: int, tag: bytes) -> list[bytes]:
