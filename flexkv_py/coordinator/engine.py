@@ -244,7 +244,8 @@ class CacheEngine:
                         fill = functools.partial(self._write_pages, job, by_key)
                     handles.append(self.executor.submit(job, fill))
             # Neither in a job now nor cached by someone else: found no free host slot.
-            todo = [i for i in todo if not self.manager.known(keys[i])]
+            known = self.manager.index.known_many([keys[i] for i in todo])
+            todo = [i for i, k in zip(todo, known, strict=True) if not k]
             if todo and not (self._wait_background("spill") or finish_ours()):
                 break
         for i in todo:

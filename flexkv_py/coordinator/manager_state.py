@@ -11,7 +11,7 @@ import itertools
 import math
 import threading
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -152,6 +152,21 @@ class ManagerState:
             return  # a sibling engine's block: that engine announces it
         block_hash = self.namespace.block_hash(key)
         self._events.append(KVEvent(kind, block_hash, MEDIUM[tier], key[:PREFIX_LEN]))
+
+    def _events_of(
+        self, kind: Literal["stored", "removed"], keys: Sequence[bytes], tier: Tier
+    ) -> None:
+        """`_event` for each of a store's blocks. The frozen dataclass's __init__ (one
+        object.__setattr__ per field) was ~1.5 us of a store's ~9 us per block: the fields go
+        into the new event's __dict__ at once, the same object __init__ would build."""
+        medium, hash_of, append = MEDIUM[tier], self.namespace.block_hash, self._events.append
+        new = object.__new__
+        for key in keys:
+            event = new(KVEvent)
+            event.__dict__.update(
+                kind=kind, block_hash=hash_of(key), medium=medium, group_prefix=key[:PREFIX_LEN]
+            )
+            append(event)
 
     def take_events(self) -> list[KVEvent]:
         with self._lock:

@@ -48,10 +48,11 @@ class StorePlanner(WriteBehind):
             raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
         with self._lock:
             known = self.index.known
+            cached = self.index.known_many(keys)  # one lock for the batch, not one per block
             todo: list[int] = []
             seen: set[bytes] = set()
             for i, key in enumerate(keys):
-                if key in seen or known(key):
+                if cached[i] or key in seen:
                     self._stats["store_skipped_cached"] += 1
                     continue
                 parent = parents[i]
@@ -161,8 +162,7 @@ class StorePlanner(WriteBehind):
             self.index.release_slots(set(job.host_slots[:n]) - set(job.host_slots[n:]))
         # Announced: the blocks readable now (not those reset while they were stored).
         readable = self.index.commit_host_fills(job.keys[n:], oks[n:])
-        for key in readable:
-            self._event("stored", key, Tier.HOST)
+        self._events_of("stored", readable, Tier.HOST)
         self._queue_write_behind(readable)
         num_ok = sum(oks)
         self._stats["stored_blocks"] += num_ok

@@ -154,6 +154,12 @@ class IndexReads:
         with self._lock:
             return key in self._entries or self._cold.has(key)
 
+    def known_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """`known` of each key under one lock (a store's planning asks it of every block)."""
+        with self._lock:
+            entries, has = self._entries, self._cold.has
+            return [key in entries or has(key) for key in keys]
+
     def entry(self, key: bytes) -> Entry | None:
         """A copy of the key's entry (for tests and diagnostics)."""
         with self._lock:

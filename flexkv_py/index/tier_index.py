@@ -66,6 +66,7 @@ class TierIndex(LowerRoom):
         `count_hits`: also record a hit on each (as `touch`; recency is refreshed at unpin)."""
         out: list[Located] = []
         host = Tier.HOST
+        located = tuple.__new__  # Located(...) without its Python-level __new__: per block
         with self._lock:
             entries, remove = self._entries, self._policy.remove
             for key in keys:
@@ -75,10 +76,13 @@ class TierIndex(LowerRoom):
                     if not cold[0]:
                         break
                     e = self._add(key, cold)
-                tier = e.best_tier()
-                if tier is None:
-                    break
-                out.append(Located(tier, e.host_slot if tier is host else None))
+                if e.host_ready and not e.stale:  # e.best_tier() inlined: the common case
+                    out.append(located(Located, (host, e.host_slot)))
+                else:
+                    tier = e.best_tier()
+                    if tier is None:
+                        break
+                    out.append(Located(tier, None))
                 e.pins += 1
                 if count_hits:
                     e.hits += 1

@@ -1,0 +1,156 @@
+"""Coordinator cost per block: the whole stack's store and host load (CacheEngine: manager +
+index + executor + transfer engine) against the transfer engine alone copying the same blocks in
+one call, on CPU tensors with small pages, so that the difference is the coordinator's own work
+(planning, slot acquire/release, index updates, events, job hand-offs).
+
+    python3 benches/coordinator_bench.py [--blocks 2048] [--reps 7] [--json] [--profile]
+
+Prints, per phase, the median µs per block of ours and of the floor, their difference (the
+coordinator's cost per block) and the ratio; `--profile` adds a cProfile summary of one store
+and one load (to stderr). `--json` ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tier_bench import bench_blocks
+from transfer_bench import make_caches
+
+from flexkv_py.config import load_config
+from flexkv_py.coordinator import CacheEngine
+
+LAYERS, TOKENS = 2, 16
+
+
+Clock = tuple[float, float]  # (wall seconds, CPU seconds of the whole process)
+
+
+def clock() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: Clock) -> Clock:
+    t1 = clock()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
+def floor_clocks(
+    engine: CacheEngine, src: list[int], slots: list[int], dst: list[int]
+) -> tuple[Clock, Clock]:
+    """One D2H and one H2D call of the transfer engine over the same blocks (waited)."""
+    transfer = engine.executor._transfer.transfer  # the raw TransferEngine
+    assert transfer is not None
+    t0 = clock()
+    transfer.submit_d2h(src, slots).wait()
+    d2h = since(t0)
+    t0 = clock()
+    transfer.submit_h2d(slots, dst).wait()
+    return d2h, since(t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--blocks", type=int, default=2048)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument(
+        "--heads",
+        type=int,
+        default=1,
+        help="KV heads (page = 2 layers x heads x 16 tokens x K,V x head-dim x 2 B; default "
+        "1 KiB pages: the copies cost little; larger pages show what the copies do not hide)",
+    )
+    p.add_argument("--head-dim", type=int, default=8)
+    args = p.parse_args()
+    n, reps = args.blocks, args.reps
+    out = sys.stderr if args.json else sys.stdout
+    total = 2 * n + 8
+    caches = make_caches("LBNHC", LAYERS, total, args.heads, args.head_dim, TOKENS, "cpu")
+    page = LAYERS * args.heads * TOKENS * 2 * args.head_dim * 2
+    base = Path(tempfile.mkdtemp(prefix="flexkv-coord-bench-"))
+    slots_needed = (reps + 3) * (n + 16)  # every rep stores fresh keys: no eviction is timed
+    cfg = load_config(
+        {"cpu_cache_gb": slots_needed * (page + 4096) / 2**30, "admission": "write_back"},
+        env={},
+    )
+    ns, src, dst, spare, _ = bench_blocks("bench/coordinator", TOKENS, page, n, total)
+    store_t: list[Clock] = []
+    load_t: list[Clock] = []
+    d2h_t: list[Clock] = []
+    h2d_t: list[Clock] = []
+    try:
+        engine = CacheEngine.from_kv_caches(cfg, ns, caches)
+        warm = ns.keys([b"warm-%d" % i for i in range(len(spare))])
+        assert engine.store(warm, spare).ok and engine.load(warm, spare).ok
+        floor_slots = list(range(engine.pool.num_slots - n, engine.pool.num_slots))
+        for r in range(reps):
+            keys = ns.keys([b"rep%d-%032x" % (r, i) for i in range(n)])
+            t0 = clock()
+            assert engine.store(keys, src).ok
+            store_t.append(since(t0))
+            t0 = clock()
+            outcome = engine.load(keys, dst)
+            load_t.append(since(t0))
+            assert outcome.ok
+            d2h, h2d = floor_clocks(engine, src, floor_slots, dst)
+            d2h_t.append(d2h)
+            h2d_t.append(h2d)
+        if args.profile:
+            keys = ns.keys([b"prof-%032x" % i for i in range(n)])
+            for name, call in (
+                ("store", lambda: engine.store(keys, src)),
+                ("load", lambda: engine.load(keys, dst)),
+            ):
+                prof = cProfile.Profile()
+                prof.enable()
+                call()
+                prof.disable()
+                print(f"--- cProfile: one {name} of {n} blocks", file=sys.stderr)
+                pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+        engine.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    def us(ts: list[Clock], which: int) -> float:
+        return statistics.median(t[which] for t in ts) / n * 1e6
+
+    results: dict[str, float | int] = {"blocks": n, "reps": reps, "page_bytes": page}
+    print(f"{n} blocks of {page} B, CPU tensors, median of {reps} reps, µs per block:", file=out)
+    for name, ours, floor in (("store", store_t, d2h_t), ("load", load_t, h2d_t)):
+        # Wall time is what a caller waits; the process's CPU time is the work itself, much
+        # less disturbed by other processes on a shared machine.
+        for which, clock_name in ((0, "wall"), (1, "cpu")):
+            o, f = us(ours, which), us(floor, which)
+            tag = f"{name}_{clock_name}"
+            results[f"{tag}_us_per_block"] = o
+            results[f"{tag}_floor_us_per_block"] = f
+            results[f"{tag}_coordinator_us_per_block"] = o - f
+            results[f"{tag}_ratio"] = o / f
+            lo = min(t[which] for t in ours) / n * 1e6
+            print(
+                f"  {name:<5} {clock_name:<4} ours {o:6.2f} (min {lo:5.2f})  floor (one "
+                f"transfer-engine call) {f:5.2f}  coordinator {o - f:6.2f}  ratio {o / f:5.1f}x",
+                file=out,
+            )
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
