@@ -1,0 +1,105 @@
+"""The object tier wired into the coordinator (in-process engine, `file://` bucket): stores
+reach the bucket by write-behind with their chain (manifests), another engine with an empty
+host tier finds the chain with one lookup and loads the blocks from it bit-exactly; a missing
+or corrupt object fails only that block (recompute) and the index forgets it; a bucket that
+cannot be opened leaves the engine serving without it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_coordinator import _config, _engine, _keys, _ns, _pages
+
+from flexkv_py.coordinator import CacheEngine
+from flexkv_py.errors import ConfigError
+from flexkv_py.index import Tier
+
+SLOTS = 16
+
+
+def _object_config(tmp_path: Path, bucket: Path, **kw: Any) -> Any:
+    bucket.mkdir(exist_ok=True)
+    return _config(tmp_path, SLOTS, object_store_url=f"file://{bucket}", **kw)
+
+
+def _stored_to_bucket(eng: CacheEngine, keys: list[bytes], pages: list[bytes]) -> None:
+    assert eng.store_pages(keys, pages).statuses == ("ok",) * len(keys)
+    assert eng.flush_write_behind(30.0, Tier.OBJECT) == 0
+    assert eng.manager.stats()["object_written_blocks"] == len(keys)
+
+
+def test_a_second_engine_loads_a_prefix_from_the_bucket(tmp_path: Path) -> None:
+    ns, bucket = _ns(), tmp_path / "bucket"
+    keys = _keys(ns, 10)
+    pages = _pages(keys)
+    with _engine(_object_config(tmp_path / "a", bucket), ns, SLOTS) as a:
+        _stored_to_bucket(a, keys, pages)
+    with _engine(_object_config(tmp_path / "b", bucket), ns, SLOTS) as b:
+        assert b.lookup(keys) == 0  # an empty host tier, and nothing asked of the bucket yet
+        assert b.lookup_object(keys) == 10  # the chain's manifests answer for all of it
+        assert b.lookup_object(keys[:4] + _keys(ns, 3, "other")) == 4  # a prefix of it
+        assert b.lookup(keys) == 10
+        assert b.load_pages(keys) == pages
+        stats = b.stats()
+        assert stats["manager"]["load_object_blocks"] == 10
+        assert stats["executor"]["object_read_blocks"] == 10
+        assert b.lookup(keys) == 10 and b.load_pages(keys) == pages  # now from host
+
+
+def test_a_lost_or_corrupt_object_fails_only_that_block(tmp_path: Path) -> None:
+    ns, bucket = _ns(), tmp_path / "bucket"
+    keys = _keys(ns, 6)
+    pages = _pages(keys)
+    with _engine(_object_config(tmp_path / "a", bucket), ns, SLOTS) as a:
+        _stored_to_bucket(a, keys, pages)
+    blocks = sorted(p for p in bucket.rglob("*") if p.is_file() and "/b/" in str(p))
+    assert len(blocks) == 6
+    by_key = {p.name: p for p in blocks}
+    storage = [ns.storage_key(k).hex() for k in keys]
+    lost, bad = by_key[storage[4]], by_key[storage[5]]
+    os.unlink(lost)
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with _engine(_object_config(tmp_path / "b", bucket), ns, SLOTS) as b:
+        assert b.lookup_object(keys) == 6  # manifests still list every block
+        got = b.load_pages(keys)
+        assert got[:4] == pages[:4] and got[4] is None and got[5] is None
+        assert b.lookup(keys) == 4  # the index forgot the two bad copies
+        stats = b.stats()["manager"]
+        assert stats["object_read_not_found_blocks"] == 1
+        assert stats["object_read_corrupt_blocks"] == 1
+
+
+def test_an_unreachable_bucket_serves_without_the_object_tier(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id-not-printed")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-not-printed")
+    ns = _ns()
+    cfg = _config(
+        tmp_path,
+        SLOTS,
+        object_store_url="s3://no-such-bucket/kv",
+        object_store_endpoint="http://127.0.0.1:9",
+        object_store_allow_http=True,
+    )
+    with caplog.at_level(logging.ERROR), _engine(cfg, ns, SLOTS) as eng:
+        keys = _keys(ns, 3)
+        assert eng.store_pages(keys, _pages(keys)).ok
+        assert eng.lookup_object(keys) == 0
+        assert eng.stats()["executor"]["object_unavailable"] == 1
+        assert eng.flush_write_behind(5.0, Tier.OBJECT) == 0  # its writes fail fast
+    text = caplog.text
+    assert "object tier UNAVAILABLE" in text and "127.0.0.1:9" in text
+    assert "secret-not-printed" not in text and "id-not-printed" not in text
+
+
+def test_a_weak_engine_hash_is_refused_at_start(tmp_path: Path) -> None:
+    cfg = _object_config(tmp_path, tmp_path / "bucket")
+    with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
+        _engine(cfg, _ns(hash_algo="xxhash"), SLOTS)
