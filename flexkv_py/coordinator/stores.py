@@ -152,7 +152,9 @@ class StorePlanner(ObjectWriteBehind):
         """A streamed block keeps no host copy for the object write-behind to read: it goes to
         the object tier in the same round as to the spill tier (its write already pending)."""
         assert self.spill_tier is not None
-        return (self.spill_tier, Tier.OBJECT) if self._begin_object_write(key) else (self.spill_tier,)
+        return (
+            (self.spill_tier, Tier.OBJECT) if self._begin_object_write(key) else (self.spill_tier,)
+        )
 
     def _begin_object_write(self, key: bytes) -> bool:
         return self.object_enabled and self.index.begin_write(key, Tier.OBJECT)

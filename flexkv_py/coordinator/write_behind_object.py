@@ -20,7 +20,6 @@ that block (recomputed) and the bit is cleared (loads.py).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from flexkv_py.coordinator.jobs import JobResult, SpillJob
@@ -95,6 +94,9 @@ class ObjectWriteBehind(WriteBehind):
                 tuple(slots),
                 Tier.OBJECT,
                 parents=tuple(links.get(k) for k in keys),
+                # Metadata the bucket does not keep; present, so the connector's fill-in from
+                # what it remembers (block_meta.with_block_metas) keeps these parents.
+                metas=(None,) * len(keys),
                 chain_links=tuple(self._ancestor_links(keys)),
             )
             self._inflight[job.job_id] = job

@@ -21,8 +21,8 @@ import os
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.object_open import open_object_tier
 from flexkv_py.tiers.node_shards import NodeShards, ReadOnlyShard, ReplicaReader
+from flexkv_py.tiers.object_open import open_object_tier
 from flexkv_py.tiers.protocol import LowerTier
 from flexkv_py.tiers.ssd_open import open_ssd_tier
 

@@ -217,13 +217,17 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
     ) -> dict[CacheHitSource, int]:
-        """External hits split into host memory (HOST) and SSD (DISK) tokens."""
+        """External hits split into host memory (HOST), SSD (DISK) and object-store tokens."""
         split = self.scheduler_side.take_hit_sources(request)
         if not num_external_tokens:
             return {}
         if not split or sum(split.values()) != num_external_tokens:
             return {self._cache_hit_source: num_external_tokens}
-        names = {Tier.HOST: CacheHitSource.HOST, Tier.SSD: CacheHitSource.DISK}
+        names = {
+            Tier.HOST: CacheHitSource.HOST,
+            Tier.SSD: CacheHitSource.DISK,
+            Tier.OBJECT: CacheHitSource.EXTERNAL_UNSPECIFIED,  # vLLM's name for a remote store
+        }
         return {names[tier]: tokens for tier, tokens in split.items()}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
