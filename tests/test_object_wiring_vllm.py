@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import pytest
 import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
-from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 BS = 16
@@ -69,10 +68,18 @@ def produce(model_dir: str, prompt: list[int], kv_role: str = "kv_producer") -> 
     return e
 
 
-def consume(model_dir: str, prompt: list[int], req_id: str = "C") -> dict[str, Any]:
-    """A consumer engine (kv_role consumer, empty host tier) run on `prompt` in this process."""
+def consume(
+    model_dir: str,
+    prompt: list[int],
+    req_id: str = "C",
+    before: Callable[[vh.Engine], None] | None = None,
+) -> dict[str, Any]:
+    """A consumer engine (kv_role consumer, empty host tier) run on `prompt` in this process
+    (`before(engine)` first: a fault injected once it started)."""
     e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role="kv_consumer"))
     try:
+        if before is not None:
+            before(e)
         req = e.add(vh.make_request(req_id, prompt, block_size=BS))
         e.run()
         hits = object_hits(e)
@@ -83,6 +90,7 @@ def consume(model_dir: str, prompt: list[int], req_id: str = "C") -> dict[str, A
             "loaded": any(req_id in r.finished_recving for r in e.history),
             "invalid": sum(len(r.invalid_block_ids) for r in e.history),
             "asked_later": 0 if hits is None else hits.asked,
+            "gave_up": 0 if hits is None else hits.gave_up,
             "finished": req.status == RequestStatus.FINISHED_LENGTH_CAPPED,
             "stats": manager_stats(e),
         }
@@ -137,9 +145,11 @@ def test_a_restarted_engine_with_an_empty_ssd_hits_from_the_bucket(
     prompt = vh.prompt_tokens(12, BLOCKS * BS + 3)
     first = produce(model_dir, prompt, kv_role="kv_both")
     expected = first.outputs["P"]
-    assert manager_stats(first)["ssd_written_blocks"] + manager_stats(first).get(
-        "write_behind_blocks", 0
-    ) >= 1
+    assert (
+        manager_stats(first)["ssd_written_blocks"]
+        + manager_stats(first).get("write_behind_blocks", 0)
+        >= 1
+    )
     first.shutdown()
     for k, v in vh.with_ssd(tmp_path / "ssd2").items():  # a new, empty SSD
         monkeypatch.setenv(f"FLEXKV_{k.upper()}", str(v))

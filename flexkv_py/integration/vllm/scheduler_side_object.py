@@ -78,6 +78,11 @@ class ObjectHits:
             self._mgr.note_object_hits(keys, local, count)
         return max(local, count)
 
+    @property
+    def gave_up(self) -> int:
+        """Lookups answered as a miss because they ran past the wait."""
+        return self._pending.gave_up
+
     def forget(self, request_id: Hashable) -> None:
         self._pending.forget(request_id)
 
