@@ -103,3 +103,20 @@ def test_a_weak_engine_hash_is_refused_at_start(tmp_path: Path) -> None:
     cfg = _object_config(tmp_path, tmp_path / "bucket")
     with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
         _engine(cfg, _ns(hash_algo="xxhash"), SLOTS)
+
+
+def test_blocks_evicted_from_host_are_loaded_back_from_a_memory_bucket(tmp_path: Path) -> None:
+    ns = _ns()
+    cfg = _config(tmp_path, SLOTS, object_store_url="memory://")
+    with _engine(cfg, ns, SLOTS) as eng:
+        first = _keys(ns, 8, "first")
+        pages = _pages(first)
+        _stored_to_bucket(eng, first, pages)
+        later = _keys(ns, SLOTS, "later")  # a second prompt fills the host tier
+        assert eng.store_pages(later, _pages(later)).ok
+        eng.flush()
+        got = eng.load_pages(first)
+        assert got == pages  # the evicted ones came back from the bucket, bit-exact
+        stats = eng.stats()["manager"]
+        assert stats["host_evicted_blocks"] >= 1
+        assert stats["load_object_blocks"] >= 1
