@@ -29,15 +29,22 @@ def _object_config(tmp_path: Path, bucket: Path, **kw: Any) -> Any:
 def _stored_to_bucket(eng: CacheEngine, keys: list[bytes], pages: list[bytes]) -> None:
     assert eng.store_pages(keys, pages).statuses == ("ok",) * len(keys)
     assert eng.flush_write_behind(30.0, Tier.OBJECT) == 0
-    assert eng.manager.stats()["object_written_blocks"] == len(keys)
+    assert eng.manager.stats()["object_write_behind_blocks"] == len(keys)
 
 
-def test_a_second_engine_loads_a_prefix_from_the_bucket(tmp_path: Path) -> None:
+def _bucket_with(tmp_path: Path, n: int) -> tuple[Path, list[bytes], list[bytes]]:
+    """A file:// bucket holding a chain of `n` blocks (one engine stored them, then closed)."""
     ns, bucket = _ns(), tmp_path / "bucket"
-    keys = _keys(ns, 10)
+    keys = _keys(ns, n)
     pages = _pages(keys)
     with _engine(_object_config(tmp_path / "a", bucket), ns, SLOTS) as a:
         _stored_to_bucket(a, keys, pages)
+    return bucket, keys, pages
+
+
+def test_a_second_engine_loads_a_prefix_from_the_bucket(tmp_path: Path) -> None:
+    ns = _ns()
+    bucket, keys, pages = _bucket_with(tmp_path, 10)
     with _engine(_object_config(tmp_path / "b", bucket), ns, SLOTS) as b:
         assert b.lookup(keys) == 0  # an empty host tier, and nothing asked of the bucket yet
         assert b.lookup_object(keys) == 10  # the chain's manifests answer for all of it
@@ -51,11 +58,8 @@ def test_a_second_engine_loads_a_prefix_from_the_bucket(tmp_path: Path) -> None:
 
 
 def test_a_lost_or_corrupt_object_fails_only_that_block(tmp_path: Path) -> None:
-    ns, bucket = _ns(), tmp_path / "bucket"
-    keys = _keys(ns, 6)
-    pages = _pages(keys)
-    with _engine(_object_config(tmp_path / "a", bucket), ns, SLOTS) as a:
-        _stored_to_bucket(a, keys, pages)
+    ns = _ns()
+    bucket, keys, pages = _bucket_with(tmp_path, 6)
     blocks = sorted(p for p in bucket.rglob("*") if p.is_file() and "/b/" in str(p))
     assert len(blocks) == 6
     by_key = {p.name: p for p in blocks}

