@@ -124,3 +124,35 @@ def test_blocks_evicted_from_host_are_loaded_back_from_a_memory_bucket(tmp_path:
         stats = eng.stats()["manager"]
         assert stats["host_evicted_blocks"] >= 1
         assert stats["load_object_blocks"] >= 1
+
+
+def test_object_write_behind_sends_ancestors_before_descendants(tmp_path: Path) -> None:
+    from test_coordinator import PAGE_BYTES
+
+    from flexkv_py.coordinator import CacheManager, JobResult, SpillJob
+
+    ns = _ns()
+    cfg = _config(tmp_path, 64, object_store_url="memory://")
+    mgr = CacheManager(cfg, ns, PAGE_BYTES, free_target=0)
+    keys = _keys(ns, 8)
+    head = mgr.prepare_store(keys[:4], None)
+    tail = mgr.prepare_store(keys[4:], None, parents=[keys[3], *keys[4:7]])
+    assert head is not None and tail is not None
+    mgr.complete(JobResult(tail.job_id, "store"))  # the tail's store commits first
+    mgr.complete(JobResult(head.job_id, "store"))
+    (job,) = mgr.take_jobs()
+    assert isinstance(job, SpillJob) and job.tier is Tier.OBJECT
+    assert job.keys == tuple(keys)  # root first: one chain, ancestors in the same batch
+    assert job.parents == (None, *keys[:7])
+    assert mgr.take_jobs() == []  # one object write-behind at a time
+    mgr.complete(JobResult(job.job_id, "spill"))
+    assert all(mgr.index.readable_on(k, Tier.OBJECT) for k in keys)
+    assert mgr.stats()["object_write_behind_blocks"] == 8
+    more = _keys(ns, 3, "more")
+    store = mgr.prepare_store(more, None, parents=[keys[7], *more[:2]])
+    assert store is not None
+    mgr.complete(JobResult(store.job_id, "store"))
+    (cont,) = mgr.take_jobs()
+    assert isinstance(cont, SpillJob) and cont.keys == tuple(more)
+    assert cont.chain_links[:2] == ((keys[7], keys[6]), (keys[6], keys[5]))  # its ancestors
+    assert len(cont.chain_links) == 8

@@ -6,8 +6,9 @@ another worker finds a prefix only through them). The job is a SpillJob body (ho
 `Tier.OBJECT`, host copy kept and pinned until the write commits), handed out like the SSD's
 write-behind (write_behind.py) but after it: only when nothing else is queued for the workers
 and no load or store is in flight, or once the oldest block waited `write_behind_lag_s`; at
-the `write_behind_mib_s` rate; one job at a time. A block evicted from host before its turn is
-not written (the SSD, if any, still holds it): the lag bounds how often that happens.
+the `write_behind_mib_s` rate; one job at a time; ancestors before descendants. A block
+evicted from host before its turn is not written (the SSD, if any, still holds it): the lag
+bounds how often that happens.
 
 Blocks a store streams through reused slots (no host copy, stores.py) are written through to
 the object tier in the store job itself, and `object_store_write_through` writes every stored
@@ -63,6 +64,21 @@ class ObjectWriteBehind(WriteBehind):
                 at = parent
         return out
 
+    def _root_first(self, keys: list[bytes], slots: list[int]) -> tuple[list[bytes], list[int]]:
+        """The job's blocks ordered so that each comes after its parent (stores can commit
+        out of order): the object tier then puts each chain in one batch, ancestors included,
+        and writes its manifests (it writes none for a segment whose ancestors are not stored
+        yet)."""
+        links, inside = self._object_links, set(keys)
+        depth: dict[bytes, int] = {}
+        for key in keys:
+            n, at = 0, links.get(key)
+            while at is not None and at in inside and n <= len(keys):
+                n, at = n + 1, links.get(at)
+            depth[key] = n
+        order = sorted(range(len(keys)), key=lambda i: depth[keys[i]])
+        return [keys[i] for i in order], [slots[i] for i in order]
+
     def take_object_write_behind(self, *, drain: bool = False) -> SpillJob | None:
         """The next object write-behind job (queued for `take_jobs`), or None."""
         with self._lock:
@@ -73,7 +89,13 @@ class ObjectWriteBehind(WriteBehind):
             if budget <= 0:
                 return None
             keys, slots = [], []
+            links = self._object_links
             for key in queue.take(budget):
+                if links.get(key) in queue:
+                    # Its parent is still owed: ancestors go first (a segment's manifest is
+                    # written only once its ancestors are stored), this one goes next time.
+                    queue.add(key)
+                    continue
                 slot = self.index.host_slot_of(key)
                 if slot is None or not self.index.begin_write(key, Tier.OBJECT):
                     continue  # gone from host, or there / on its way already
@@ -84,7 +106,7 @@ class ObjectWriteBehind(WriteBehind):
                 return None
             if not drain:
                 queue.spend(len(keys))
-            links = self._object_links
+            keys, slots = self._root_first(keys, slots)
             job = SpillJob(
                 next(self._ids),
                 tuple(keys),

@@ -394,8 +394,7 @@ class SchedulerSide:
         return any(info.kind == "store" for info in self._jobs.values())
 
     def shutdown(self) -> None:
-        if self._objects is not None:
-            self._objects.close()
-        close = getattr(self._mgr, "close", None)
-        if close is not None:
-            close()
+        for part in (self._objects, self._mgr):  # the bucket's lookups, then the manager
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
