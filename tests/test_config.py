@@ -359,22 +359,37 @@ def test_flexkv_single_instance_and_server_mode_vars(caplog: pytest.LogCaptureFi
 
 
 @pytest.mark.parametrize("source", ["env", "file", "override"])
-def test_object_store_url_is_refused_until_the_tier_exists(tmp_path: Path, source: str) -> None:
-    url = "s3://bucket/kv"  # a well-formed URL: refused for the missing tier, not its shape
+def test_object_store_keys_are_accepted_from_every_source(tmp_path: Path, source: str) -> None:
+    url = "s3://bucket/kv"
     env: dict[str, str] = {}
     overrides: dict[str, object] | None = None
     if source == "env":
         env["FLEXKV_OBJECT_STORE_URL"] = url
+        env["FLEXKV_OBJECT_STORE_ENDPOINT"] = "http://127.0.0.1:9"
+        env["FLEXKV_OBJECT_STORE_ALLOW_HTTP"] = "1"
     elif source == "file":
         path = tmp_path / "c.yml"
-        path.write_text(f"object_store_url: {url}\n")
+        path.write_text(
+            f"object_store_url: {url}\nobject_store_endpoint: http://127.0.0.1:9\n"
+            "object_store_allow_http: true\n"
+        )
         env["FLEXKV_CONFIG_PATH"] = str(path)
     else:
-        overrides = {"object_store_url": url}
-    with pytest.raises(ConfigError, match=r"object_store_url: the object-store tier is not avail"):
-        load_config(overrides, env=env)
-    # Unset (or an empty env var) is fine.
+        overrides = {
+            "object_store_url": url,
+            "object_store_endpoint": "http://127.0.0.1:9",
+            "object_store_allow_http": True,
+        }
+    cfg = load_config(overrides, env=env)
+    assert (cfg.object_store_url, cfg.object_store_endpoint) == (url, "http://127.0.0.1:9")
+    assert cfg.object_store_allow_http and cfg.object_enabled
+    # Unset (or an empty env var) is off.
     assert load_config(env={"FLEXKV_OBJECT_STORE_URL": ""}).object_store_url is None
+    for bad in ("ftp://x/y", "bucket/kv"):
+        with pytest.raises(ConfigError, match=r"object_store_url: .* is not an object-store URL"):
+            load_config({"object_store_url": bad}, env={})
+    with pytest.raises(ConfigError, match=r"object_store_lookup_wait_s"):
+        load_config({"object_store_url": url, "object_store_lookup_wait_s": 0}, env={})
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,15 @@ class FlexKVConfig:
     log_level: LogLevel = "INFO"
     enable_metrics: bool = False
     object_store_url: str | None = None
+    object_store_endpoint: str | None = None
+    object_store_region: str | None = None
+    object_store_allow_http: bool = False
+    object_store_allow_weak_hash: bool = False
+    object_store_write_through: bool = False
+    object_store_lookup_wait_s: float = 2.0
+    object_store_gc_ttl_s: float = 0.0
+    object_store_gc_budget_gb: float = 0.0
+    object_store_gc_interval_s: float = 300.0
     transfer_engine: TransferEngine = "auto"
     host_huge_pages: bool = True
     host_pool_init: HostPoolInit = "auto"
@@ -60,6 +69,10 @@ class FlexKVConfig:
     @property
     def ssd_enabled(self) -> bool:
         return self.ssd_cache_gb > 0
+
+    @property
+    def object_enabled(self) -> bool:
+        return self.object_store_url is not None
 
     @property
     def cpu_cache_bytes(self) -> int:

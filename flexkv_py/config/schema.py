@@ -205,7 +205,49 @@ FIELDS: tuple[Field, ...] = (
         "object_store_url",
         _as_optional_str,
         None,
-        "object tier URL (reserved: the tier is not available yet, setting it is an error)",
+        "object tier shared by the fleet: s3://bucket/prefix, gs://, az://, file:///path or "
+        "memory:// (unset: off); S3 credentials only from the AWS_* environment",
+    ),
+    Field("object_store_endpoint", _as_optional_str, None, "S3-compatible endpoint URL"),
+    Field("object_store_region", _as_optional_str, None, "S3 region"),
+    Field("object_store_allow_http", _as_bool, False, "allow a plain-HTTP object endpoint"),
+    Field(
+        "object_store_allow_weak_hash",
+        _as_bool,
+        False,
+        "accept a non-sha256 engine block hash with a shared object tier (collision risk)",
+    ),
+    Field(
+        "object_store_write_through",
+        _as_bool,
+        False,
+        "copy stored blocks to the object tier at store time too (default: write-behind only)",
+    ),
+    Field(
+        "object_store_lookup_wait_s",
+        _as_float,
+        2.0,
+        "longest a request waits (skipped by the scheduler, never blocking a step) for the "
+        "bucket's answer, > 0; later: a miss",
+    ),
+    Field(
+        "object_store_gc_ttl_s",
+        _as_float,
+        0.0,
+        "background GC: chains unused this long are collected; 0: no background GC here",
+    ),
+    Field(
+        "object_store_gc_budget_gb",
+        _as_float,
+        0.0,
+        "background GC: byte budget of the bucket prefix in GiB, least recently used chains "
+        "go first; 0: no budget",
+    ),
+    Field(
+        "object_store_gc_interval_s",
+        _as_float,
+        300.0,
+        "background GC: seconds between passes (one worker holds the lease), > 0",
     ),
     Field("transfer_engine", _Choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),

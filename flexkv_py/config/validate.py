@@ -46,6 +46,28 @@ def _check_instances(cfg: FlexKVConfig) -> None:
         )
 
 
+OBJECT_SCHEMES = ("s3", "gs", "az", "file", "memory")
+
+
+def _check_object_store(cfg: FlexKVConfig) -> None:
+    """The object tier's keys (their static shape only: the bucket itself is checked when the
+    tier opens, tiers/lower_tiers.py)."""
+    url = cfg.object_store_url
+    if url is not None:
+        scheme, sep, _ = url.partition("://")
+        if not sep or scheme.lower() not in OBJECT_SCHEMES:
+            raise ConfigError(
+                f"object_store_url: {url!r} is not an object-store URL; expected one of "
+                + ", ".join(f"{s}://" for s in OBJECT_SCHEMES)
+            )
+    for key in ("object_store_lookup_wait_s", "object_store_gc_interval_s"):
+        _positive(key, getattr(cfg, key))
+    for key in ("object_store_gc_ttl_s", "object_store_gc_budget_gb"):
+        value = getattr(cfg, key)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{key}: must be a finite number >= 0 (0: off), got {value!r}")
+
+
 def validate(cfg: FlexKVConfig) -> FlexKVConfig:
     """Raise ConfigError naming the first bad key; return `cfg` unchanged when it is valid."""
     _positive("cpu_cache_gb", cfg.cpu_cache_gb)
@@ -102,13 +124,7 @@ def validate(cfg: FlexKVConfig) -> FlexKVConfig:
     if not 1 <= cfg.zstd_level <= 22:
         raise ConfigError(f"zstd_level: must be in 1..22, got {cfg.zstd_level}")
     parse_admission(cfg.admission)
-    if cfg.object_store_url is not None:
-        # Refused, not ignored: a user who sets it expects blocks to reach the object store.
-        raise ConfigError(
-            f"object_store_url: the object-store tier is not available yet in flexkv-py, so "
-            f"{cfg.object_store_url!r} cannot be used; unset FLEXKV_OBJECT_STORE_URL or drop the "
-            "key from your config file / kv_connector_extra_config"
-        )
+    _check_object_store(cfg)
     _check_instances(cfg)
     if cfg.max_file_size_gb is not None:
         _positive("max_file_size_gb", cfg.max_file_size_gb)

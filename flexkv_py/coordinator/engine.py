@@ -185,6 +185,18 @@ class CacheEngine:
         self._pump()
         return self.manager.lookup(keys)
 
+    def lookup_object(self, keys: Sequence[bytes]) -> int:
+        """Leading blocks of a chain (`keys`, root first) the bucket holds, asked now (blocks
+        on the network: tools and tests; the connector asks through tiers/object_lookups.py);
+        the index learns them, so a `load` after it stages them from the object tier."""
+        tier = self.executor.tiers.get(Tier.OBJECT)
+        lookup_chain = getattr(tier, "lookup_chain", None)
+        if lookup_chain is None:
+            return 0
+        count = int(lookup_chain(keys))
+        self.manager.note_object_hits(keys, 0, count)
+        return count
+
     def store(
         self,
         keys: Sequence[bytes],
@@ -314,12 +326,17 @@ class CacheEngine:
         while self._wait_background():
             pass
 
-    def flush_write_behind(self, timeout_s: float = 5.0) -> int:
-        """Best effort, at most `timeout_s`: write every host block still owed to the SSD
-        (shutdown; ignores the write-behind rate). Returns how many are still owed."""
+    def flush_write_behind(self, timeout_s: float = 5.0, tier: Tier = Tier.SSD) -> int:
+        """Best effort, at most `timeout_s`: write every host block still owed to the SSD (or
+        to the object tier) (shutdown; ignores the write-behind rate). Returns how many are
+        still owed."""
         deadline = time.monotonic() + timeout_s
+        mgr = self.manager
+        take = mgr.take_object_write_behind if tier is Tier.OBJECT else mgr.take_write_behind
         while (left := deadline - time.monotonic()) > 0:
-            job = self.manager.take_write_behind(drain=True)
+            job = take(drain=True)
+            if job is None and self._wait_background("spill"):
+                continue  # one was in flight already (taken by the background pump)
             if job is None:
                 break
             handle = self.executor.submit(self.manager.take_jobs_now(job))
@@ -329,7 +346,7 @@ class CacheEngine:
                 break  # still running: shutdown leaves it to finish (or time out) on its own
             if self.executor.wait([job.job_id]):
                 self.manager.complete(result)
-        return self.manager.write_behind_pending()
+        return mgr.object_write_pending() if tier is Tier.OBJECT else mgr.write_behind_pending()
 
     def reset(self) -> None:
         """Forget every block, host and lower tiers (e.g. new weights under the same model name)."""
@@ -346,6 +363,8 @@ class CacheEngine:
         """Finish background jobs, write what the SSD is still owed (bounded), shut down."""
         self.flush()
         self.flush_write_behind(flush_timeout_s)
+        if self.manager.object_enabled:
+            self.flush_write_behind(flush_timeout_s, Tier.OBJECT)
         self.executor.shutdown()
 
     def __enter__(self) -> CacheEngine:

@@ -120,6 +120,10 @@ class JobBodies:
             return lower.submit_get(items)
         # Chain parents and token ids go with the blocks to a tier that keeps them (the SSD).
         extras = put_extras(job, keys) if job is not None else None
+        links = job.chain_links if isinstance(job, SpillJob) else ()
+        remember = getattr(lower, "remember_links", None)  # the object tier's manifests
+        if links and remember is not None:
+            remember(links)
         if extras is not None and getattr(lower, "stores_block_meta", False):
             return lower.submit_put(items, parents=extras[0], metas=extras[1])  # type: ignore[call-arg]
         return lower.submit_put(items)

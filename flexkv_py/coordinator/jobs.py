@@ -138,6 +138,9 @@ class SpillJob:
     gpu_block_ids: None = None
     parents: tuple[bytes | None, ...] = ()  # as in StoreJob
     metas: tuple[bytes | None, ...] = ()
+    # (key, parent) links of the blocks' ancestors outside the job: the object tier needs a
+    # block's whole chain to write its manifests (coordinator/write_behind_object.py).
+    chain_links: tuple[tuple[bytes, bytes | None], ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 

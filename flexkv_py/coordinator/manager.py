@@ -66,6 +66,7 @@ class CacheManager(StorePlanner, LoadPlanner):
         with self._lock:
             self._flush_spills()
             self.take_write_behind()  # only when nothing else is queued (write_behind.py)
+            self.take_object_write_behind()  # after it (write_behind_object.py)
             self._drop_evicted()
             jobs, self._background = self._background, []
             return jobs
@@ -92,6 +93,8 @@ class CacheManager(StorePlanner, LoadPlanner):
             elif isinstance(job, SpillJob):
                 if job.job_id in self._write_behind_jobs:
                     self._complete_write_behind(job, result)
+                elif job.job_id in self._object_jobs:
+                    self._complete_object_write(job, result)
                 else:
                     self._complete_spill(job, result)
             for tier, keys in result.evicted.items():
@@ -179,6 +182,8 @@ class CacheManager(StorePlanner, LoadPlanner):
             removed = self.index.reset()
             if self._write_behind is not None:
                 self._write_behind.clear()
+            if self._object_queue is not None:
+                self._object_queue.clear()
             drop: list[bytes] = []
             tiers: set[Tier] = set()
             # Newest first (insertion order reversed): a chain's blocks mostly leave from its
@@ -187,10 +192,12 @@ class CacheManager(StorePlanner, LoadPlanner):
             for key, entry in reversed(removed):
                 if entry.host_slot is not None:
                     self._event("removed", key, Tier.HOST)
-                on = entry.lower_tiers
                 for tier in LOWER_TIERS:
-                    if tier in on:
+                    if tier in entry.lower_tiers:
                         self._event("removed", key, tier)
+                # The bucket is the fleet's: a reset forgets it here, deletes nothing there
+                # (a weight update changes every key through model_epoch anyway).
+                on = entry.lower_tiers - {Tier.OBJECT}
                 if on:
                     tiers |= on
                     drop.append(key)
@@ -210,6 +217,8 @@ class CacheManager(StorePlanner, LoadPlanner):
             out["spilling_slots"] = self._spilling
             out["write_behind_pending_blocks"] = self.write_behind_pending()
             out["write_behind_inflight_jobs"] = len(self._write_behind_jobs)
+            if self.object_enabled:
+                out["object_write_pending_blocks"] = self.object_write_pending()
             wear = self._written_per_served()
             if wear is not None:  # SSD bytes written per byte it served
                 out[f"{(self.spill_tier or Tier.SSD).value}_written_per_served"] = round(wear, 3)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,6 +25,10 @@ from flexkv_py.index.namespace import PREFIX_LEN, Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
+
+# Object write-behind lag when the SSD's is off (write_behind_lag_s 0): the bucket has no
+# eviction path to catch blocks up, so its write-behind is always on.
+DEFAULT_OBJECT_LAG_S = 2.0
 
 Medium = Literal["CPU", "SSD", "OBJECT"]
 # The medium each tier's KV events name (vLLM's "CPU" for host memory).
@@ -107,6 +111,16 @@ class ManagerState:
             rate = config.write_behind_mib_s * (1 << 20) / max(1, page_bytes)
             self._write_behind = WriteBehindQueue(config.write_behind_lag_s, rate)
         self._write_behind_jobs: set[int] = set()  # in flight (one at a time)
+        # The object tier's write-behind (write_behind_object.py): its queue (None: no object
+        # tier), its job in flight, and the chain links its manifests need.
+        self.object_enabled = config.object_enabled
+        self._object_queue: WriteBehindQueue | None = None
+        if config.object_enabled:
+            rate = config.write_behind_mib_s * (1 << 20) / max(1, page_bytes)
+            lag = config.write_behind_lag_s or DEFAULT_OBJECT_LAG_S
+            self._object_queue = WriteBehindQueue(lag, rate)
+        self._object_jobs: set[int] = set()
+        self._object_links: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._free_target = min(slots, math.ceil(free_target * slots))
         self._lock = threading.RLock()
         self._ids = itertools.count(1)

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flexkv_py.coordinator.jobs import JobResult, StoreJob
-from flexkv_py.coordinator.write_behind import WriteBehind
+from flexkv_py.coordinator.write_behind_object import ObjectWriteBehind
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 
-class StorePlanner(WriteBehind):
+class StorePlanner(ObjectWriteBehind):
     def prepare_store(
         self,
         keys: Sequence[bytes],
@@ -89,6 +89,9 @@ class StorePlanner(WriteBehind):
             self.index.unpin(outside)
             if todo:
                 tier = self.spill_tier
+                todo_parents = tuple(parents[i] for i in todo)
+                if self.object_enabled:  # the object tier's manifests need the chain
+                    self._remember_links([keys[i] for i in todo], todo_parents)
                 job = StoreJob(
                     job_id=next(self._ids),
                     keys=tuple(keys[i] for i in todo),
@@ -97,9 +100,12 @@ class StorePlanner(WriteBehind):
                     ),
                     host_slots=tuple(host_slots),
                     write_tiers=tuple(
-                        (tier,) if j < passing and tier is not None else self._write_tiers(keys[i])
+                        self._streamed_tiers(keys[i])
+                        if j < passing and tier is not None
+                        else self._write_tiers(keys[i])
                         for j, i in enumerate(todo)
                     ),
+                    parents=todo_parents if self.object_enabled else (),
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
                     streamed=passing,
@@ -133,13 +139,27 @@ class StorePlanner(WriteBehind):
     def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""
         tier = self.spill_tier
+        out: tuple[Tier, ...] = ()
         if (
             tier is not None
             and self.admission.admit_on_store(self.index.hits(key))
             and self.index.begin_write(key, tier)
         ):
-            return (tier,)
-        return ()
+            out = (tier,)
+        if self.config.object_store_write_through and self._begin_object_write(key):
+            out += (Tier.OBJECT,)
+        return out
+
+    def _streamed_tiers(self, key: bytes) -> tuple[Tier, ...]:
+        """A streamed block keeps no host copy for the object write-behind to read: it goes to
+        the object tier in the same round as to the spill tier (its write already pending)."""
+        assert self.spill_tier is not None
+        return (
+            (self.spill_tier, Tier.OBJECT) if self._begin_object_write(key) else (self.spill_tier,)
+        )
+
+    def _begin_object_write(self, key: bytes) -> bool:
+        return self.object_enabled and self.index.begin_write(key, Tier.OBJECT)
 
     def _complete_store(self, job: StoreJob, result: JobResult) -> None:
         failed = result.failed
@@ -164,6 +184,7 @@ class StorePlanner(WriteBehind):
         readable = self.index.commit_host_fills(job.keys[n:], oks[n:])
         self._events_of("stored", readable, Tier.HOST)
         self._queue_write_behind(readable)
+        self._queue_object(readable)
         num_ok = sum(oks)
         self._stats["stored_blocks"] += num_ok
         self._stats["store_failed_blocks"] += len(job.keys) - num_ok

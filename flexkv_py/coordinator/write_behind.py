@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from flexkv_py.coordinator.eviction import HostEviction
 from flexkv_py.coordinator.jobs import JobResult, LoadJob, SpillJob, StoreJob
+from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.tier_names import Tier
 
 # Most blocks in one write-behind job: small jobs keep each one short behind a load.
@@ -48,13 +49,9 @@ class WriteBehind(HostEviction):
         `drain`: ignore idleness and the rate (shutdown flush)."""
         with self._lock:
             wb, tier = self._write_behind, self.spill_tier
-            if wb is None or tier is None or not len(wb) or self._write_behind_jobs:
+            if wb is None or tier is None or self._write_behind_jobs:
                 return None
-            if not drain and self._busy() and not wb.overdue():
-                return None
-            # At most an eighth of the host tier pinned by it: eviction always finds victims.
-            most = max(1, min(MAX_JOB_BLOCKS, self.num_host_slots // 8))
-            budget = most if drain else min(most, wb.budget())
+            budget = self._job_budget(wb, drain)
             if budget <= 0:
                 return None
             keys, slots = [], []
@@ -78,6 +75,15 @@ class WriteBehind(HostEviction):
             self._background.append(job)
             return job
 
+    def _job_budget(self, queue: WriteBehindQueue, drain: bool) -> int:
+        """Blocks the next write-behind job from `queue` may take now: 0 when nothing is owed,
+        or the workers are busy with a younger backlog, or the rate is spent."""
+        if not len(queue) or (not drain and self._busy() and not queue.overdue()):
+            return 0
+        # At most an eighth of the host tier pinned by it: eviction always finds victims.
+        most = max(1, min(MAX_JOB_BLOCKS, self.num_host_slots // 8))
+        return most if drain else min(most, queue.budget())
+
     def take_jobs_now(self, job: SpillJob) -> SpillJob:
         """Hand `job` (from take_write_behind) to a caller that submits it at once, instead of
         to the next `take_jobs`."""
@@ -87,16 +93,21 @@ class WriteBehind(HostEviction):
 
     def _complete_write_behind(self, job: SpillJob, result: JobResult) -> None:
         self._write_behind_jobs.discard(job.job_id)
+        self._commit_pinned_writes(job, result, "write_behind")
+
+    def _commit_pinned_writes(self, job: SpillJob, result: JobResult, stat: str) -> None:
+        """A write-behind job's blocks (host copies pinned while written) reached its tier, or
+        not: commit, unpin, count `{stat}_blocks` / `{stat}_failed_blocks`, announce."""
         for key in job.keys:
             ok = key not in result.failed
             self.index.commit_write(key, job.tier, ok)
             self.index.unpin([key])
             if ok:
-                self._stats["write_behind_blocks"] += 1
+                self._stats[f"{stat}_blocks"] += 1
                 if self.index.readable_on(key, job.tier):  # not reset while it was written
                     self._event("stored", key, job.tier)
             else:
-                self._stats["write_behind_failed_blocks"] += 1
+                self._stats[f"{stat}_failed_blocks"] += 1
 
     def write_behind_pending(self) -> int:
         """Blocks still owed to the spill tier (queued or being written)."""

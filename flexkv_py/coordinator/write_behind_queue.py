@@ -29,6 +29,9 @@ class WriteBehindQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._queue
+
     def add(self, key: bytes) -> None:
         self._queue.setdefault(key, self.clock())
 

@@ -8,6 +8,10 @@ Shards other processes write are read through tiers/node_shards.py: TP ranks > 0
 (MLA) KV read TP rank 0's copy instead of opening their own, and an engine with siblings on the
 node (other engines' shards of its rank in the same directories) reads theirs too
 (`share_node_shards`).
+
+The object tier (tiers/object_open.py) comes after the SSD, or is the only lower tier. Every
+rank opens it, replicated (MLA) TP ranks > 0 read-only: their keys carry rank 0's tag, so
+they read the one copy rank 0 writes.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.node_shards import ReadOnlyShard, ReplicaReader, SiblingShards
+from flexkv_py.tiers.object_open import open_object_tier
 from flexkv_py.tiers.protocol import LowerTier
 from flexkv_py.tiers.ssd_open import open_ssd_tier
 
 
 def configured_tiers(config: FlexKVConfig) -> tuple[Tier, ...]:
     """The lower tiers this config asks for, fastest first."""
-    return (Tier.SSD,) if config.ssd_enabled else ()
+    ssd = (Tier.SSD,) if config.ssd_enabled else ()
+    return ssd + ((Tier.OBJECT,) if config.object_enabled else ())
 
 
 def open_lower_tiers(
@@ -33,12 +39,27 @@ def open_lower_tiers(
     """(tier -> open tier, tier -> why it could not be opened) for this rank."""
     tiers: dict[Tier, LowerTier] = {}
     unavailable: dict[Tier, str] = {}
-    if Tier.SSD not in configured_tiers(config):
-        return tiers, unavailable
+    if Tier.SSD in configured_tiers(config):
+        _open_ssd(config, namespace, tiers, unavailable)
+    if Tier.OBJECT in configured_tiers(config):
+        obj, why = open_object_tier(config, namespace, read_only=not namespace.writes_lower_tiers)
+        if obj is not None:
+            tiers[Tier.OBJECT] = obj
+        elif why is not None:
+            unavailable[Tier.OBJECT] = why
+    return tiers, unavailable
+
+
+def _open_ssd(
+    config: FlexKVConfig,
+    namespace: Namespace,
+    tiers: dict[Tier, LowerTier],
+    unavailable: dict[Tier, str],
+) -> None:
     if not namespace.writes_lower_tiers:
         dirs = [os.path.join(d, namespace.shard_dir_name) for d in config.ssd_cache_dir]
         tiers[Tier.SSD] = ReplicaReader(namespace, ReadOnlyShard(config, dirs))
-        return tiers, unavailable
+        return
     ssd, why = open_ssd_tier(config, namespace)
     if ssd is not None:
         tiers[Tier.SSD] = ssd
@@ -47,7 +68,6 @@ def open_lower_tiers(
             tiers[Tier.NODE] = SiblingShards(namespace, siblings)
     elif why is not None:
         unavailable[Tier.SSD] = why
-    return tiers, unavailable
 
 
 def sibling_shards(config: FlexKVConfig, namespace: Namespace) -> list[ReadOnlyShard]:

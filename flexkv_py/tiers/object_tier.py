@@ -29,6 +29,7 @@ from flexkv_py import _native
 from flexkv_py.errors import ConfigError, FlexKVError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.node_shards import FinishedBatch, MadeResult
 from flexkv_py.tiers.object_batches import Batches
 from flexkv_py.tiers.object_hash import require_collision_resistant
 from flexkv_py.tiers.protocol import Item
@@ -60,7 +61,12 @@ class GcPolicy:
 
 
 class ObjectTier:
-    """Implements `LowerTier`: keys in and out are logical; the bucket sees storage keys."""
+    """Implements `LowerTier`: keys in and out are logical; the bucket sees storage keys.
+    `read_only`: a replicated (MLA) TP rank > 0 reads rank 0's copy and writes nothing (its
+    puts report ok, as tiers/node_shards.ReplicaReader's)."""
+
+    # Takes `parents=` (the chain, for manifests) and `metas=` (ignored) in submit_put.
+    stores_block_meta = True
 
     def __init__(
         self,
@@ -69,10 +75,12 @@ class ObjectTier:
         *,
         allow_weak_hash: bool = False,
         gc: GcPolicy | None = None,
+        read_only: bool = False,
         **native: Any,
     ) -> None:
         require_collision_resistant(namespace.hash_algo, allow_weak_hash)
         self.namespace = namespace
+        self.read_only = read_only
         self.native = _native.ObjectTier(url, **native)
         self._parents: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._lock = threading.Lock()
@@ -98,6 +106,12 @@ class ObjectTier:
             while len(self._parents) > PARENTS_CAP:
                 self._parents.popitem(last=False)
 
+    def remember_links(self, links: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Chain links of blocks stored by others (a prefix this worker loaded): a later put
+        of their descendants can then name the whole chain and write its manifests."""
+        for key, parent in links:
+            self._remember(key, parent)
+
     def _chain(self, key: bytes) -> list[bytes] | None:
         """Every key from the root to `key`, or None when a link is unknown."""
         out = [key]
@@ -117,11 +131,14 @@ class ObjectTier:
         items: Iterable[Item],
         parents: Sequence[bytes | None] | None = None,
         metas: Sequence[Any] | None = None,
-    ) -> Batches:
+    ) -> Batches | FinishedBatch:
         """Store the blocks; `parents[i]` is the logical key of item i's parent (None: the
         prompt's first block). `metas` is accepted for the SSD tier's shape and not stored."""
         del metas
         items = list(items)
+        if self.read_only:
+            sizes = [int(b[1]) if isinstance(b, tuple) else len(memoryview(b)) for _, b in items]
+            return FinishedBatch([MadeResult("ok", n) for n in sizes])
         if parents is not None:
             if len(parents) != len(items):
                 raise ConfigError(

@@ -217,14 +217,19 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
     ) -> dict[CacheHitSource, int]:
-        """External hits split into host memory (HOST) and SSD (DISK) tokens."""
+        """External hits split into host memory (HOST), SSD (DISK) and object-store tokens."""
         split = self.scheduler_side.take_hit_sources(request)
         if not num_external_tokens:
             return {}
         if not split or sum(split.values()) != num_external_tokens:
             return {self._cache_hit_source: num_external_tokens}
         disk = CacheHitSource.DISK  # a sibling engine's shard is SSD too
-        names = {Tier.HOST: CacheHitSource.HOST, Tier.SSD: disk, Tier.NODE: disk}
+        names = {
+            Tier.HOST: CacheHitSource.HOST,
+            Tier.SSD: disk,
+            Tier.NODE: disk,
+            Tier.OBJECT: CacheHitSource.EXTERNAL_UNSPECIFIED,  # vLLM's name for a remote store
+        }
         out: dict[CacheHitSource, int] = {}
         for tier, tokens in split.items():
             out[names[tier]] = out.get(names[tier], 0) + tokens

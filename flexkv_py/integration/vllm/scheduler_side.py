@@ -43,6 +43,7 @@ from flexkv_py.integration.vllm.node_inventory import NodeInventory
 from flexkv_py.integration.vllm.request_keys import RequestKeys
 from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
+from flexkv_py.integration.vllm.scheduler_side_object import ObjectHits
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 from flexkv_py.integration.vllm.store_planning import StorePlanner
 
@@ -109,6 +110,7 @@ class SchedulerSide:
             g.namespace.prefix: (g.group_id, g.event_kind, g.event_window) for g in info.groups
         }
         self._stats = FlexKVConnectorStats()
+        self._objects = ObjectHits.open(config, info, self._mgr)
 
     # ---------------------------------------------------------------- lookup / load
     def get_num_new_matched_tokens(
@@ -122,6 +124,11 @@ class SchedulerSide:
             return 0, False
         variant = self._variants.variant(request.lora_request)
         hit = self._load_planner.hit(request, first, variant, self._mgr.readable_hashes)
+        if self._objects is not None:  # the rest of the prompt from the bucket, never waited on
+            remote = self._objects.hit(request, variant, first, hit, self._load_planner)
+            if remote is None:
+                return None, False
+            hit = remote
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
@@ -321,6 +328,8 @@ class SchedulerSide:
         state = self._reqs.get(request.request_id)
         self._lookups.pop(request.request_id, None)
         self._keys.forget(request.request_id)
+        if self._objects is not None:
+            self._objects.forget(request.request_id)
         if self._hybrid is not None:
             self._hybrid.forget(request.request_id)
         self._hit_sources.pop(request.request_id, None)
@@ -391,6 +400,7 @@ class SchedulerSide:
         return any(info.kind == "store" for info in self._jobs.values())
 
     def shutdown(self) -> None:
-        close = getattr(self._mgr, "close", None)
-        if close is not None:
-            close()
+        for part in (self._objects, self._mgr):  # the bucket's lookups, then the manager
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()

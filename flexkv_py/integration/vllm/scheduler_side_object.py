@@ -1,0 +1,91 @@
+"""The scheduler's object-tier lookups: after the host and SSD matches end, the rest of a
+prompt is asked of the fleet's bucket without waiting on the network inside a step.
+
+`PendingLookups` (tiers/object_lookups.py) runs `lookup_chain` for the request's whole chain
+(root first) on a small pool: while it runs, the connector answers vLLM `None` ("ask again
+later": the request is skipped this step), for at most `object_store_lookup_wait_s`, then a
+miss. A count beyond the local match marks those blocks present on `Tier.OBJECT` in the index
+(a hint: a load that finds one gone recomputes it), so the usual load planning stages them
+object -> host -> GPU. Answers are kept per request until it finishes.
+
+The scheduler opens its own lookup-only tier on the same bucket prefix and keys (rank 0's, as
+the scheduler's namespace): `memory://` is per process, so it shares nothing with the workers
+here (use it in-process only). Hybrid models (several KV cache groups) do not ask the bucket
+yet: their hit is every group's, and only attention chains have manifests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from flexkv_py.tiers.object_lookups import PendingLookups
+from flexkv_py.tiers.object_open import open_object_tier
+
+if TYPE_CHECKING:
+    from flexkv_py.config import FlexKVConfig
+    from flexkv_py.coordinator import CacheManager
+    from flexkv_py.integration.vllm.engine_info import EngineInfo
+    from flexkv_py.integration.vllm.load_planning import LoadPlanner
+    from flexkv_py.tiers.object_tier import ObjectTier
+
+logger = logging.getLogger(__name__)
+
+
+class ObjectHits:
+    def __init__(self, tier: ObjectTier, manager: CacheManager, max_wait_s: float) -> None:
+        self._tier = tier
+        self._mgr = manager
+        self._pending = PendingLookups(tier.lookup_chain, max_wait_s)
+        self.asked = 0  # polls answered "ask again later"
+
+    @classmethod
+    def open(
+        cls, config: FlexKVConfig, info: EngineInfo, manager: CacheManager
+    ) -> ObjectHits | None:
+        """The lookups of this config, or None (no object tier, a hybrid model, or a bucket
+        that cannot be used: then the scheduler never promises an object hit)."""
+        if not config.object_enabled or info.hybrid:
+            return None
+        tier, _why = open_object_tier(config, info.namespace, collect=False)
+        if tier is None:
+            return None
+        return cls(tier, manager, config.object_store_lookup_wait_s)
+
+    def hit(
+        self, request: Any, variant: bytes, first: int, hit: int, planner: LoadPlanner
+    ) -> int | None:
+        """The request's hit past `first` (`hit` from the host and SSD) once the bucket's
+        answer is in; None: ask again later."""
+        n = len(request.block_hashes)
+        keys = planner.hit_keys(request, variant, 0, n)
+        local = self.extend(request.request_id, keys, first + hit)
+        if local is None or local <= first + hit:
+            return local if local is None else hit
+        return planner.hit(request, first, variant, self._mgr.readable_hashes)
+
+    def extend(self, request_id: Hashable, keys: Sequence[bytes], local: int) -> int | None:
+        """Blocks of `keys` (the request's chain, root first) readable once the bucket's
+        answer is in, given `local` readable without it; None: ask again later."""
+        if local >= len(keys):
+            return local
+        count = self._pending.poll(request_id, keys)
+        if count is None:
+            self.asked += 1
+            return None
+        if count > local:
+            self._mgr.note_object_hits(keys, local, count)
+        return max(local, count)
+
+    @property
+    def gave_up(self) -> int:
+        """Lookups answered as a miss because they ran past the wait."""
+        return self._pending.gave_up
+
+    def forget(self, request_id: Hashable) -> None:
+        self._pending.forget(request_id)
+
+    def close(self) -> None:
+        self._pending.close()
+        self._tier.close()
