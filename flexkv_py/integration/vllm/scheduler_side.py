@@ -97,13 +97,18 @@ class SchedulerSide:
         self._keys = RequestKeys(self._ns)
         # Hybrid models: one namespace (and key memo) per KV cache group.
         interval = config.sliding_store_interval_blocks
-        self._hybrid = HybridPlan(info.groups, self._bs, interval) if info.hybrid else None
+        self._hybrid = (
+            HybridPlan(info.groups, self._bs, interval, info.hit_align_blocks)
+            if info.hybrid
+            else None
+        )
         tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
         self._event_groups = {
-            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window) for g in info.groups
+            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window, g.scale)
+            for g in info.groups
         }
         self._stats = FlexKVConnectorStats()
 
