@@ -276,10 +276,11 @@ def make_stage_kv_cache_configs(
     (each stage's tensors are sized by its own layers). `hybrid`: the Gemma-3-shaped model
     (one stage), with vLLM's own planning."""
     parallel = vllm_config.parallel_config
-    if hybrid == "jamba":  # the state-space hybrid of tests/ssm_model.py
+    if hybrid in ("jamba", "qwen3next"):  # the state-space hybrids of tests/ssm_model.py
         import ssm_model
 
-        return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks)]
+        names = ssm_model.layer_names(str(hybrid))
+        return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks, names)]
     if hybrid == "gemma4":  # groups of different block sizes (tests/block_size_model.py)
         import block_size_model
 
@@ -528,8 +529,9 @@ class Engine:
         request can hit what a previous engine stored (lookups miss those blocks until then).
         `hybrid`: `model_dir` is `hybrid_model_dir`'s Gemma-3-shaped model, planned by vLLM
         (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`);
-        "jamba": tests/ssm_model.py's state-space hybrid (vLLM raises its block size: the
-        engine's `block_size` is the one vLLM chose)."""
+        "jamba" / "qwen3next": tests/ssm_model.py's state-space hybrids (vLLM raises their block
+        size: the engine's `block_size` is the one vLLM chose); "gemma4": tests/
+        block_size_model.py's groups of different block sizes (`block_size` is the hash one)."""
         self.block_size = block_size
         self.hybrid = hybrid
         self.vllm_config = make_vllm_config(
@@ -544,7 +546,7 @@ class Engine:
             kv_events=kv_events,
             disable_hma=disable_hma,
         )
-        if hybrid == "jamba":
+        if hybrid in ("jamba", "qwen3next"):
             import ssm_model
 
             self.block_size = block_size = ssm_model.align_block_size(self.vllm_config)
@@ -617,10 +619,11 @@ class Engine:
         connector.register_kv_caches(kv)
         if not self.hybrid:
             return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
-        if self.hybrid == "jamba":
+        if self.hybrid in ("jamba", "qwen3next"):
             import ssm_model
 
-            return Worker(connector, kv, ssm_model.state_model(rank, kv, stage_config))
+            names = ssm_model.layer_names(str(self.hybrid))
+            return Worker(connector, kv, ssm_model.state_model(rank, kv, stage_config, names))
         if self.hybrid == "gemma4":
             import block_size_model
 
