@@ -210,3 +210,46 @@ def test_jamba_preemption_keeps_state_correct(jamba_dir: str) -> None:
     assert all(len(e.outputs[r.request_id]) == 380 for r in reqs)
     vh.assert_no_leaks(e)
     e.shutdown()
+
+
+# ----------------------------------------------------------------------------- composition
+@pytest.mark.parametrize("wrapper", ["MultiConnector", "PdConnector"])
+def test_jamba_hma_declared_inside_wrappers_next_to_nixl(
+    jamba_dir: str, wrapper: str, vllm_warnings: list[str]
+) -> None:
+    # A state-space model needs HMA: vLLM keeps it on only if every child of the wrapper
+    # declares it (ours under the built-in name or the module path, and NIXL), and the wrapper
+    # vLLM builds asserts the same; the Mamba group is then planned as without a connector.
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+
+    ours: dict[str, Any] = {"kv_connector": vh.CONNECTOR, "kv_role": "kv_both"}
+    if vh.CONNECTOR_FORM == "module_path":
+        ours["kv_connector_module_path"] = vh.MODULE_PATH
+    transfer: dict[str, Any] = {
+        "kv_connector": wrapper,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "connectors": [ours, {"kv_connector": "NixlConnector", "kv_role": "kv_both"}]
+        },
+    }
+    if wrapper == "PdConnector":
+        transfer["kv_connector_module_path"] = "kvbm.vllm_integration.connector"
+    cfg = vh.make_vllm_config(jamba_dir, transfer)
+    assert cfg.kv_transfer_config is not None
+    assert KVConnectorFactory.supports_hma_config(cfg.kv_transfer_config)
+    assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert not [m for m in vllm_warnings if hh.TURNING_OFF in m]
+    sm.align_block_size(cfg)
+    plan = sm.plan_jamba_kv_cache(cfg, 2048)
+    assert plan.num_blocks == 2048
+    assert type(plan.kv_cache_groups[STATE_GROUP].kv_cache_spec).__name__ == "MambaSpec"
+    connector = KVConnectorFactory.create_connector(
+        config=cfg, role=KVConnectorRole.SCHEDULER, kv_cache_config=plan
+    )
+    assert supports_hma(connector)
+    children = connector._connectors  # type: ignore[attr-defined]
+    assert type(children[0]).__name__ == "FlexKVConnectorV1"
+    assert type(children[1]).__name__.startswith("Nixl")  # vLLM picks NIXL's variant
+    assert all(supports_hma(c) for c in children)
+    connector.shutdown()
