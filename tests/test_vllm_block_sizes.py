@@ -171,3 +171,38 @@ def test_kv_events_carry_each_groups_block_size(
     ev = by_hash[last]
     assert ev.token_ids == a.prompt_token_ids[PROMPT - SWA_BS : PROMPT]
     assert ev.parent_block_hash == maybe_convert_block_hash(a.block_hashes[PROMPT // HASH_BS - 3])
+
+
+def test_restart_announces_each_groups_blocks_whole(
+    gemma4_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    prompt = vh.prompt_tokens(16, PROMPT)
+    e1 = engine(gemma4_dir, vh.with_ssd(tmp_path / "ssd"))
+    a = e1.add(request("A", prompt))
+    e1.run()
+    e1.shutdown()
+    monkeypatch.setenv("DYNAMO_USE_FLEXKV", "1")
+    e2 = engine(gemma4_dir, vh.with_ssd(tmp_path / "ssd"))
+    last = maybe_convert_block_hash(a.block_hashes[PROMPT // HASH_BS - 1])
+
+    def announced(group: int) -> dict[object, BlockStored]:
+        return {
+            ev.block_hashes[0]: ev
+            for ev in e2.events
+            if isinstance(ev, BlockStored)
+            and ev.medium == "DISK"
+            and ev.token_ids
+            and ev.group_idx == group
+        }
+
+    e2.run_until(lambda: last in announced(SWA_GROUP) and last in announced(FULL_GROUP), 30)
+    swa, full = announced(SWA_GROUP)[last], announced(FULL_GROUP)[last]
+    # The SSD kept each sliding-window block's 32 tokens and its parent, the block before it.
+    assert (swa.block_size, swa.token_ids) == (SWA_BS, prompt[PROMPT - SWA_BS : PROMPT])
+    assert swa.parent_block_hash == maybe_convert_block_hash(a.block_hashes[PROMPT // HASH_BS - 3])
+    assert (full.block_size, full.token_ids) == (HASH_BS, prompt[PROMPT - HASH_BS : PROMPT])
+    assert swa.kv_cache_spec_kind != full.kv_cache_spec_kind
+    e2.shutdown()

@@ -104,7 +104,7 @@ EventGroup = tuple[int, str | None, int | None, int]
 _GROUP_0: EventGroup = (0, None, None, 1)
 
 
-def _scaled_origin(origins: BlockOrigins, last: BlockOrigin, scale: int) -> BlockOrigin | None:
+def scaled_origin(origins: BlockOrigins, last: BlockOrigin, scale: int) -> BlockOrigin | None:
     """The origin of a block of `scale` hash blocks, from the one of its last: its parent is
     the hash before its first, its tokens all of theirs (None if one is forgotten)."""
     parts = [last]
@@ -123,9 +123,13 @@ def to_vllm_events(
     origins: BlockOrigins,
     block_size: int,
     groups: Mapping[bytes, EventGroup] | None = None,
+    *,
+    whole_origins: bool = False,
 ) -> list[KVCacheEvent]:
     """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium` and
-    `group_prefix` (hybrid models: `groups` maps it to the group; group 0 otherwise)."""
+    `group_prefix` (hybrid models: `groups` maps it to the group; group 0 otherwise).
+    `whole_origins`: `origins` already describe a scaled group's whole blocks (read back from
+    the SSD), not their last hash block."""
     out: list[KVCacheEvent] = []
     for ev in tier_events:
         medium = PUBLISHED_MEDIUM.get(str(ev.medium).upper())
@@ -137,8 +141,8 @@ def to_vllm_events(
         block_hash = bytes(ev.block_hash)
         if ev.kind == "stored":
             origin = origins.get(block_hash)
-            if origin is not None and scale > 1:
-                origin = _scaled_origin(origins, origin, scale)
+            if origin is not None and scale > 1 and not whole_origins:
+                origin = scaled_origin(origins, origin, scale)
             out.append(
                 BlockStored(
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
