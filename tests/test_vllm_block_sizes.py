@@ -206,3 +206,35 @@ def test_restart_announces_each_groups_blocks_whole(
     assert (full.block_size, full.token_ids) == (HASH_BS, prompt[PROMPT - HASH_BS : PROMPT])
     assert swa.kv_cache_spec_kind != full.kv_cache_spec_kind
     e2.shutdown()
+
+
+def test_tp2_each_rank_restores_its_shard(gemma4_dir: str) -> None:
+    e = engine(gemma4_dir, HOST, tp_size=2)
+    prompt = vh.prompt_tokens(17, PROMPT + 5)
+    e.add(request("A", prompt))
+    e.run()
+    e.reset_gpu_prefix_cache()
+    e.add(request("B", prompt))
+    e.run()
+    assert hh.loaded(e, "B")
+    for w in e.workers:
+        assert w.model.written["B"] == 5 + 2, f"rank {w.model.rank} recomputed"
+    hh.finish_clean(e, "A", "B")
+
+
+def test_preemption_keeps_kv_correct(gemma4_dir: str) -> None:
+    # 24 blocks for 3 requests that each grow to 214 tokens (14 full-attention blocks and the
+    # window's sliding-window blocks): decode must preempt.
+    e = engine(gemma4_dir, HOST, num_blocks=24, max_model_len=224)
+    reqs = [
+        e.add(
+            vh.make_request(
+                f"P{i}", vh.prompt_tokens(50 + i, 64), max_tokens=150, block_size=HASH_BS
+            )
+        )
+        for i in range(3)
+    ]
+    e.run(timeout_s=300)
+    assert any(r.num_preemptions > 0 for r in reqs), "scenario did not preempt"
+    assert all(len(e.outputs[r.request_id]) == 150 for r in reqs)
+    hh.finish_clean(e)
