@@ -95,11 +95,8 @@ def test_external_hit_is_bit_identical_in_both_groups(gemma4_dir: str) -> None:
 
 
 def store_on_ssd(model_dir: str, ssd_dir: Path, prompt: list[int]) -> list[int]:
-    e = engine(model_dir, vh.with_ssd(ssd_dir))
-    e.add(request("A", prompt))
-    e.run()
-    e.shutdown()
-    return e.outputs["A"]
+    """An engine computes `prompt` with an SSD tier and shuts down; its request's output."""
+    return hh.compute_and_shut_down(engine(model_dir, vh.with_ssd(ssd_dir)), request("A", prompt))
 
 
 def test_restart_same_ssd_dir_hits(gemma4_dir: str, tmp_path: Path) -> None:
@@ -122,12 +119,7 @@ def test_corrupt_ssd_recomputes_via_failed_recving(gemma4_dir: str, tmp_path: Pa
     e2 = engine(gemma4_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
     b = e2.add(request("B", prompt))
     e2.run()
-    assert any("B" in rec.failed_recving for rec in e2.history), "corruption not reported"
-    assert not any(rec.invalid_block_ids for rec in e2.history)
-    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
-    assert e2.workers[0].model.written["B"] == PROMPT + 2  # recomputed in full
-    assert e2.outputs["B"] == outputs
-    hh.finish_clean(e2)
+    hh.assert_load_failed_then_recomputed(e2, b, PROMPT + 2, outputs)  # recomputed in full
 
 
 def test_hit_ends_on_the_scheduler_block_size(gemma4_dir: str) -> None:

@@ -14,7 +14,6 @@ import hybrid_helpers as hh
 import pytest
 import ssm_model as sm
 import vllm_harness as vh
-from vllm.v1.request import RequestStatus
 
 pytestmark = pytest.mark.usefixtures("connector_form")
 
@@ -126,11 +125,7 @@ def test_jamba_hit_needs_a_state_at_its_end(jamba_dir: str) -> None:
 # ----------------------------------------------------------------------------- SSD
 def store_on_ssd(model_dir: str, ssd_dir: Path, prompt: list[int]) -> list[int]:
     """An engine computes `prompt` with an SSD tier and shuts down; its request's output."""
-    e = engine(model_dir, vh.with_ssd(ssd_dir))
-    e.add(request("A", prompt))
-    e.run()
-    e.shutdown()
-    return e.outputs["A"]
+    return hh.compute_and_shut_down(engine(model_dir, vh.with_ssd(ssd_dir)), request("A", prompt))
 
 
 def test_jamba_restart_same_ssd_dir_hits(jamba_dir: str, tmp_path: Path) -> None:
@@ -152,12 +147,7 @@ def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_pat
     e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
     b = e2.add(request("B", prompt))
     e2.run()
-    assert any("B" in rec.failed_recving for rec in e2.history), "corruption not reported"
-    assert not any(rec.invalid_block_ids for rec in e2.history)
-    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED
-    assert e2.workers[0].model.written["B"] == PROMPT + 2  # recomputed in full
-    assert e2.outputs["B"] == outputs
-    hh.finish_clean(e2)
+    hh.assert_load_failed_then_recomputed(e2, b, PROMPT + 2, outputs)  # recomputed in full
 
 
 def test_jamba_kv_events_name_the_state_group(
