@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import vllm_harness as vh
@@ -67,3 +68,28 @@ def finish_clean(e: vh.Engine, *same_output: str) -> None:
     assert not e.mismatches()
     vh.assert_no_leaks(e)
     e.shutdown()
+
+
+def assert_load_failed_then_recomputed(
+    e: vh.Engine, req: Any, written: int, outputs: list[int]
+) -> None:
+    """`req`'s load failed through `failed_recving` (never block-level errors, which vLLM
+    refuses with several groups); vLLM recomputed `written` tokens on rank 0 and the request
+    finished with `outputs`; then as `finish_clean`."""
+    from vllm.v1.request import RequestStatus
+
+    rid = req.request_id
+    assert any(rid in rec.failed_recving for rec in e.history), "failed load not reported"
+    assert not any(rec.invalid_block_ids for rec in e.history)
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert e.workers[0].model.written[rid] == written
+    assert e.outputs[rid] == outputs
+    finish_clean(e)
+
+
+def compute_and_shut_down(e: vh.Engine, req: Any) -> list[int]:
+    """`e` computes `req` (e.g. onto its SSD tier) and shuts down; the request's output."""
+    e.add(req)
+    e.run()
+    e.shutdown()
+    return e.outputs[req.request_id]

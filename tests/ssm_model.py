@@ -232,18 +232,29 @@ class StateModel(vh.FakeModel):
         return self.block_size
 
 
-def state_model(rank: int, kv: dict[str, Any], kv_cache_config: KVCacheConfig) -> StateModel:
+def layer_names(model: str) -> list[str]:
+    """The layer names of the harness's "jamba" or "qwen3next" model."""
+    return {"jamba": JAMBA_LAYER_NAMES, "qwen3next": QWEN3NEXT_LAYER_NAMES}[model]
+
+
+def state_model(
+    rank: int,
+    kv: dict[str, Any],
+    kv_cache_config: KVCacheConfig,
+    names: Sequence[str] = JAMBA_LAYER_NAMES,
+) -> StateModel:
     layer_group = {
-        JAMBA_LAYER_NAMES.index(name): gid
+        names.index(name): gid
         for gid, group in enumerate(kv_cache_config.kv_cache_groups)
         for name in group.layer_names
     }
+    attention = [i for i, n in enumerate(names) if n.endswith("self_attn.attn")]
     return StateModel(
         rank,
         kv,
-        list(ATTENTION_LAYERS),
-        names=tuple(JAMBA_LAYER_NAMES),
+        attention,
+        names=tuple(names),
         layer_group=layer_group,
-        state_layers=list(STATE_LAYERS),
-        block_size=int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size),
+        state_layers=[i for i in range(len(names)) if i not in attention],
+        block_size=int(kv_cache_config.kv_cache_groups[-1].kv_cache_spec.block_size),
     )

@@ -3,7 +3,7 @@ oracle, and the per-group key namespace (format version 3)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given
@@ -265,3 +265,62 @@ def test_sliding_store_interval_must_be_positive() -> None:
     assert load_config({"sliding_store_interval_blocks": "16"}).sliding_store_interval_blocks == 16
     with pytest.raises(ConfigError, match="sliding_store_interval_blocks: must be >= 1, got 0"):
         load_config({"sliding_store_interval_blocks": 0})
+
+
+@dataclass(frozen=True)
+class Scaled:
+    group_id: int
+    kind: str
+    window_blocks: int = 0
+    scale: int = 1
+
+
+def scaled_oracle(
+    groups: list[Scaled], present: list[set[int]], first: int, limit: int, align: int
+) -> int:
+    """Largest end e (hash blocks) in (first, limit], a multiple of `align`, that every group
+    serves at its own block size, else first."""
+    for e in range(limit, first, -1):
+        if e % align:
+            continue
+        ok = True
+        for g in groups:
+            lo, hi = first // g.scale, e // g.scale
+            lo = lo if g.kind == "full" else max(lo, hi - g.window_blocks)
+            ok = ok and all(i in present[g.group_id] for i in range(lo, hi))
+        if ok:
+            return e
+    return first
+
+
+@given(
+    full=st.sets(st.integers(0, 23)),
+    swa=st.sets(st.integers(0, 11)),
+    need=st.integers(1, 4),
+    first_blocks=st.integers(0, 4),
+    limit=st.integers(0, 24),
+)
+def test_hit_over_groups_of_different_block_sizes_matches_oracle(
+    full: set[int], swa: set[int], need: int, first_blocks: int, limit: int
+) -> None:
+    # Full attention at the hash block size, sliding window at twice it: hits end on 2 blocks.
+    groups = [Scaled(0, "sliding", need, 2), Scaled(1, "full", 0, 1)]
+    present = [swa, full]
+    first = 2 * first_blocks  # vLLM's local hit lies on its scheduler block size
+    got = longest_hybrid_hit(groups, first, limit, readable_fn(present), align=2)
+    assert got == scaled_oracle(groups, present, first, limit, 2)
+    assert got % 2 == 0 or got == first
+
+
+def test_group_block_size_is_in_its_prefix_and_owned_by_siblings() -> None:
+    base = Namespace(model="m", revision=None, kv_dtype="bf16", kv_layout="LBNHC", block_size=16)
+    base = replace(
+        base, groups=((0, "sliding", 128, 64), (1, "full", 0, 64)), group_block_sizes=(32, 16)
+    )
+    swa = base.for_group(0, "sliding", 128, page_bytes=64, block_size=32)
+    same_but_16 = base.for_group(0, "sliding", 128, page_bytes=64)
+    full = base.for_group(1, "full", 0, page_bytes=64)
+    h = b"\x01" * 32
+    assert swa.prefix != same_but_16.prefix
+    assert full.owns(swa.key(h)) and swa.owns(full.key(h))
+    assert not full.owns(same_but_16.key(h))

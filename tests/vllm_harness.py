@@ -276,10 +276,15 @@ def make_stage_kv_cache_configs(
     (each stage's tensors are sized by its own layers). `hybrid`: the Gemma-3-shaped model
     (one stage), with vLLM's own planning."""
     parallel = vllm_config.parallel_config
-    if hybrid == "jamba":  # the state-space hybrid of tests/ssm_model.py
+    if hybrid in ("jamba", "qwen3next"):  # the state-space hybrids of tests/ssm_model.py
         import ssm_model
 
-        return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks)]
+        names = ssm_model.layer_names(str(hybrid))
+        return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks, names)]
+    if hybrid == "gemma4":  # groups of different block sizes (tests/block_size_model.py)
+        import block_size_model
+
+        return [block_size_model.plan_kv_cache(vllm_config, num_blocks)]
     if hybrid:
         assert parallel.pipeline_parallel_size == 1, "the hybrid model runs on one stage"
         hma = not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
@@ -402,13 +407,14 @@ class FakeModel:
         """KV of positions [0, upto) the next token reads: all of a full-attention layer's,
         the last window - 1 of a sliding-window layer's (`tables`: per group, hybrid)."""
         digests = _prefix_digests(tokens[:upto])
-        bs = self._block_size()
         groups = tables if tables is not None else (block_ids,)
+        sizes = {layer: self._layer_block_size(layer) for layer in self.layers}
         for p in range(upto):
             for layer in self.layers:
                 window = self._window(layer)
                 if window and p < upto - window + 1:
                     continue  # out of the window: vLLM freed the block
+                bs = sizes[layer]
                 got = self._slot(layer, self._table(layer, groups)[p // bs], p % bs)
                 if not torch.equal(got, self.expected(layer, digests[p])):
                     self.mismatches.append(f"{req_id} pos {p} layer {layer} rank {self.rank}")
@@ -426,10 +432,11 @@ class FakeModel:
         tables: Sequence[Sequence[int]] | None = None,
     ) -> None:
         digests = _prefix_digests(tokens[:end])
-        bs = self._block_size()
         groups = tables if tables is not None else (block_ids,)
+        sizes = {layer: self._layer_block_size(layer) for layer in self.layers}
         for p in range(start, end):
             for layer in self.layers:
+                bs = sizes[layer]
                 self._slot(layer, self._table(layer, groups)[p // bs], p % bs).copy_(
                     self.expected(layer, digests[p])
                 )
@@ -446,6 +453,13 @@ class FakeModel:
 
     def _block_size(self) -> int:
         return int(self.kv_caches[self.names[self.layers[0]]].shape[2])
+
+    def _layer_block_size(self, layer: int) -> int:
+        """Tokens per block of one layer: its group's (vLLM may give groups different ones),
+        unless a subclass says what the model's is."""
+        if type(self)._block_size is not FakeModel._block_size:
+            return self._block_size()
+        return int(self.kv_caches[self.names[layer]].shape[2])
 
 
 def sampled_token(tokens: Sequence[int]) -> int:
@@ -515,8 +529,9 @@ class Engine:
         request can hit what a previous engine stored (lookups miss those blocks until then).
         `hybrid`: `model_dir` is `hybrid_model_dir`'s Gemma-3-shaped model, planned by vLLM
         (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`);
-        "jamba": tests/ssm_model.py's state-space hybrid (vLLM raises its block size: the
-        engine's `block_size` is the one vLLM chose)."""
+        "jamba" / "qwen3next": tests/ssm_model.py's state-space hybrids (vLLM raises their block
+        size: the engine's `block_size` is the one vLLM chose); "gemma4": tests/
+        block_size_model.py's groups of different block sizes (`block_size` is the hash one)."""
         self.block_size = block_size
         self.hybrid = hybrid
         self.vllm_config = make_vllm_config(
@@ -531,7 +546,7 @@ class Engine:
             kv_events=kv_events,
             disable_hma=disable_hma,
         )
-        if hybrid == "jamba":
+        if hybrid in ("jamba", "qwen3next"):
             import ssm_model
 
             self.block_size = block_size = ssm_model.align_block_size(self.vllm_config)
@@ -548,12 +563,24 @@ class Engine:
         )
         self.kv_cache_config = generate_scheduler_kv_cache_config(self.stage_kv_cache_configs)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
+        sched_bs = hash_bs = block_size
+        if hybrid == "gemma4":
+            # As the engine core resolves them: schedule in the LCM of the groups' block
+            # sizes, hash every GCD tokens (tests' requests hash at `block_size`, the GCD).
+            from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+            sched_bs, hash_bs = resolve_kv_cache_block_sizes(self.kv_cache_config, self.vllm_config)
+            for kcc in (*self.stage_kv_cache_configs, self.kv_cache_config):
+                kcc.hash_block_size = hash_bs
+            self.block_size = hash_bs
+        self.scheduler_block_size = sched_bs
         sched_cls = AsyncScheduler if async_scheduling else Scheduler
         self.scheduler = sched_cls(
             vllm_config=self.vllm_config,
             kv_cache_config=self.kv_cache_config,
             structured_output_manager=StructuredOutputManager(self.vllm_config),
-            block_size=block_size,
+            block_size=sched_bs,
+            hash_block_size=hash_bs,
             log_stats=True,
         )
         self.connector = self.scheduler.connector
@@ -592,10 +619,15 @@ class Engine:
         connector.register_kv_caches(kv)
         if not self.hybrid:
             return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
-        if self.hybrid == "jamba":
+        if self.hybrid in ("jamba", "qwen3next"):
             import ssm_model
 
-            return Worker(connector, kv, ssm_model.state_model(rank, kv, stage_config))
+            names = ssm_model.layer_names(str(self.hybrid))
+            return Worker(connector, kv, ssm_model.state_model(rank, kv, stage_config, names))
+        if self.hybrid == "gemma4":
+            import block_size_model
+
+            return Worker(connector, kv, block_size_model.fake_model(rank, kv, stage_config))
         layer_group = {
             HYBRID_LAYER_NAMES.index(name): gid
             for gid, group in enumerate(stage_config.kv_cache_groups)

@@ -64,6 +64,9 @@ class Namespace:
     # Every group of the engine as (group_id, kind, window, page_bytes): `owns` accepts the keys
     # of all of them (one host pool, one SSD shard hold every group's blocks). Not digested.
     groups: tuple[tuple[int, str, int, int], ...] = ()
+    # Tokens per block of each entry of `groups` where it differs from `block_size` (vLLM
+    # raises a group's block size to even out page sizes); empty: all `block_size`. Not digested.
+    group_block_sizes: tuple[int, ...] = ()
     # Several engines on one node: this engine's id there (None: it is alone, its shards keep
     # the plain `tp{r}-pp{p}` name) and how many engines share the configured sizes. Not
     # digested: engines of one model on one node share keys, and read each other's shards.
@@ -131,9 +134,12 @@ class Namespace:
     @cached_property
     def prefixes(self) -> frozenset[bytes]:
         """The prefixes of every group of this engine (this one's alone without `groups`)."""
+        sizes = self.group_block_sizes or (self.block_size,) * len(self.groups)
         siblings = (
-            replace(self, group_id=g, group_kind=k, window=w, page_bytes=p, groups=()).prefix
-            for g, k, w, p in self.groups
+            replace(
+                self, group_id=g, group_kind=k, window=w, page_bytes=p, block_size=b, groups=()
+            ).prefix
+            for (g, k, w, p), b in zip(self.groups, sizes, strict=True)
         )
         return frozenset((self.prefix, *siblings))
 
@@ -204,13 +210,21 @@ class Namespace:
         return replace(self, tp_rank=tp_rank, pp_rank=pp_rank)
 
     def for_group(
-        self, group_id: int, kind: str, window: int = 0, *, page_bytes: int | None = None
+        self,
+        group_id: int,
+        kind: str,
+        window: int = 0,
+        *,
+        page_bytes: int | None = None,
+        block_size: int | None = None,
     ) -> Namespace:
-        """The namespace of one KV cache group (ranks and model kept)."""
+        """The namespace of one KV cache group (ranks and model kept; `block_size`: the
+        group's tokens per block where vLLM gave it its own)."""
         return replace(
             self,
             group_id=group_id,
             group_kind=kind,
             window=window,
+            block_size=self.block_size if block_size is None else block_size,
             page_bytes=self.page_bytes if page_bytes is None else page_bytes,
         )

@@ -68,8 +68,28 @@ def transfer_kv_caches(
             "KV cache groups: only state (Mamba) layers registered; a hybrid model needs an "
             "attention group whose layer slots hold the states"
         )
-    _check_covered(describe_kv_caches(moved), kv_caches, groups)
+    try:
+        _check_covered(describe_kv_caches(moved), kv_caches, groups)
+    except UnsupportedKVLayoutError:
+        # Groups of different block sizes view the same slots with different shapes (vLLM
+        # evens out pages by raising a group's block size), so their views are not identical
+        # and do not dedup: one group's layers then hold every group's bytes.
+        for names in groups:
+            one = {n: t for n, t in moved.items() if n in set(names)}
+            if one and _covers(one, kv_caches, groups):
+                return one
+        raise
     return moved
+
+
+def _covers(
+    moved: dict[str, Any], kv_caches: Mapping[str, Any], groups: Sequence[Sequence[str]]
+) -> bool:
+    try:
+        _check_covered(describe_kv_caches(moved), kv_caches, groups)
+    except UnsupportedKVLayoutError:
+        return False
+    return True
 
 
 def _check_covered(

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import LoadJob, SpillJob, StoreJob
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
-from flexkv_py.integration.vllm.events import BlockOrigin, BlockOrigins
+from flexkv_py.integration.vllm.events import BlockOrigin, BlockOrigins, scaled_origin
 from flexkv_py.integration.vllm.metadata import JobEntry
 
 VERSION = 1
@@ -105,10 +105,18 @@ def parent_key(key: bytes, origin: BlockOrigin | None) -> bytes | None:
 
 
 def _extras(
-    keys: Sequence[bytes], origins: BlockOrigins
+    keys: Sequence[bytes], origins: BlockOrigins, scales: Mapping[bytes, int]
 ) -> tuple[tuple[bytes | None, ...], tuple[bytes | None, ...]] | None:
-    """Parents and metas of `keys` from what the scheduler remembers (None: it knows none)."""
+    """Parents and metas of `keys` from what the scheduler remembers (None: it knows none);
+    a key of a group of `scales[prefix]` hash blocks per block describes its whole block."""
     found = [origins.get(k[KEY_HEAD_LEN:]) for k in keys]
+    if scales:
+        found = [
+            o
+            if o is None or scales.get(k[:PREFIX_LEN], 1) == 1
+            else scaled_origin(origins, o, scales[k[:PREFIX_LEN]])
+            for k, o in zip(keys, found, strict=True)
+        ]
     if all(o is None for o in found):
         return None
     return (
@@ -117,7 +125,11 @@ def _extras(
     )
 
 
-def with_block_metas(entries: Sequence[JobEntry], origins: BlockOrigins) -> list[JobEntry]:
+def with_block_metas(
+    entries: Sequence[JobEntry],
+    origins: BlockOrigins,
+    scales: Mapping[bytes, int] | None = None,
+) -> list[JobEntry]:
     """The step's jobs with each stored or spilled block's parent and metadata filled in from
     what the scheduler remembers of it (blocks it no longer remembers go without), the blocks
     a store or load spills first (`spill_keys`) included."""
@@ -126,11 +138,11 @@ def with_block_metas(entries: Sequence[JobEntry], origins: BlockOrigins) -> list
         job = entry.job
         changes: dict[str, Any] = {}
         if isinstance(job, StoreJob | SpillJob) and not job.metas and job.keys:
-            extras = _extras(job.keys, origins)
+            extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
                 changes.update(parents=extras[0], metas=extras[1])
         if isinstance(job, StoreJob | LoadJob) and job.spill_keys and not job.spill_metas:
-            extras = _extras(job.spill_keys, origins)
+            extras = _extras(job.spill_keys, origins, scales or {})
             if extras is not None:
                 changes.update(spill_parents=extras[0], spill_metas=extras[1])
         if changes:

@@ -7,6 +7,7 @@ Both halves derive the namespace from the same `VllmConfig` + `KVCacheConfig`, s
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,9 @@ class GroupInfo:
     # What vLLM's own KV events say of the group (kv_cache_spec_kind, sliding window).
     event_kind: str | None = None
     event_window: int | None = None
+    # Hash blocks (entries of Request.block_hashes) per block of this group: 1 unless vLLM
+    # gave the group a larger block size than the hash block size.
+    scale: int = 1
 
     @property
     def window_blocks(self) -> int:
@@ -64,7 +68,7 @@ class GroupInfo:
 @dataclass(frozen=True)
 class EngineInfo:
     namespace: Namespace  # rank-less; workers use namespace.for_rank(...); group 0's
-    block_size: int
+    block_size: int  # tokens per entry of Request.block_hashes (every group's, unless scaled)
     page_bytes: int  # one block, all layers of this rank's shard (of its PP stage's layers)
     tp_size: int
     pp_size: int
@@ -82,6 +86,12 @@ class EngineInfo:
     @property
     def hybrid(self) -> bool:
         return len(self.groups) > 1
+
+    @property
+    def hit_align_blocks(self) -> int:
+        """Hash blocks a hit's end is a multiple of: vLLM's scheduler block size (the LCM of
+        the groups' block sizes) over the hash block size."""
+        return math.lcm(*(g.scale for g in self.groups)) if self.groups else 1
 
 
 def _group_kind(gid: int, spec: Any) -> tuple[str, int]:
@@ -113,9 +123,37 @@ def _group_kind(gid: int, spec: Any) -> tuple[str, int]:
     )
 
 
+def hash_block_size(kv_cache_config: KVCacheConfig) -> int:
+    """Tokens per entry of `Request.block_hashes`: what vLLM's engine core resolved
+    (`resolve_kv_cache_block_sizes`: the GCD of the groups' block sizes), or that GCD."""
+    sizes = [int(g.kv_cache_spec.block_size) for g in kv_cache_config.kv_cache_groups]
+    resolved = getattr(kv_cache_config, "hash_block_size", None)
+    return int(resolved) if resolved else math.gcd(*sizes)
+
+
+def _check_block_sizes(rows: list[Any], hash_bs: int) -> None:
+    """Groups may differ in block size (vLLM raises a group's to even out page sizes, e.g. a
+    sliding-window group with smaller heads) if each is a multiple of the hash block size;
+    a state group's must equal it (a larger one is vLLM's sub-block partial hits)."""
+    for gid, kind, _, _, spec, _ in rows:
+        bs = int(spec.block_size)
+        if bs % hash_bs:
+            raise UnsupportedKVCacheError(
+                f"kv_cache_groups[{gid}]: block size {bs} is not a multiple of the hash block "
+                f"size {hash_bs}"
+            )
+        if kind == "mamba" and bs != hash_bs:
+            raise UnsupportedKVCacheError(
+                f"kv_cache_groups[{gid}]: a state-space group of block size {bs} hashed every "
+                f"{hash_bs} tokens (sub-block partial hits, prefix_match_unit) is not supported; "
+                "its block size must equal the hash block size"
+            )
+
+
 def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupInfo, ...]:
     """Every KV cache group, each with its own namespace derived from `base` (each namespace
-    owns the keys of all groups: they share the host pool and the SSD shard)."""
+    owns the keys of all groups: they share the host pool and the SSD shard). A group keys its
+    blocks at its own block size: block i's key holds the hash ending at its last token."""
     rows = []
     for gid, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
@@ -124,14 +162,15 @@ def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupI
         rows.append((gid, kind, window, int(spec.page_size_bytes) * len(layers), spec, layers))
     if not rows:
         raise UnsupportedKVCacheError("kv_cache_groups: the engine has no KV cache group")
-    sizes = {int(r[4].block_size) for r in rows}
-    if len(sizes) > 1:
-        raise UnsupportedKVCacheError(
-            f"kv_cache_groups: block sizes {sorted(sizes)} differ between groups; one block "
-            "size for every group is supported"
-        )
+    hash_bs = base.block_size
+    _check_block_sizes(rows, hash_bs)
+    sizes = tuple(int(r[4].block_size) for r in rows)
     if len(rows) > 1:
-        base = replace(base, groups=tuple((g, k, w, p) for g, k, w, p, _, _ in rows))
+        base = replace(
+            base,
+            groups=tuple((g, k, w, p) for g, k, w, p, _, _ in rows),
+            group_block_sizes=sizes if len(set(sizes)) > 1 else (),
+        )
     from vllm.v1.kv_cache_interface import (
         get_kv_cache_spec_kind,
         get_kv_cache_spec_sliding_window,
@@ -145,9 +184,16 @@ def read_groups(kv_cache_config: KVCacheConfig, base: Namespace) -> tuple[GroupI
             window,
             layers,
             page,
-            base.for_group(gid, kind, window, page_bytes=page),
+            base.for_group(
+                gid,
+                kind,
+                window,
+                page_bytes=page,
+                block_size=None if int(spec.block_size) == hash_bs else int(spec.block_size),
+            ),
             get_kv_cache_spec_kind(spec).value,
             get_kv_cache_spec_sliding_window(spec),
+            scale=int(spec.block_size) // hash_bs,
         )
         for gid, kind, window, page, spec, layers in rows
     )
@@ -178,7 +224,7 @@ def read_engine_info(
         revision=None if override else model_config.revision,
         kv_dtype=kv_cache_format(cache_config, getattr(spec, "dtype", None)),
         kv_layout=str(layout),
-        block_size=int(spec.block_size),
+        block_size=hash_block_size(kv_cache_config),
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
         hash_algo=str(cache_config.prefix_caching_hash_algo),
@@ -195,7 +241,7 @@ def read_engine_info(
     page_bytes = max(g.page_bytes for g in groups)
     return EngineInfo(
         namespace=groups[0].namespace,
-        block_size=groups[0].block_size,
+        block_size=base.block_size,
         page_bytes=page_bytes,
         tp_size=base.tp_size,
         pp_size=base.pp_size,

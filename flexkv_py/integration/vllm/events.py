@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
@@ -98,9 +98,24 @@ class BlockOrigins:
 
 
 # A KV cache group as vLLM's own events describe it: (group_idx, kv_cache_spec_kind,
-# kv_cache_spec_sliding_window), found by the group's key prefix.
-EventGroup = tuple[int, str | None, int | None]
-_GROUP_0: EventGroup = (0, None, None)
+# kv_cache_spec_sliding_window, hash blocks per block of the group), found by the group's key
+# prefix.
+EventGroup = tuple[int, str | None, int | None, int]
+_GROUP_0: EventGroup = (0, None, None, 1)
+
+
+def scaled_origin(origins: BlockOrigins, last: BlockOrigin, scale: int) -> BlockOrigin | None:
+    """The origin of a block of `scale` hash blocks, from the one of its last: its parent is
+    the hash before its first, its tokens all of theirs (None if one is forgotten)."""
+    parts = [last]
+    while len(parts) < scale:
+        parent = parts[-1].parent_hash
+        prev = origins.get(parent) if parent is not None else None
+        if prev is None:
+            return None
+        parts.append(prev)
+    tokens = tuple(t for o in reversed(parts) for t in o.token_ids)
+    return replace(last, parent_hash=parts[-1].parent_hash, token_ids=tokens)
 
 
 def to_vllm_events(
@@ -108,20 +123,26 @@ def to_vllm_events(
     origins: BlockOrigins,
     block_size: int,
     groups: Mapping[bytes, EventGroup] | None = None,
+    *,
+    whole_origins: bool = False,
 ) -> list[KVCacheEvent]:
     """`tier_events`: objects with `kind` ("stored"|"removed"), `block_hash`, `medium` and
-    `group_prefix` (hybrid models: `groups` maps it to the group; group 0 otherwise)."""
+    `group_prefix` (hybrid models: `groups` maps it to the group; group 0 otherwise).
+    `whole_origins`: `origins` already describe a scaled group's whole blocks (read back from
+    the SSD), not their last hash block."""
     out: list[KVCacheEvent] = []
     for ev in tier_events:
         medium = PUBLISHED_MEDIUM.get(str(ev.medium).upper())
         if medium is None:
             continue
-        group_idx, spec_kind, spec_window = (groups or {}).get(
+        group_idx, spec_kind, spec_window, scale = (groups or {}).get(
             getattr(ev, "group_prefix", b""), _GROUP_0
         )
         block_hash = bytes(ev.block_hash)
         if ev.kind == "stored":
             origin = origins.get(block_hash)
+            if origin is not None and scale > 1 and not whole_origins:
+                origin = scaled_origin(origins, origin, scale)
             out.append(
                 BlockStored(
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
@@ -131,7 +152,7 @@ def to_vllm_events(
                         else None
                     ),
                     token_ids=list(origin.token_ids) if origin is not None else [],
-                    block_size=block_size,
+                    block_size=block_size * scale,
                     lora_id=origin.lora_id if origin is not None else None,
                     medium=medium,
                     lora_name=origin.lora_name if origin is not None else None,

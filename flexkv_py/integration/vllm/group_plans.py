@@ -27,12 +27,14 @@ def load_targets(
 ) -> list[Target]:
     """Blocks [first, end) a hit ending at `end` must write: all of a full-attention group's,
     the window's (the last `window_blocks`) of a sliding-window group's, the state block at
-    end - 1 of a Mamba group's."""
+    end - 1 of a Mamba group's. `first` and `end` count hash blocks; a target names the
+    group's own block index (a group of `scale` hash blocks per block)."""
     out: list[Target] = []
     for g in groups:
         ids = block_ids[g.group_id]
-        lo = first if g.kind == "full" else max(first, end - g.window_blocks)
-        out.extend((g.group_id, i, ids[i]) for i in range(lo, min(end, len(ids))) if ids[i])
+        gfirst, end_g = first // g.scale, end // g.scale
+        lo = gfirst if g.kind == "full" else max(gfirst, end_g - g.window_blocks)
+        out.extend((g.group_id, i, ids[i]) for i in range(lo, min(end_g, len(ids))) if ids[i])
     return out
 
 
@@ -49,26 +51,29 @@ def store_targets(
     boundary states vLLM hands off (`BoundaryStates`): their blocks' positions say nothing.
     `interval` > 1: a sliding-window group keeps only what a later hit can use, the window
     before every `interval`-th boundary, and (`final`: the request's last plan) the window
-    before `stop`, even where an earlier plan skipped it (vLLM's reachable_block_mask)."""
+    before `stop`, even where an earlier plan skipped it (vLLM's reachable_block_mask).
+    `start`/`stop` count hash blocks: a group of `scale` hash blocks per block stores its blocks
+    that end inside [start, stop) (one that ended before `start` was planned already)."""
     out: list[Target] = []
     for g in groups:
         if g.kind == "mamba":
             continue
         ids = block_ids[g.group_id]
-        end = min(stop, len(ids))
+        start_g = start // g.scale
+        end = min(stop // g.scale, len(ids))
         if g.kind != "sliding" or interval <= 1:
-            out.extend((g.group_id, i, ids[i]) for i in range(start, end) if ids[i])
+            out.extend((g.group_id, i, ids[i]) for i in range(start_g, end) if ids[i])
             continue
         need = g.window_blocks
 
         def before_boundary(i: int, need: int = need) -> bool:
             return (i // interval + 1) * interval - i <= need
 
-        keep = {i for i in range(start, end) if before_boundary(i)}
+        keep = {i for i in range(start_g, end) if before_boundary(i)}
         if final:
             # The tail's window; blocks before `start` an earlier plan kept are planned already.
             tail = range(max(0, end - need), end)
-            keep.update(i for i in tail if i >= start or not before_boundary(i))
+            keep.update(i for i in tail if i >= start_g or not before_boundary(i))
         out.extend((g.group_id, i, ids[i]) for i in sorted(keep) if ids[i])
     return out
 

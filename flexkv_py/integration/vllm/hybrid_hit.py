@@ -47,24 +47,29 @@ def window_end(need: int, first: int, end: int, readable: Callable[[int, int], i
 
 
 def longest_hybrid_hit(
-    groups: Sequence[Group], first: int, limit: int, readable: ReadableFn
+    groups: Sequence[Group], first: int, limit: int, readable: ReadableFn, align: int = 1
 ) -> int:
-    """End block of the longest prefix past `first` (local hit) and up to `limit` that every
-    group can restore; `first` when there is none."""
-    end = limit
+    """End (in hash blocks) of the longest prefix past `first` (local hit) and up to `limit`
+    that every group can restore; `first` when there is none. A group whose blocks are
+    `scale` hash blocks each is asked about its own blocks (`readable` takes the group's block
+    indices); the end is a multiple of `align` hash blocks (vLLM's scheduler block size: the
+    least common multiple of the groups' block sizes)."""
+    end = limit // align * align
     while end > first:
         lowered = end
         for g in groups:
-            gid = g.group_id
+            gid, s = g.group_id, getattr(g, "scale", 1)
+            lo, hi = first // s, lowered // s
             if g.kind == "full":
-                lowered = readable(gid, first, lowered)
+                got = readable(gid, lo, hi)
             else:
-                lowered = window_end(
+                got = window_end(
                     g.window_blocks,
-                    first,
-                    lowered,
+                    lo,
+                    hi,
                     lambda a, b, gid=gid: readable(gid, a, b),  # type: ignore[misc]
                 )
+            lowered = min(lowered, got * s) // align * align
             if lowered <= first:
                 return first
         if lowered == end:

@@ -31,20 +31,57 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class GroupHashes:
+    """A request's block hashes at a group's block size (`scale` hash blocks per block): block
+    i's is the hash ending at its last token (vLLM's BlockHashListWithBlockSize), so its key
+    covers the whole prefix. Kept per request so the key memo (RequestKeys) stays valid."""
+
+    __slots__ = ("request", "scale")
+
+    def __init__(self, request: Any, scale: int) -> None:
+        self.request, self.scale = request, scale
+
+    @property
+    def request_id(self) -> str:
+        return str(self.request.request_id)
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]:
+        s = self.scale
+        return self.request.block_hashes[s - 1 :: s]
+
+
 class HybridPlan:
     def __init__(
-        self, groups: Sequence[GroupInfo], block_size: int, sliding_interval: int = 1
+        self,
+        groups: Sequence[GroupInfo],
+        block_size: int,
+        sliding_interval: int = 1,
+        align: int = 1,
     ) -> None:
         self.groups = tuple(groups)
         self._sliding_interval = sliding_interval  # sliding_store_interval_blocks
-        self._bs = block_size
+        self._bs = block_size  # the hash block size: hits, loads and stores count these
+        self._align = align  # a hit ends on a multiple of this many hash blocks
         self._keys = [RequestKeys(g.namespace) for g in self.groups]
+        self._views: dict[str, tuple[Any, list[Any]]] = {}  # req_id -> (request, per group)
         self._group_of = {g.namespace.prefix: g.group_id for g in self.groups}
         self.fence = ReuseFence()
         self.states = BoundaryStates(self.groups, block_size)
         self._state_groups = any(g.kind == "mamba" for g in self.groups)
 
+    def _group_requests(self, request: Any) -> list[Any]:
+        """The request as each group sees it: itself, or its hashes at the group's size."""
+        got = self._views.get(request.request_id)
+        if got is None or got[0] is not request:
+            views = [
+                request if g.scale == 1 else GroupHashes(request, g.scale) for g in self.groups
+            ]
+            got = self._views[request.request_id] = (request, views)
+        return got[1]
+
     def forget(self, req_id: str) -> None:
+        self._views.pop(req_id, None)
         for rk in self._keys:
             rk.forget(req_id)
         self.states.forget(req_id)
@@ -57,15 +94,23 @@ class HybridPlan:
         hashes = request.block_hashes
         limit = hit_limit(request.num_tokens, len(hashes), self._bs, self._state_groups)
         heads = [rk.head(variant) for rk in self._keys]
+        views = self._group_requests(request)
+        per_group = [hashes if v is request else v.block_hashes for v in views]
 
         def group_readable(gid: int, start: int, stop: int) -> int:
-            return readable(heads[gid], hashes, start, stop)
+            return readable(heads[gid], per_group[gid], start, stop)
 
-        return max(0, longest_hybrid_hit(self.groups, first, limit, group_readable) - first)
+        end = longest_hybrid_hit(self.groups, first, limit, group_readable, self._align)
+        return max(0, end - first)
 
     def prefix_keys(self, request: Any, variant: bytes, start: int, stop: int) -> list[bytes]:
-        """Keys of blocks [start, stop) in every group."""
-        return [k for rk in self._keys for k in rk.keys(request, variant, stop)[start:stop]]
+        """Keys of hash blocks [start, stop) in every group (a group's blocks inside them)."""
+        views = self._group_requests(request)
+        out: list[bytes] = []
+        for g, rk, v in zip(self.groups, self._keys, views, strict=True):
+            lo, hi = start // g.scale, stop // g.scale
+            out.extend(rk.keys(v, variant, hi)[lo:hi])
+        return out
 
     def load(
         self,
@@ -85,8 +130,12 @@ class HybridPlan:
             logger.warning("%s: no state block at the hit's end; recomputing", request.request_id)
             return [], [], stop - first
         # A full-attention group's blocks first: their tiers are the hit's, block by block.
-        targets.sort(key=lambda t: self.groups[t[0]].kind != "full")
-        memos = [rk.keys(request, variant, stop) for rk in self._keys]
+        targets.sort(key=lambda t: (self.groups[t[0]].kind != "full", self.groups[t[0]].scale))
+        views = self._group_requests(request)
+        memos = [
+            rk.keys(v, variant, stop // g.scale)
+            for g, rk, v in zip(self.groups, self._keys, views, strict=True)
+        ]
         for g, _, _ in targets:
             stats.add(f"group{g}_load_blocks", 1)
         first_group = targets[0][0] if targets else self.groups[0].group_id
@@ -115,7 +164,11 @@ class HybridPlan:
         )
         targets = [*positional, *states]
         hashes = request.block_hashes
-        keys = [self.groups[g].namespace.key(hashes[i], variant) for g, i, _ in targets]
+        # Block i of a group of `scale` hash blocks is keyed by the hash ending at its end.
+        keys = [
+            self.groups[g].namespace.key(hashes[(i + 1) * self.groups[g].scale - 1], variant)
+            for g, i, _ in targets
+        ]
         reused = {b for g, _, b in targets if self.groups[g].kind != "full"}
         return keys, [b for _, _, b in targets], reused
 

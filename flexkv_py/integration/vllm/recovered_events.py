@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flexkv_py.index.namespace import PREFIX_LEN
 from flexkv_py.integration.vllm.block_meta import KEY_HEAD_LEN, decode_origin
-from flexkv_py.integration.vllm.events import BlockOrigins, to_vllm_events
+from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup, to_vllm_events
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,22 @@ class _TierEvent:
     kind: str
     block_hash: bytes
     medium: str
+    group_prefix: bytes = b""
 
 
 class RecoveredAnnouncer:
     """Scheduler side: metas from the worker, held until the inventory is adopted (bounded),
     then turned into `BlockStored` events for the blocks the index still knows."""
 
-    def __init__(self, origins: BlockOrigins, block_size: int) -> None:
+    def __init__(
+        self,
+        origins: BlockOrigins,
+        block_size: int,
+        groups: Mapping[bytes, EventGroup] | None = None,
+    ) -> None:
         self._origins = origins
         self._block_size = block_size
+        self._groups = groups  # hybrid models: each block's group, by its key prefix
         self._pending: dict[bytes, bytes] = {}
 
     def add(self, metas: Mapping[bytes, bytes]) -> None:
@@ -101,12 +109,21 @@ class RecoveredAnnouncer:
         if not adopted or not self._pending:
             return []
         pending, self._pending = self._pending, {}
-        tier_events = []
+        out: list[Any] = []
+        whole = BlockOrigins()  # scaled groups' origins (whole blocks), kept apart
+        groups = self._groups or {}
         for key, meta in pending.items():
             origin = decode_origin(meta)
             if origin is None or not known(key):
                 continue
-            block_hash = key[KEY_HEAD_LEN:]
-            self._origins.remember(block_hash, origin)
-            tier_events.append(_TierEvent("stored", block_hash, "SSD"))
-        return to_vllm_events(tier_events, self._origins, self._block_size)
+            block_hash, prefix = key[KEY_HEAD_LEN:], key[:PREFIX_LEN]
+            # A block of several hash blocks shares its last one's hash with the other groups'
+            # block there: its origin (all its tokens) must not replace theirs.
+            scaled = groups.get(prefix, (0, None, None, 1))[3] > 1
+            source = whole if scaled else self._origins
+            source.remember(block_hash, origin)
+            event = _TierEvent("stored", block_hash, "SSD", prefix)
+            out += to_vllm_events(
+                [event], source, self._block_size, self._groups, whole_origins=True
+            )
+        return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexkv_py.integration.vllm.events import BlockOrigins
+from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 
 WorkerRank = tuple[int, int]  # (tp_rank, pp_rank)
@@ -38,9 +38,15 @@ class RestartInventory:
         self._parents: dict[bytes, bytes] = {}
         self._announcer: RecoveredAnnouncer | None = None
 
-    def announce_with(self, origins: BlockOrigins, block_size: int) -> None:
-        """Publish the recovered blocks' origins (token ids...) once adopted (take_events)."""
-        self._announcer = RecoveredAnnouncer(origins, block_size)
+    def announce_with(
+        self,
+        origins: BlockOrigins,
+        block_size: int,
+        groups: Mapping[bytes, EventGroup] | None = None,
+    ) -> None:
+        """Publish the recovered blocks' origins (token ids...) once adopted (take_events);
+        `groups`: each block's KV cache group by its key prefix (hybrid models)."""
+        self._announcer = RecoveredAnnouncer(origins, block_size, groups)
 
     def adopt_reports(self, manager: Any, meta: Any) -> None:
         """Take a step's worker metadata (FlexKVWorkerMetadata): reports, parents, metas; adopt

@@ -92,7 +92,15 @@ class SchedulerSide:
         # vLLM skips a request that gets None, so waiting would stall serving.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
-        self._inventory.announce_with(self._origins, self._bs)
+        self._event_groups = {
+            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window, g.scale)
+            for g in info.groups
+        }
+        # Groups whose blocks are several hash blocks: their SSD metadata covers whole blocks.
+        self._scales = {p: g[3] for p, g in self._event_groups.items() if g[3] > 1}
+        self._inventory.announce_with(
+            self._origins, self._bs, self._event_groups if info.hybrid else None
+        )
         # Sibling engines' blocks on this node, kept up to date by the workers' refreshes.
         self._node = NodeInventory(info.num_workers)
         # LoRA requests key their blocks by the adapter's identity, not only its name.
@@ -101,14 +109,15 @@ class SchedulerSide:
         self._keys = RequestKeys(self._ns)
         # Hybrid models: one namespace (and key memo) per KV cache group.
         interval = config.sliding_store_interval_blocks
-        self._hybrid = HybridPlan(info.groups, self._bs, interval) if info.hybrid else None
+        self._hybrid = (
+            HybridPlan(info.groups, self._bs, interval, info.hit_align_blocks)
+            if info.hybrid
+            else None
+        )
         tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
-        self._event_groups = {
-            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window) for g in info.groups
-        }
         self._stats = FlexKVConnectorStats()
         self._objects = ObjectHits.open(config, info, self._mgr)
 
@@ -208,7 +217,7 @@ class SchedulerSide:
         for job in self._mgr.take_jobs():
             self._add_background(job)
         if self._config.ssd_enabled:  # the SSD keeps each block's token ids and parent
-            self._step_jobs = with_block_metas(self._step_jobs, self._origins)
+            self._step_jobs = with_block_metas(self._step_jobs, self._origins, self._scales)
         meta.jobs, self._step_jobs = self._step_jobs, []
         meta.delayed_free_req_ids, self._delayed_free = self._delayed_free, set()
         meta.drain_admitted = self._mgr.take_drain_admitted()
