@@ -29,6 +29,8 @@ from vllm.v1.core.kv_cache_utils import (
 if TYPE_CHECKING:
     from vllm.v1.request import Request
 
+    from flexkv_py.integration.vllm.engine_info import GroupInfo
+
 # Tier medium (the coordinator's names) -> the medium published to routers.
 PUBLISHED_MEDIUM = {"CPU": "CPU", "SSD": "DISK"}
 
@@ -116,6 +118,17 @@ def scaled_origin(origins: BlockOrigins, last: BlockOrigin, scale: int) -> Block
         parts.append(prev)
     tokens = tuple(t for o in reversed(parts) for t in o.token_ids)
     return replace(last, parent_hash=parts[-1].parent_hash, token_ids=tokens)
+
+
+def event_groups(
+    groups: Iterable[GroupInfo],
+) -> tuple[dict[bytes, EventGroup], dict[bytes, int]]:
+    """(group prefix -> what its events name, group prefix -> scale for groups whose blocks are
+    several hash blocks)."""
+    named = {
+        g.namespace.prefix: (g.group_id, g.event_kind, g.event_window, g.scale) for g in groups
+    }
+    return named, {p: g[3] for p, g in named.items() if g[3] > 1}
 
 
 def to_vllm_events(

@@ -24,6 +24,11 @@ class RequestState:
     loading: bool = False
     finished: bool = False
 
+    @property
+    def done(self) -> bool:
+        """Finished, and nothing in flight still needs its blocks."""
+        return self.finished and not self.store_jobs and not self.loading and self.load_job is None
+
 
 @dataclass
 class JobInfo:

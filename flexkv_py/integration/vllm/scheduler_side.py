@@ -25,10 +25,7 @@ from flexkv_py.coordinator.planning import host_pool_in_background
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.block_meta import with_block_metas
 from flexkv_py.integration.vllm.engine_info import EngineInfo
-from flexkv_py.integration.vllm.events import (
-    BlockOrigins,
-    to_vllm_events,
-)
+from flexkv_py.integration.vllm.events import BlockOrigins, event_groups, to_vllm_events
 from flexkv_py.integration.vllm.group_plans import allocated_block_ids
 from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
 from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
@@ -92,12 +89,8 @@ class SchedulerSide:
         # vLLM skips a request that gets None, so waiting would stall serving.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
         self._origins = BlockOrigins()
-        self._event_groups = {
-            g.namespace.prefix: (g.group_id, g.event_kind, g.event_window, g.scale)
-            for g in info.groups
-        }
         # Groups whose blocks are several hash blocks: their SSD metadata covers whole blocks.
-        self._scales = {p: g[3] for p, g in self._event_groups.items() if g[3] > 1}
+        self._event_groups, self._scales = event_groups(info.groups)
         self._inventory.announce_with(
             self._origins, self._bs, self._event_groups if info.hybrid else None
         )
@@ -360,13 +353,7 @@ class SchedulerSide:
 
     def _maybe_forget(self, req_id: str) -> None:
         state = self._reqs.get(req_id)
-        if (
-            state is not None
-            and state.finished
-            and not state.store_jobs
-            and not state.loading
-            and state.load_job is None
-        ):
+        if state is not None and state.done:
             del self._reqs[req_id]
 
     def _state(self, request: Request) -> RequestState:
