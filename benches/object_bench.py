@@ -301,14 +301,32 @@ def main() -> None:
         rows[name] = {
             "put_gbps": payload / statistics.median(t["up"]) / 1e9,
             "get_gbps": payload / statistics.median(t["down"]) / 1e9,
+            # Spread over the paired runs: the slowest and fastest run.
+            "put_gbps_min": payload / max(t["up"]) / 1e9,
+            "put_gbps_max": payload / min(t["up"]) / 1e9,
+            "get_gbps_min": payload / max(t["down"]) / 1e9,
+            "get_gbps_max": payload / min(t["down"]) / 1e9,
         }
+    # Ours over each other client, per paired run, then the median (pairs share the load).
+    ratios: dict[str, float] = {}
+    for other in ("obstore", "boto3"):
+        if other not in rows:
+            continue
+        for way in ("up", "down"):
+            pairs = [o / m for m, o in zip(times["ours"][way], times[other][way], strict=True)]
+            ratios[f"ours_over_{other}_{'put' if way == 'up' else 'get'}"] = statistics.median(pairs)
     print(
         f"{args.blocks} blocks x {args.block_kib} KiB, concurrency {args.concurrency}, "
         f"{args.runs} run(s), median"
     )
-    print(f"{'client':8} {'put GB/s':>9} {'get GB/s':>9}")
+    print(f"{'client':8} {'put GB/s':>9} {'(min-max)':>13} {'get GB/s':>9} {'(min-max)':>13}")
     for name, r in rows.items():
-        print(f"{name:8} {r['put_gbps']:9.3f} {r['get_gbps']:9.3f}")
+        print(
+            f"{name:8} {r['put_gbps']:9.3f} {r['put_gbps_min']:6.3f}-{r['put_gbps_max']:.3f} "
+            f"{r['get_gbps']:9.3f} {r['get_gbps_min']:6.3f}-{r['get_gbps_max']:.3f}"
+        )
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f} (median of paired runs; > 1: ours is faster)")
     for name, why in skipped.items():
         print(f"{name:8} skipped: {why}")
     for k, v in counts.items():
@@ -317,7 +335,7 @@ def main() -> None:
         print(json.dumps({
             "bench": "object", "blocks": args.blocks, "block_kib": args.block_kib,
             "concurrency": args.concurrency, "runs": args.runs, "clients": rows, "skipped": skipped,
-            "counts": counts, "python": platform.python_version(),
+            "ratios": ratios, "counts": counts, "python": platform.python_version(),
         }))  # fmt: skip
 
 

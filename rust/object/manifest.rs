@@ -89,18 +89,31 @@ impl Manifest {
         };
         parent_ok && chain.get(start..start + self.keys.len()) == Some(&self.keys[..])
     }
+
+    /// Whether this manifest vouches for `chain`'s blocks from its start up to (not
+    /// including) position `upto`: same parent, same keys (it may list more after them).
+    pub fn lists(&self, chain: &[Vec<u8>], upto: usize) -> bool {
+        let start = self.start as usize;
+        let parent_ok = match start {
+            0 => self.parent.is_empty(),
+            s => chain.get(s - 1) == Some(&self.parent),
+        };
+        upto > start
+            && parent_ok
+            && self.keys.get(..upto - start).is_some_and(|ks| chain.get(start..upto) == Some(ks))
+    }
 }
 
-struct Reader<'a>(&'a [u8]);
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let (head, rest) = self.0.split_at_checked(n)?;
         self.0 = rest;
         Some(head)
     }
 
-    fn short(&mut self) -> Option<&'a [u8]> {
+    pub(super) fn short(&mut self) -> Option<&'a [u8]> {
         let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
         self.take(n)
     }

@@ -6,6 +6,8 @@
 
 mod block_tier;
 mod chain;
+mod chain_put;
+mod claim;
 pub mod codec;
 pub mod config;
 pub mod gc;
@@ -176,6 +178,12 @@ impl ObjectTier {
         }
         let c = slot.as_ref().ok_or(StoreError::Closed)?;
         Ok((c.rt.clone(), c.ctx.clone()))
+    }
+
+    /// Prove with one listing request that the store answers and accepts the credentials
+    /// (what `open` does for a remote store; callable again, e.g. by a health check).
+    pub fn check(&self) -> Result<()> {
+        self.probe()
     }
 
     fn probe(&self) -> Result<()> {

@@ -1,0 +1,238 @@
+//! A chain put, segment by segment: each segment's new blocks go up under an upload claim
+//! (`claim`), so racing writers of the same prompt send each body once, and each segment's
+//! manifest is written as soon as it and every segment before it are stored (a loser waiting
+//! on a winner's manifest never waits on its own later segments: no cycle between writers).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+use object_store::path::Path;
+
+use super::chain::manifest_path;
+use super::claim::{claim_path, Claim};
+use super::manifest::{Manifest, SEGMENT};
+use super::ops::Ctx;
+use super::stats::bump;
+use super::{finish, Shared};
+use crate::store::{BlockResult, RawBuf, Status};
+
+/// One block of the put: its index in the batch, chain position, key and buffer.
+type Item = (usize, usize, Vec<u8>, RawBuf);
+
+/// Segments in flight at once: two, so one segment's wait for a winner overlaps the next
+/// one's uploads while at most two segments' bodies are held.
+const SEGMENTS_AT_ONCE: usize = 2;
+
+impl Shared {
+    /// Upload `items` (blocks of `chain`, root first), claiming each segment first; write the
+    /// chain's manifests as the stored prefix grows. Results by batch index.
+    pub(super) async fn put_chain(
+        &self,
+        ctx: &Ctx,
+        prefix: &Path,
+        chain: &[Vec<u8>],
+        items: Vec<(Vec<u8>, RawBuf)>,
+    ) -> Vec<Option<BlockResult>> {
+        let mut results: Vec<Option<BlockResult>> = vec![None; items.len()];
+        let mut pos: HashMap<&[u8], usize> = HashMap::with_capacity(chain.len());
+        for (p, k) in chain.iter().enumerate() {
+            pos.entry(k.as_slice()).or_insert(p);
+        }
+        let (mut segments, mut loose) = (BTreeMap::<usize, Vec<Item>>::new(), Vec::new());
+        let mut in_put = vec![false; chain.len()];
+        for (i, (key, buf)) in items.into_iter().enumerate() {
+            match pos.get(key.as_slice()).copied() {
+                Some(p) => {
+                    in_put[p] = true;
+                    segments.entry(p / SEGMENT).or_default().push((i, p, key, buf));
+                }
+                None => loose.push((i, 0, key, buf)),
+            }
+        }
+        drop(pos);
+        self.age_out();
+        // Positions below this are stored or in this put: a claim is taken only for a segment
+        // this writer will vouch for with a manifest (losers wait for that manifest).
+        let vouched = {
+            let known = self.known.lock();
+            (0..chain.len()).take_while(|&p| in_put[p] || known.contains(&chain[p])).count()
+        };
+        for (i, r) in self.upload(ctx, loose).await {
+            results[i] = Some(r);
+        }
+        let mut done = stream::iter(segments)
+            .map(|(seg, group)| self.put_segment(ctx, prefix, chain, seg, group, vouched))
+            .buffered(SEGMENTS_AT_ONCE);
+        while let Some(seg_results) = done.next().await {
+            for (i, r) in seg_results {
+                results[i] = Some(r);
+            }
+        }
+        // Nothing else to write when no segment was put (their futures write as they end).
+        self.write_manifests(ctx, prefix, chain).await;
+        results
+    }
+
+    /// Plain conditional creates of `todo` (known keys send nothing).
+    async fn upload(&self, ctx: &Ctx, todo: Vec<Item>) -> Vec<(usize, BlockResult)> {
+        if todo.is_empty() {
+            return Vec::new();
+        }
+        let (idx, items): (Vec<usize>, Vec<_>) = todo.into_iter().map(|(i, _, k, b)| (i, (k, b))).unzip();
+        idx.into_iter().zip(finish(self.put_blocks(ctx, items).await)).collect()
+    }
+
+    /// The longest a claim for `n` uploads may be held: every upload round (at most
+    /// `concurrency` requests at once, two segments at a time) within the block budget, plus
+    /// one for the manifest.
+    fn claim_lease(&self, n: usize) -> Duration {
+        self.cfg.claim_lease.unwrap_or_else(|| {
+            let rounds = (n * SEGMENTS_AT_ONCE).div_ceil(self.cfg.concurrency) as u32;
+            self.cfg.block_budget() * (rounds + 1)
+        })
+    }
+
+    /// One segment's blocks, then the manifests that became writable: inside the segment's
+    /// future, so requests paused in the other segment's future (holding permits) never
+    /// stand between a manifest and its permit.
+    async fn put_segment(
+        &self,
+        ctx: &Ctx,
+        prefix: &Path,
+        chain: &[Vec<u8>],
+        seg: usize,
+        group: Vec<Item>,
+        vouched: usize,
+    ) -> Vec<(usize, BlockResult)> {
+        let out = self.put_segment_blocks(ctx, prefix, chain, seg, group, vouched).await;
+        self.write_manifests(ctx, prefix, chain).await;
+        out
+    }
+
+    async fn put_segment_blocks(
+        &self,
+        ctx: &Ctx,
+        prefix: &Path,
+        chain: &[Vec<u8>],
+        seg: usize,
+        group: Vec<Item>,
+        vouched: usize,
+    ) -> Vec<(usize, BlockResult)> {
+        let mut out = Vec::new();
+        let mut todo: Vec<Item> = Vec::new();
+        {
+            let known = self.known.lock();
+            for item in group {
+                if known.contains(&item.2) {
+                    bump(&self.stats.puts_known, 1);
+                    out.push((item.0, BlockResult::new(Status::Deduped, item.3.len as u64)));
+                } else {
+                    todo.push(item);
+                }
+            }
+        }
+        todo.sort_by_key(|t| t.1);
+        let Some(first) = todo.first().map(|t| t.1) else { return out };
+        let end = ((seg + 1) * SEGMENT).min(chain.len()) - 1;
+        if end >= vouched {
+            out.extend(self.upload(ctx, todo).await);
+            return out;
+        }
+        let claim = Claim::new(first, chain[first..=end].to_vec(), self.claim_lease(todo.len()));
+        let path = claim_path(prefix, &chain[first]);
+        match ctx.put_small(&path, claim.encode(), true).await {
+            Ok(true) => {
+                bump(&self.stats.claims_won, 1);
+                out.extend(self.upload(ctx, todo).await);
+            }
+            Ok(false) => {
+                bump(&self.stats.claims_lost, 1);
+                out.extend(self.follow(ctx, prefix, chain, first, &path, todo).await);
+            }
+            Err(msg) => {
+                tracing::warn!("object tier could not claim a segment's upload: {msg}");
+                out.extend(self.upload(ctx, todo).await);
+            }
+        }
+        out
+    }
+
+    /// Another writer holds the claim: upload what it does not cover now, and the rest only if
+    /// its manifest does not appear within its lease.
+    async fn follow(
+        &self,
+        ctx: &Ctx,
+        prefix: &Path,
+        chain: &[Vec<u8>],
+        first: usize,
+        path: &Path,
+        todo: Vec<Item>,
+    ) -> Vec<(usize, BlockResult)> {
+        let held = match ctx.get_small(path).await {
+            Ok(Some(body)) => Claim::decode(&body),
+            _ => None,
+        };
+        let Some(held) = held else { return self.upload(ctx, todo).await };
+        let upto = first + held.covers(chain, first);
+        let (covered, rest): (Vec<Item>, Vec<Item>) = todo.into_iter().partition(|t| t.1 < upto);
+        if covered.is_empty() {
+            return self.upload(ctx, rest).await;
+        }
+        let (listed, mut out) = futures::future::join(
+            self.wait_manifest(ctx, prefix, chain, &held, upto),
+            self.upload(ctx, rest),
+        )
+        .await;
+        if listed {
+            bump(&self.stats.puts_claimed, covered.len() as u64);
+            let mut known = self.known.lock();
+            for (i, _, key, buf) in covered {
+                out.push((i, BlockResult::new(Status::Deduped, buf.len as u64)));
+                known.insert(key);
+            }
+        } else {
+            bump(&self.stats.claim_waits_expired, 1);
+            out.extend(self.upload(ctx, covered).await);
+        }
+        out
+    }
+
+    /// Poll the claim holder's manifest (named by its last key) until it lists `chain`'s
+    /// positions below `upto`, or the holder's lease is over (`false`: upload them).
+    async fn wait_manifest(
+        &self,
+        ctx: &Ctx,
+        prefix: &Path,
+        chain: &[Vec<u8>],
+        held: &Claim,
+        upto: usize,
+    ) -> bool {
+        let Some(end_key) = held.keys.last() else { return false };
+        let path = manifest_path(prefix, end_key);
+        let deadline = Instant::now() + held.wait_left();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            bump(&self.stats.claim_polls, 1);
+            match ctx.get_small(&path).await {
+                Ok(Some(body)) => {
+                    let m = Manifest::decode(&body);
+                    let ok = m.is_some_and(|m| m.lists(chain, upto));
+                    if ok {
+                        self.manifests.lock().insert(end_key.clone());
+                    }
+                    return ok;
+                }
+                Ok(None) => {}
+                // A failed poll: keep asking until the deadline (each request is bounded).
+                Err(msg) => tracing::warn!("object tier could not read a claimed manifest: {msg}"),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+}
