@@ -289,8 +289,8 @@ class ObjectTier:
         claim_lease_s: float | None = None,
     ) -> ObjectTier:
         """`claim_lease_s`: how long a chain put's upload claim on a segment holds racing
-        writers off (they wait for its manifest, then upload themselves); default: the block
-        budget times the segment's upload rounds."""
+        writers off (they wait for its manifest, then upload themselves); default: `timeout_s`
+        times the segment's upload rounds plus one."""
     @property
     def url(self) -> str: ...
     @property

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -194,3 +195,20 @@ def test_hung_claim_holder_costs_no_block(s3: S3Server) -> None:
     # A third writer finds the chain through the manifests the second one wrote.
     third = s3.object_tier(prefix)
     assert third.lookup_chain(keys) == len(keys)
+
+
+def test_claims_are_listed_and_collected(tmp_path: Path) -> None:
+    """A chain put leaves one claim per segment it uploaded; `inspect` counts them, and GC
+    deletes them once older than `grace` while the chain's blocks and manifests stay."""
+    tier = _native.ObjectTier(f"file://{tmp_path}/bucket")
+    keys = chain("g", 2 * SEGMENT + 5)
+    assert all(r.ok for r in tier.submit_put([(k, payload(k)) for k in keys], chain=keys).wait(60))
+    assert tier.stats()["claims_won"] == 3
+    assert tier.inspect()["claims"] == 3
+    kept = tier.gc(ttl_s=3600.0, grace_s=3600.0)
+    assert kept["claims_deleted"] == 0 and tier.inspect()["claims"] == 3
+    time.sleep(0.01)  # the claims' mtime is now older than a 0 s grace
+    report = tier.gc(ttl_s=3600.0, grace_s=0.0)
+    assert report["claims_deleted"] == 3 and report["blocks_deleted"] == 0, report
+    assert "claims" not in tier.inspect()
+    assert _native.ObjectTier(f"file://{tmp_path}/bucket").lookup_chain(keys) == len(keys)

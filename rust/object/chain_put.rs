@@ -83,13 +83,14 @@ impl Shared {
         idx.into_iter().zip(finish(self.put_blocks(ctx, items).await)).collect()
     }
 
-    /// The longest a claim for `n` uploads may be held: every upload round (at most
-    /// `concurrency` requests at once, two segments at a time) within the block budget, plus
-    /// one for the manifest.
+    /// The longest a claim for `n` uploads may be held: one request timeout per upload round
+    /// (at most `concurrency` requests at once, two segments at a time), plus one for the
+    /// manifest. A holder slowed by retries past it costs a duplicate upload; a dead one keeps
+    /// the others waiting this long.
     fn claim_lease(&self, n: usize) -> Duration {
         self.cfg.claim_lease.unwrap_or_else(|| {
             let rounds = (n * SEGMENTS_AT_ONCE).div_ceil(self.cfg.concurrency) as u32;
-            self.cfg.block_budget() * (rounds + 1)
+            self.cfg.timeout * (rounds + 1)
         })
     }
 
