@@ -13,7 +13,8 @@ counting proxy (tests/s3_server.py CountingProxy) to report requests per block f
 get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
 matched block and the body bytes it uploads per deduplicated block (goal: 0). A chain pass
 stores one `--chain-blocks` prompt with its manifests and counts `lookup_chain` requests per
-matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes.
+matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes. A
+racing pass has 2, 4 and 8 writers store one new chain at once (upload claims: racing bodies 0).
 
     python3 benches/object_bench.py [--quick] [--json] [--blocks 512] [--block-kib 256]
         [--concurrency 32] [--runs 3] [--chain-blocks 8192]
@@ -245,6 +246,46 @@ def chain_pass(s3: S3Server, n: int, conc: int) -> dict[str, float]:
         proxy.close()
 
 
+def racing_pass(s3: S3Server, n: int, conc: int, block: int) -> dict[str, float]:
+    """2, 4 and 8 writers (threads, each its own tier) store the same new `n`-block chain at
+    once: per deduplicated block (every copy beyond the first), the body bytes and requests
+    that reached the server beyond one writer's share, counted at a proxy."""
+    import threading
+
+    keys = [hashlib.sha256(b"race-%d" % i).digest() for i in range(n)]
+    items = [(k, bytearray((k * (block // 32 + 1))[:block])) for k in keys]
+    out: dict[str, float] = {}
+    for writers in (2, 4, 8):
+        proxy = CountingProxy(s3.ports["s3"])
+        try:
+            prefix = f"race-{writers}-{uuid.uuid4().hex[:8]}"
+            tiers = [our_tier(s3, prefix, conc, proxy.endpoint) for _ in range(writers)]
+            barrier = threading.Barrier(writers)
+
+            def run(t: Any, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                assert all(r.ok for r in t.submit_put(items, chain=keys).wait(600))
+
+            proxy.reset()
+            threads = [threading.Thread(target=run, args=(t,)) for t in tiers]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            req, body = proxy.snapshot()
+            stats = [t.stats() for t in tiers]
+        finally:
+            proxy.close()
+        dups = (writers - 1) * n
+        # Racing bodies: uploads sent, then refused by the conditional create (goal 0); body
+        # bytes of all writers per stored block over the block size (1.0: one copy, plus the
+        # headers, claims and manifests); requests beyond one PUT per block, per duplicate.
+        out[f"race{writers}_racing_bodies"] = sum(int(s["puts_exists"]) for s in stats)
+        out[f"race{writers}_body_bytes_per_block_size"] = body.get("PUT", 0) / (n * block)
+        out[f"race{writers}_requests_per_dup_block"] = (sum(req.values()) - n) / dups
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="64 blocks of 64 KiB, one run (CI)")
@@ -292,6 +333,7 @@ def main() -> None:
                     times[name]["down"].append(down)
             counts = counted_pass(s3, blocks[: min(len(blocks), 256)], args.concurrency)
             counts.update(chain_pass(s3, args.chain_blocks, args.concurrency))
+            counts.update(racing_pass(s3, 4 * 64 + 10, args.concurrency, args.block_kib * 1024))
         finally:
             s3.stop()
     rows = {}
@@ -314,7 +356,8 @@ def main() -> None:
             continue
         for way in ("up", "down"):
             pairs = [o / m for m, o in zip(times["ours"][way], times[other][way], strict=True)]
-            ratios[f"ours_over_{other}_{'put' if way == 'up' else 'get'}"] = statistics.median(pairs)
+            name = f"ours_over_{other}_{'put' if way == 'up' else 'get'}"
+            ratios[name] = statistics.median(pairs)
     print(
         f"{args.blocks} blocks x {args.block_kib} KiB, concurrency {args.concurrency}, "
         f"{args.runs} run(s), median"

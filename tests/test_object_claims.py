@@ -173,7 +173,9 @@ def test_hung_claim_holder_costs_no_block(s3: S3Server) -> None:
     proxy.stall_bodies_over = BLOCK // 2  # claims and lookups pass, block bodies hang
     lease_s = 1.5
     try:
-        holder = s3.object_tier(prefix, proxy.endpoint, timeout_s=60.0, retries=0, claim_lease_s=lease_s)
+        holder = s3.object_tier(
+            prefix, proxy.endpoint, timeout_s=60.0, retries=0, claim_lease_s=lease_s
+        )
         stuck = holder.submit_put(items, chain=keys)
         deadline = time.monotonic() + 30
         while holder.stats()["claims_won"] < 2:  # both segments claimed
