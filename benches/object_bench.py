@@ -5,7 +5,8 @@ same run.
   ours    `_native.ObjectTier.submit_put` / `submit_get` of all N blocks in one batch (header +
           content hash per object, conditional create, verified reads).
   obstore `obstore.put_async` / `get_async` of the raw blocks, N coroutines under an
-          asyncio.Semaphore(concurrency) (no header, no verification, plain puts).
+          asyncio.Semaphore(concurrency) (no header, no verification, plain puts);
+          obstore_create: the same with `mode="create"` (conditional creates, as ours).
   boto3   `put_object` / `get_object` from a ThreadPoolExecutor(concurrency).
 
 Throughput is payload GB/s (block bytes, not object bytes). A second, counted pass goes through a
@@ -36,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -82,7 +83,10 @@ def run_ours(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> 
 
 
 def run_obstore(
-    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
+    s3: S3Server,
+    blocks: list[tuple[bytes, bytearray]],
+    conc: int,
+    mode: Literal["create", "overwrite"] = "overwrite",
 ) -> tuple[float, float]:
     import obstore
     from obstore.store import S3Store
@@ -103,7 +107,7 @@ def run_obstore(
 
         async def put(k: bytes, d: bytearray) -> None:
             async with sem:
-                await obstore.put_async(store, k.decode(), bytes(d))
+                await obstore.put_async(store, k.decode(), bytes(d), mode=mode)
 
         async def get(k: bytes) -> bytes:
             async with sem:
@@ -305,6 +309,8 @@ def main() -> None:
     runners: dict[str, Callable[..., tuple[float, float]]] = {
         "ours": run_ours,
         "obstore": run_obstore,
+        # The same loop with conditional creates (If-None-Match: *), what our puts send.
+        "obstore_create": lambda s3, b, c: run_obstore(s3, b, c, "create"),
         "boto3": run_boto3,
     }
     with tempfile.TemporaryDirectory(prefix="object-bench-") as tmp:
@@ -351,7 +357,7 @@ def main() -> None:
         }
     # Ours over each other client, per paired run, then the median (pairs share the load).
     ratios: dict[str, float] = {}
-    for other in ("obstore", "boto3"):
+    for other in ("obstore", "obstore_create", "boto3"):
         if other not in rows:
             continue
         for way in ("up", "down"):
