@@ -61,8 +61,15 @@ impl Shared {
         for (i, r) in self.upload(ctx, loose).await {
             results[i] = Some(r);
         }
+        // Each segment's future writes the manifests that became writable as it ends: requests
+        // paused in the other segment's future (holding permits) never stand between a
+        // manifest and its permit, as they would if this loop wrote them between segments.
         let mut done = stream::iter(segments)
-            .map(|(seg, group)| self.put_segment(ctx, prefix, chain, seg, group, vouched))
+            .map(|(seg, group)| async move {
+                let out = self.put_segment(ctx, prefix, chain, seg, group, vouched).await;
+                self.write_manifests(ctx, prefix, chain).await;
+                out
+            })
             .buffered(SEGMENTS_AT_ONCE);
         while let Some(seg_results) = done.next().await {
             for (i, r) in seg_results {
@@ -94,24 +101,7 @@ impl Shared {
         })
     }
 
-    /// One segment's blocks, then the manifests that became writable: inside the segment's
-    /// future, so requests paused in the other segment's future (holding permits) never
-    /// stand between a manifest and its permit.
     async fn put_segment(
-        &self,
-        ctx: &Ctx,
-        prefix: &Path,
-        chain: &[Vec<u8>],
-        seg: usize,
-        group: Vec<Item>,
-        vouched: usize,
-    ) -> Vec<(usize, BlockResult)> {
-        let out = self.put_segment_blocks(ctx, prefix, chain, seg, group, vouched).await;
-        self.write_manifests(ctx, prefix, chain).await;
-        out
-    }
-
-    async fn put_segment_blocks(
         &self,
         ctx: &Ctx,
         prefix: &Path,
@@ -134,69 +124,77 @@ impl Shared {
             }
         }
         todo.sort_by_key(|t| t.1);
-        let Some(first) = todo.first().map(|t| t.1) else { return out };
         let end = ((seg + 1) * SEGMENT).min(chain.len()) - 1;
-        if end >= vouched {
+        if todo.is_empty() || end >= vouched {
             out.extend(self.upload(ctx, todo).await);
             return out;
         }
-        let claim = Claim::new(first, chain[first..=end].to_vec(), self.claim_lease(todo.len()));
-        let path = claim_path(prefix, &chain[first]);
-        match ctx.put_small(&path, claim.encode(), true).await {
-            Ok(true) => {
-                bump(&self.stats.claims_won, 1);
-                out.extend(self.upload(ctx, todo).await);
+        // Claims are named from the segment's start, whatever this writer already knows, so a
+        // writer whose lookup saw part of a racing winner's uploads still meets its claim. A
+        // claim covering only part of ours (an earlier turn that ended inside the segment, or
+        // a continuation that parts from ours) hands on to a claim at the first key it lacks.
+        let mut at = seg * SEGMENT;
+        while !todo.is_empty() {
+            let claim = Claim::new(at, chain[at..=end].to_vec(), self.claim_lease(todo.len()));
+            let path = claim_path(prefix, &chain[at]);
+            let held = match ctx.put_small(&path, claim.encode(), true).await {
+                Ok(true) => {
+                    bump(&self.stats.claims_won, 1);
+                    break;
+                }
+                Ok(false) => {
+                    bump(&self.stats.claims_lost, 1);
+                    match ctx.get_small(&path).await {
+                        Ok(Some(body)) => Claim::decode(&body),
+                        _ => None,
+                    }
+                }
+                Err(msg) => {
+                    tracing::warn!("object tier could not claim a segment's upload: {msg}");
+                    None
+                }
+            };
+            let Some(held) = held else { break };
+            let upto = at + held.covers(chain, at);
+            let (covered, rest): (Vec<Item>, Vec<Item>) = todo.into_iter().partition(|t| t.1 < upto);
+            out.extend(self.settle(ctx, prefix, chain, &held, upto, covered).await);
+            todo = rest;
+            if upto == at || upto > end {
+                break;
             }
-            Ok(false) => {
-                bump(&self.stats.claims_lost, 1);
-                out.extend(self.follow(ctx, prefix, chain, first, &path, todo).await);
-            }
-            Err(msg) => {
-                tracing::warn!("object tier could not claim a segment's upload: {msg}");
-                out.extend(self.upload(ctx, todo).await);
-            }
+            at = upto;
         }
+        out.extend(self.upload(ctx, todo).await);
         out
     }
 
-    /// Another writer holds the claim: upload what it does not cover now, and the rest only if
-    /// its manifest does not appear within its lease.
-    async fn follow(
+    /// Blocks another writer's claim covers: "deduped" once its manifest lists them, uploaded
+    /// after all when its lease ends without one.
+    async fn settle(
         &self,
         ctx: &Ctx,
         prefix: &Path,
         chain: &[Vec<u8>],
-        first: usize,
-        path: &Path,
-        todo: Vec<Item>,
+        held: &Claim,
+        upto: usize,
+        covered: Vec<Item>,
     ) -> Vec<(usize, BlockResult)> {
-        let held = match ctx.get_small(path).await {
-            Ok(Some(body)) => Claim::decode(&body),
-            _ => None,
-        };
-        let Some(held) = held else { return self.upload(ctx, todo).await };
-        let upto = first + held.covers(chain, first);
-        let (covered, rest): (Vec<Item>, Vec<Item>) = todo.into_iter().partition(|t| t.1 < upto);
         if covered.is_empty() {
-            return self.upload(ctx, rest).await;
+            return Vec::new();
         }
-        let (listed, mut out) = futures::future::join(
-            self.wait_manifest(ctx, prefix, chain, &held, upto),
-            self.upload(ctx, rest),
-        )
-        .await;
-        if listed {
-            bump(&self.stats.puts_claimed, covered.len() as u64);
-            let mut known = self.known.lock();
-            for (i, _, key, buf) in covered {
-                out.push((i, BlockResult::new(Status::Deduped, buf.len as u64)));
-                known.insert(key);
-            }
-        } else {
+        if !self.wait_manifest(ctx, prefix, chain, held, upto).await {
             bump(&self.stats.claim_waits_expired, 1);
-            out.extend(self.upload(ctx, covered).await);
+            return self.upload(ctx, covered).await;
         }
-        out
+        bump(&self.stats.puts_claimed, covered.len() as u64);
+        let mut known = self.known.lock();
+        covered
+            .into_iter()
+            .map(|(i, _, key, buf)| {
+                known.insert(key);
+                (i, BlockResult::new(Status::Deduped, buf.len as u64))
+            })
+            .collect()
     }
 
     /// Poll the claim holder's manifest (named by its last key) until it lists `chain`'s

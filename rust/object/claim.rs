@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use object_store::path::Path;
 
 use super::hex_name;
-use super::manifest::Reader;
+use super::manifest::{seal, unseal, write_keys};
 
 const MAGIC: &[u8; 4] = b"FKC1";
 const VERSION: u8 = 1;
@@ -59,39 +59,18 @@ impl Claim {
         let mut w = Vec::with_capacity(40 + self.keys.iter().map(|k| k.len() + 2).sum::<usize>());
         w.extend_from_slice(MAGIC);
         w.push(VERSION);
-        w.extend_from_slice(&self.created_ms.to_le_bytes());
-        w.extend_from_slice(&self.lease_ms.to_le_bytes());
-        w.extend_from_slice(&self.first.to_le_bytes());
-        w.extend_from_slice(&(self.keys.len() as u32).to_le_bytes());
-        for k in &self.keys {
-            w.extend_from_slice(&(k.len() as u16).to_le_bytes());
-            w.extend_from_slice(k);
+        for v in [self.created_ms, self.lease_ms, self.first] {
+            w.extend_from_slice(&v.to_le_bytes());
         }
-        let crc = crc32fast::hash(&w);
-        w.extend_from_slice(&crc.to_le_bytes());
-        w
+        write_keys(&mut w, &self.keys);
+        seal(w)
     }
 
     /// `None` for anything but an intact claim of this version (the loser then uploads).
     pub fn decode(body: &[u8]) -> Option<Claim> {
-        let (data, crc) = body.split_at_checked(body.len().checked_sub(4)?)?;
-        if crc32fast::hash(data) != u32::from_le_bytes(crc.try_into().ok()?) {
-            return None;
-        }
-        let mut r = Reader(data);
-        if r.take(4)? != MAGIC || r.take(1)? != [VERSION] {
-            return None;
-        }
-        let u64_at =
-            |r: &mut Reader| -> Option<u64> { Some(u64::from_le_bytes(r.take(8)?.try_into().ok()?)) };
-        let created_ms = u64_at(&mut r)?;
-        let lease_ms = u64_at(&mut r)?;
-        let first = u64_at(&mut r)?;
-        let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-        let mut keys = Vec::with_capacity(n.min(super::manifest::SEGMENT));
-        for _ in 0..n {
-            keys.push(r.short()?.to_vec());
-        }
+        let mut r = unseal(body, MAGIC, VERSION)?;
+        let (created_ms, lease_ms, first) = (r.u64()?, r.u64()?, r.u64()?);
+        let keys = r.keys()?;
         (r.0.is_empty() && !keys.is_empty()).then_some(Claim { created_ms, lease_ms, first, keys })
     }
 
