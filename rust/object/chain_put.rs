@@ -179,14 +179,15 @@ impl Shared {
         upto: usize,
         covered: Vec<Item>,
     ) -> Vec<(usize, BlockResult)> {
-        if covered.is_empty() {
-            return Vec::new();
-        }
-        if !self.wait_manifest(ctx, prefix, chain, held, upto).await {
+        let Some(end_key) = held.keys.last().filter(|_| !covered.is_empty()) else {
+            return self.upload(ctx, covered).await;
+        };
+        if !self.wait_manifest(ctx, &manifest_path(prefix, end_key), chain, upto, held.wait_left()).await {
             bump(&self.stats.claim_waits_expired, 1);
             return self.upload(ctx, covered).await;
         }
         bump(&self.stats.puts_claimed, covered.len() as u64);
+        self.manifests.lock().insert(end_key.clone());
         let mut known = self.known.lock();
         covered
             .into_iter()
@@ -197,31 +198,22 @@ impl Shared {
             .collect()
     }
 
-    /// Poll the claim holder's manifest (named by its last key) until it lists `chain`'s
-    /// positions below `upto`, or the holder's lease is over (`false`: upload them).
+    /// Poll the claim holder's manifest at `path` (named by its last key) until it lists
+    /// `chain`'s positions below `upto`, or `wait` is over (`false`: upload them).
     async fn wait_manifest(
         &self,
         ctx: &Ctx,
-        prefix: &Path,
+        path: &Path,
         chain: &[Vec<u8>],
-        held: &Claim,
         upto: usize,
+        wait: Duration,
     ) -> bool {
-        let Some(end_key) = held.keys.last() else { return false };
-        let path = manifest_path(prefix, end_key);
-        let deadline = Instant::now() + held.wait_left();
+        let deadline = Instant::now() + wait;
         let mut pause = Duration::from_millis(20);
         loop {
             bump(&self.stats.claim_polls, 1);
-            match ctx.get_small(&path).await {
-                Ok(Some(body)) => {
-                    let m = Manifest::decode(&body);
-                    let ok = m.is_some_and(|m| m.lists(chain, upto));
-                    if ok {
-                        self.manifests.lock().insert(end_key.clone());
-                    }
-                    return ok;
-                }
+            match ctx.get_small(path).await {
+                Ok(Some(body)) => return Manifest::decode(&body).is_some_and(|m| m.lists(chain, upto)),
                 Ok(None) => {}
                 // A failed poll: keep asking until the deadline (each request is bounded).
                 Err(msg) => tracing::warn!("object tier could not read a claimed manifest: {msg}"),
