@@ -254,14 +254,10 @@ impl Shared {
         results
     }
 
-    /// Manifests of the segments of `chain` whose blocks and ancestors are all stored and
+    /// Manifests of the segments of `chain` within its first `stored` positions (all stored)
     /// that this process does not know to exist yet (conditional creates: identical content
     /// from any writer, so the first one wins).
-    pub(super) async fn write_manifests(&self, ctx: &Ctx, prefix: &Path, chain: &[Vec<u8>]) {
-        let stored = {
-            let known = self.known.lock();
-            chain.iter().take_while(|k| known.contains(k)).count()
-        };
+    pub(super) async fn write_manifests(&self, ctx: &Ctx, prefix: &Path, chain: &[Vec<u8>], stored: usize) {
         // Marked known before the PUT, so the segments of one put writing at once never send
         // the same manifest twice; a failed write is forgotten again below.
         let ends: Vec<usize> = {

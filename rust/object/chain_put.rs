@@ -41,10 +41,12 @@ impl Shared {
         }
         let (mut segments, mut loose) = (BTreeMap::<usize, Vec<Item>>::new(), Vec::new());
         let mut in_put = vec![false; chain.len()];
+        let mut pos_of = vec![usize::MAX; items.len()];
         for (i, (key, buf)) in items.into_iter().enumerate() {
             match pos.get(key.as_slice()).copied() {
                 Some(p) => {
                     in_put[p] = true;
+                    pos_of[i] = p;
                     segments.entry(p / SEGMENT).or_default().push((i, p, key, buf));
                 }
                 None => loose.push((i, 0, key, buf)),
@@ -54,9 +56,28 @@ impl Shared {
         self.age_out();
         // Positions below this are stored or in this put: a claim is taken only for a segment
         // this writer will vouch for with a manifest (losers wait for that manifest).
-        let vouched = {
+        // What this put knows is stored, by chain position: what was known at its start and
+        // what it stores. Its manifests go by this, not by the shared set, which another
+        // batch's `age_out` may clear in the middle of the put.
+        let stored: parking_lot::Mutex<Vec<bool>> = {
             let known = self.known.lock();
-            (0..chain.len()).take_while(|&p| in_put[p] || known.contains(&chain[p])).count()
+            parking_lot::Mutex::new(
+                chain.iter().enumerate().map(|(p, k)| !in_put[p] && known.contains(k)).collect(),
+            )
+        };
+        let vouched = {
+            let s = stored.lock();
+            (0..chain.len()).take_while(|&p| in_put[p] || s[p]).count()
+        };
+        let (stored, pos_of) = (&stored, &pos_of);
+        let prefix_stored = move |out: &[(usize, BlockResult)]| {
+            let mut s = stored.lock();
+            for (i, r) in out {
+                if r.status.is_ok() && pos_of[*i] != usize::MAX {
+                    s[pos_of[*i]] = true;
+                }
+            }
+            s.iter().take_while(|&&b| b).count()
         };
         for (i, r) in self.upload(ctx, loose).await {
             results[i] = Some(r);
@@ -67,7 +88,7 @@ impl Shared {
         let mut done = stream::iter(segments)
             .map(|(seg, group)| async move {
                 let out = self.put_segment(ctx, prefix, chain, seg, group, vouched).await;
-                self.write_manifests(ctx, prefix, chain).await;
+                self.write_manifests(ctx, prefix, chain, prefix_stored(&out)).await;
                 out
             })
             .buffered(SEGMENTS_AT_ONCE);
@@ -77,7 +98,7 @@ impl Shared {
             }
         }
         // Nothing else to write when no segment was put (their futures write as they end).
-        self.write_manifests(ctx, prefix, chain).await;
+        self.write_manifests(ctx, prefix, chain, prefix_stored(&[])).await;
         results
     }
 
