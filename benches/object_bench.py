@@ -5,7 +5,8 @@ same run.
   ours    `_native.ObjectTier.submit_put` / `submit_get` of all N blocks in one batch (header +
           content hash per object, conditional create, verified reads).
   obstore `obstore.put_async` / `get_async` of the raw blocks, N coroutines under an
-          asyncio.Semaphore(concurrency) (no header, no verification, plain puts).
+          asyncio.Semaphore(concurrency) (no header, no verification, plain puts);
+          obstore_create: the same with `mode="create"` (conditional creates, as ours).
   boto3   `put_object` / `get_object` from a ThreadPoolExecutor(concurrency).
 
 Throughput is payload GB/s (block bytes, not object bytes). A second, counted pass goes through a
@@ -13,7 +14,8 @@ counting proxy (tests/s3_server.py CountingProxy) to report requests per block f
 get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
 matched block and the body bytes it uploads per deduplicated block (goal: 0). A chain pass
 stores one `--chain-blocks` prompt with its manifests and counts `lookup_chain` requests per
-matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes.
+matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes. A
+racing pass has 2, 4 and 8 writers store one new chain at once (upload claims: racing bodies 0).
 
     python3 benches/object_bench.py [--quick] [--json] [--blocks 512] [--block-kib 256]
         [--concurrency 32] [--runs 3] [--chain-blocks 8192]
@@ -35,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -81,7 +83,10 @@ def run_ours(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> 
 
 
 def run_obstore(
-    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
+    s3: S3Server,
+    blocks: list[tuple[bytes, bytearray]],
+    conc: int,
+    mode: Literal["create", "overwrite"] = "overwrite",
 ) -> tuple[float, float]:
     import obstore
     from obstore.store import S3Store
@@ -102,7 +107,7 @@ def run_obstore(
 
         async def put(k: bytes, d: bytearray) -> None:
             async with sem:
-                await obstore.put_async(store, k.decode(), bytes(d))
+                await obstore.put_async(store, k.decode(), bytes(d), mode=mode)
 
         async def get(k: bytes) -> bytes:
             async with sem:
@@ -245,6 +250,46 @@ def chain_pass(s3: S3Server, n: int, conc: int) -> dict[str, float]:
         proxy.close()
 
 
+def racing_pass(s3: S3Server, n: int, conc: int, block: int) -> dict[str, float]:
+    """2, 4 and 8 writers (threads, each its own tier) store the same new `n`-block chain at
+    once: per deduplicated block (every copy beyond the first), the body bytes and requests
+    that reached the server beyond one writer's share, counted at a proxy."""
+    import threading
+
+    keys = [hashlib.sha256(b"race-%d" % i).digest() for i in range(n)]
+    items = [(k, bytearray((k * (block // 32 + 1))[:block])) for k in keys]
+    out: dict[str, float] = {}
+    for writers in (2, 4, 8):
+        proxy = CountingProxy(s3.ports["s3"])
+        try:
+            prefix = f"race-{writers}-{uuid.uuid4().hex[:8]}"
+            tiers = [our_tier(s3, prefix, conc, proxy.endpoint) for _ in range(writers)]
+            barrier = threading.Barrier(writers)
+
+            def run(t: Any, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                assert all(r.ok for r in t.submit_put(items, chain=keys).wait(600))
+
+            proxy.reset()
+            threads = [threading.Thread(target=run, args=(t,)) for t in tiers]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            req, body = proxy.snapshot()
+            stats = [t.stats() for t in tiers]
+        finally:
+            proxy.close()
+        dups = (writers - 1) * n
+        # Racing bodies: uploads sent, then refused by the conditional create (goal 0); body
+        # bytes of all writers per stored block over the block size (1.0: one copy, plus the
+        # headers, claims and manifests); requests beyond one PUT per block, per duplicate.
+        out[f"race{writers}_racing_bodies"] = sum(int(s["puts_exists"]) for s in stats)
+        out[f"race{writers}_body_bytes_per_block_size"] = body.get("PUT", 0) / (n * block)
+        out[f"race{writers}_requests_per_dup_block"] = (sum(req.values()) - n) / dups
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="64 blocks of 64 KiB, one run (CI)")
@@ -264,6 +309,8 @@ def main() -> None:
     runners: dict[str, Callable[..., tuple[float, float]]] = {
         "ours": run_ours,
         "obstore": run_obstore,
+        # The same loop with conditional creates (If-None-Match: *), what our puts send.
+        "obstore_create": lambda s3, b, c: run_obstore(s3, b, c, "create"),
         "boto3": run_boto3,
     }
     with tempfile.TemporaryDirectory(prefix="object-bench-") as tmp:
@@ -292,6 +339,7 @@ def main() -> None:
                     times[name]["down"].append(down)
             counts = counted_pass(s3, blocks[: min(len(blocks), 256)], args.concurrency)
             counts.update(chain_pass(s3, args.chain_blocks, args.concurrency))
+            counts.update(racing_pass(s3, 4 * 64 + 10, args.concurrency, args.block_kib * 1024))
         finally:
             s3.stop()
     rows = {}
@@ -301,14 +349,33 @@ def main() -> None:
         rows[name] = {
             "put_gbps": payload / statistics.median(t["up"]) / 1e9,
             "get_gbps": payload / statistics.median(t["down"]) / 1e9,
+            # Spread over the paired runs: the slowest and fastest run.
+            "put_gbps_min": payload / max(t["up"]) / 1e9,
+            "put_gbps_max": payload / min(t["up"]) / 1e9,
+            "get_gbps_min": payload / max(t["down"]) / 1e9,
+            "get_gbps_max": payload / min(t["down"]) / 1e9,
         }
+    # Ours over each other client, per paired run, then the median (pairs share the load).
+    ratios: dict[str, float] = {}
+    for other in ("obstore", "obstore_create", "boto3"):
+        if other not in rows:
+            continue
+        for way in ("up", "down"):
+            pairs = [o / m for m, o in zip(times["ours"][way], times[other][way], strict=True)]
+            name = f"ours_over_{other}_{'put' if way == 'up' else 'get'}"
+            ratios[name] = statistics.median(pairs)
     print(
         f"{args.blocks} blocks x {args.block_kib} KiB, concurrency {args.concurrency}, "
         f"{args.runs} run(s), median"
     )
-    print(f"{'client':8} {'put GB/s':>9} {'get GB/s':>9}")
+    print(f"{'client':8} {'put GB/s':>9} {'(min-max)':>13} {'get GB/s':>9} {'(min-max)':>13}")
     for name, r in rows.items():
-        print(f"{name:8} {r['put_gbps']:9.3f} {r['get_gbps']:9.3f}")
+        print(
+            f"{name:8} {r['put_gbps']:9.3f} {r['put_gbps_min']:6.3f}-{r['put_gbps_max']:.3f} "
+            f"{r['get_gbps']:9.3f} {r['get_gbps_min']:6.3f}-{r['get_gbps_max']:.3f}"
+        )
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f} (median of paired runs; > 1: ours is faster)")
     for name, why in skipped.items():
         print(f"{name:8} skipped: {why}")
     for k, v in counts.items():
@@ -317,7 +384,7 @@ def main() -> None:
         print(json.dumps({
             "bench": "object", "blocks": args.blocks, "block_kib": args.block_kib,
             "concurrency": args.concurrency, "runs": args.runs, "clients": rows, "skipped": skipped,
-            "counts": counts, "python": platform.python_version(),
+            "ratios": ratios, "counts": counts, "python": platform.python_version(),
         }))  # fmt: skip
 
 

@@ -295,7 +295,11 @@ class ObjectTier:
         compression: Literal["none", "zstd"] = "none",
         zstd_level: int = 3,
         touch_interval_s: float = 300.0,
-    ) -> ObjectTier: ...
+        claim_lease_s: float | None = None,
+    ) -> ObjectTier:
+        """`claim_lease_s`: how long a chain put's upload claim on a segment holds racing
+        writers off (they wait for its manifest, then upload themselves); default: `timeout_s`
+        times the segment's upload rounds plus one."""
     @property
     def url(self) -> str: ...
     @property
@@ -308,7 +312,13 @@ class ObjectTier:
         self, items: Sequence[tuple[bytes, BlockBuffer]], chain: Sequence[bytes] | None = None
     ) -> BatchHandle:
         """With `chain` (every key from the root to the last block): the chain's manifests are
-        read first (known blocks send nothing) and written once their blocks are stored."""
+        read first (known blocks send nothing) and written once their blocks are stored; each
+        segment's new blocks go up under an upload claim (``c/<key>``), so a racing writer of the
+        same chain sends no body for them ("deduped" once the claim holder's manifest lists them;
+        uploaded after all if the holder's lease ends without one)."""
+    def check(self) -> None:
+        """One listing request, as at open: raises `ConfigError` naming the problem (credentials
+        refused, no such bucket, no answer within the budget), never the secret; GIL released."""
     def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
     def lookup_chain(self, keys: Sequence[bytes]) -> int:
         """Leading blocks of the chain (root first) stored, from its segment manifests: at most
@@ -325,7 +335,8 @@ class ObjectTier:
         go, then blocks no live manifest lists and older than `grace_s`; over `budget_bytes`,
         the least recently used chain tails go first. Returns the counts."""
     def inspect(self) -> dict[str, int]:
-        """Objects and bytes of the prefix by kind: blocks, manifests, touches, lease, other."""
+        """Objects and bytes of the prefix by kind: blocks, manifests, touches, claims, lease,
+        other."""
     def try_gc_lease(self, holder: str, lease_s: float) -> bool:
         """Take or renew the prefix's GC lease; True when `holder` holds it now."""
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:

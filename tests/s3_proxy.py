@@ -1,6 +1,6 @@
 """A small HTTP/1.1 proxy on 127.0.0.1 for the object-tier tests: counts requests by method and
 the request body bytes they carry (dedup is proven by what reaches the server), and can play a
-faulty server (replies cut short, replies held back)."""
+faulty server (replies cut short, replies held back, 5xx answers, a writer that hangs)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,21 @@ class CountingProxy:
         # Fault mode: forward only this many bytes of each connection's replies, then close it
         # (a truncated body as a client sees it).
         self.cut_replies_after = cut_replies_after
+        # Fault mode: answer the next this-many requests with this status, without forwarding
+        # them (a server that is overloaded or failing).
+        self.fail_status = 503
+        self.fail_next = 0
+        # Fault mode: a request whose body is larger than this is never forwarded nor answered
+        # until `close()` (a writer whose uploads hang, as seen by the server: nothing).
+        self.stall_bodies_over: int | None = None
         self.requests: Counter[str] = Counter()
         self.body_bytes: Counter[str] = Counter()
+        # The scheme word of each request's Authorization header ("AWS4-HMAC-SHA256", or
+        # "none"), and every request head seen (a test looks for credentials in them).
+        self.auth: Counter[str] = Counter()
+        self.heads: list[bytes] = []
+        self.failed = 0
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -59,6 +72,7 @@ class CountingProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._released.set()
         try:
             self._sock.close()
         except OSError:
@@ -99,6 +113,22 @@ class CountingProxy:
                 # runs again, and a caller reading the counters then must see this request.
                 with self._lock:
                     self.requests[method] += 1
+                    self.auth[_auth_scheme(head)] += 1
+                    self.heads.append(head)
+                    fail = self.fail_next > 0
+                    if fail:
+                        self.fail_next -= 1
+                        self.failed += 1
+                if self.stall_bodies_over is not None and length > self.stall_bodies_over:
+                    self._released.wait()
+                    break
+                if fail:
+                    _relay_body(reader, None, length, chunked, lambda n: None)
+                    reason = f"HTTP/1.1 {self.fail_status} Injected Failure\r\n"
+                    client.sendall(
+                        (reason + "Content-Length: 0\r\nConnection: close\r\n\r\n").encode()
+                    )
+                    break
                 upstream.sendall(head)
                 _relay_body(reader, upstream, length, chunked, self._count_body(method))
         except OSError:
@@ -162,11 +192,24 @@ def _parse_head(head: bytes) -> tuple[str, int, bool]:
     return method, length, chunked
 
 
+def _auth_scheme(head: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"authorization":
+            return value.strip().split(b" ", 1)[0].decode("ascii", "replace")
+    return "none"
+
+
 def _relay_body(
-    reader: Any, upstream: socket.socket, length: int, chunked: bool, count: Callable[[int], None]
+    reader: Any,
+    upstream: socket.socket | None,
+    length: int,
+    chunked: bool,
+    count: Callable[[int], None],
 ) -> None:
-    """Forward one request body, counting its payload bytes (chunk framing not counted) before
-    each piece is sent on."""
+    """Forward one request body (or only read it, with no `upstream`), counting its payload
+    bytes (chunk framing not counted) before each piece is sent on."""
+    send: Callable[[bytes], object] = upstream.sendall if upstream is not None else len
     if not chunked:
         left = length
         while left > 0:
@@ -174,20 +217,20 @@ def _relay_body(
             if not chunk:
                 raise OSError("client closed mid-body")
             count(len(chunk))
-            upstream.sendall(chunk)
+            send(chunk)
             left -= len(chunk)
         return
     while True:
         size_line = reader.readline(1 << 12)
-        upstream.sendall(size_line)
+        send(size_line)
         size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
         if size == 0:
             # trailers until the blank line
             while True:
                 line = reader.readline(1 << 12)
-                upstream.sendall(line)
+                send(line)
                 if line in (b"\r\n", b"\n", b""):
                     return
         data = reader.read(size + 2)
         count(size)
-        upstream.sendall(data)
+        send(data)

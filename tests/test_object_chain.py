@@ -55,8 +55,9 @@ def test_lookups_cost_a_few_requests_per_chain(s3: S3Server, proxy: CountingProx
     proxy.reset()
     assert store(writer, keys) == ["ok"] * len(keys)
     requests, _ = proxy.snapshot()
-    # Blocks, 17 manifests, and the lookup that found nothing before (bounded).
-    assert requests["PUT"] == len(keys) + 17, requests
+    # Blocks, 17 manifests, 17 upload claims (one per segment), and the lookup that found
+    # nothing before (bounded).
+    assert requests["PUT"] == len(keys) + 17 + 17, requests
     assert requests.get("GET", 0) + requests.get("HEAD", 0) <= 1 + 5 + 6, requests
 
     reader = tier(s3, prefix, proxy.endpoint)
@@ -92,8 +93,10 @@ def test_later_writers_send_no_body(s3: S3Server, proxy: CountingProxy) -> None:
     assert statuses == ["deduped"] * (SEGMENT + 5) + ["ok"] * (len(keys) - SEGMENT - 5)
     requests, body = proxy.snapshot()
     new_blocks = len(keys) - SEGMENT - 5
-    # The new blocks, 3 manifests (63's was there) and a touch: nothing for the first turn.
-    assert requests["PUT"] == new_blocks + 3 + 1, requests
+    # The new blocks, 3 manifests (63's was there), a touch and the upload claims: 3 new
+    # segments', and the first turn's end segment's claim again (refused: it covers only the
+    # first turn, so the claim moves on to the first new key). Nothing for the first turn.
+    assert requests["PUT"] == new_blocks + 3 + 1 + 3 + 1, requests
     # A third worker of the same chain: no body at all, not one block request.
     third = tier(s3, prefix, proxy.endpoint)
     proxy.reset()

@@ -80,7 +80,8 @@ def worker(a: WorkerArgs) -> dict[str, Any]:
         items = [(k, block_bytes(c, a.block_bytes)) for k, c in zip(keys, contents, strict=True)]
         tier.submit_put(items[matched:], chain=list(keys)).wait(600)
     stats = tier.stats()
-    for name in ("puts_ok", "puts_exists", "puts_known", "put_body_bytes", *REQUEST_STATS):
+    for name in ("puts_ok", "puts_exists", "puts_known", "puts_claimed", "put_body_bytes",
+                 *REQUEST_STATS):  # fmt: skip
         out[name] = int(stats[name])
     tier.close()
     return out
@@ -139,6 +140,9 @@ def run(args: argparse.Namespace, workload: Workload) -> int:
         "stored_copies_per_block": stored / max(1, unique),
         "created_per_block": total["puts_ok"] / max(1, unique),
         "racing_uploads_refused": total["puts_exists"],
+        # Racing writers that sent no body: another worker's claim and manifest covered it.
+        "racing_uploads_skipped": total["puts_claimed"],
+        "put_body_bytes_per_unique_block": total["put_body_bytes"] / max(1, unique),
         "lookup_requests_per_matched_block": total["hit_lookup_requests"] / max(1, total["hits"]),
         "lookup_requests_per_hit_request": total["hit_lookup_requests"]
         / max(1, total["hit_lookups"]),

@@ -132,9 +132,10 @@ impl ObjectTier {
     }
 
     /// Upload `items` (blocks of `chain`, root first) like `submit_put`, after learning from the
-    /// chain's manifests which blocks are stored (those send nothing), then write the manifest
-    /// of every segment whose blocks, and all before them, are now stored. The batch completes
-    /// after the manifests.
+    /// chain's manifests which blocks are stored (those send nothing), segment by segment under
+    /// upload claims (`claim`: a racing writer's blocks are not sent twice), writing the
+    /// manifest of every segment whose blocks, and all before them, are stored. The batch
+    /// completes after the manifests.
     pub fn submit_put_chain(
         &self,
         chain: Vec<Vec<u8>>,
@@ -156,11 +157,11 @@ impl ObjectTier {
                 }
                 tier.learn(&chain, &found);
             }
-            let results = tier.put_blocks(&ctx, items).await;
             if chain_ok {
-                tier.write_manifests(&ctx, &prefix, &chain).await;
+                tier.put_chain(&ctx, &prefix, &chain, items).await
+            } else {
+                tier.put_blocks(&ctx, items).await
             }
-            results
         })
     }
 }
@@ -253,17 +254,24 @@ impl Shared {
         results
     }
 
-    /// Manifests of the segments of `chain` whose blocks and ancestors are all stored and
+    /// Manifests of the segments of `chain` within its first `stored` positions (all stored)
     /// that this process does not know to exist yet (conditional creates: identical content
     /// from any writer, so the first one wins).
-    async fn write_manifests(&self, ctx: &Ctx, prefix: &Path, chain: &[Vec<u8>]) {
-        let stored = {
-            let known = self.known.lock();
-            chain.iter().take_while(|k| known.contains(k)).count()
-        };
+    pub(super) async fn write_manifests(&self, ctx: &Ctx, prefix: &Path, chain: &[Vec<u8>], stored: usize) {
+        // Marked known before the PUT, so the segments of one put writing at once never send
+        // the same manifest twice; a failed write is forgotten again below.
         let ends: Vec<usize> = {
-            let have = self.manifests.lock();
-            manifest::segment_ends(stored).into_iter().filter(|&e| !have.contains(&chain[e])).collect()
+            let mut have = self.manifests.lock();
+            // The chain's own segment ends that are stored (a prefix still growing has no end
+            // segment of its own).
+            let ends: Vec<usize> = manifest::segment_ends(chain.len())
+                .into_iter()
+                .filter(|&e| e < stored && !have.contains(&chain[e]))
+                .collect();
+            for &e in &ends {
+                have.insert(chain[e].clone());
+            }
+            ends
         };
         let written: Vec<(usize, bool)> = stream::iter(ends)
             .map(|end| async move {
@@ -283,8 +291,8 @@ impl Shared {
             .await;
         let mut have = self.manifests.lock();
         for (end, ok) in written {
-            if ok {
-                have.insert(chain[end].clone());
+            if !ok {
+                have.remove(&chain[end]);
             }
         }
     }

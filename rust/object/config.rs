@@ -64,6 +64,9 @@ pub struct ObjectConfig {
     pub compression: Compression,
     /// A process records a manifest's use (for GC) at most this often.
     pub touch_interval: Duration,
+    /// How long a segment's upload claim holds off racing writers; `None`: derived from the
+    /// block budget and the segment's size (`chain_put`).
+    pub claim_lease: Option<Duration>,
 }
 
 impl fmt::Debug for ObjectConfig {
@@ -78,6 +81,7 @@ impl fmt::Debug for ObjectConfig {
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
             .field("compression", &self.compression)
+            .field("claim_lease", &self.claim_lease)
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl ObjectConfig {
             retries: 3,
             compression: Compression::None,
             touch_interval: Duration::from_secs(300),
+            claim_lease: None,
         }
     }
 

@@ -48,6 +48,7 @@ pub struct GcReport {
     pub block_bytes: u64,
     pub block_bytes_deleted: u64,
     pub touches_deleted: u64,
+    pub claims_deleted: u64,
     pub delete_errors: u64,
 }
 
@@ -171,6 +172,17 @@ impl ObjectTier {
             .map(|(_, m)| m.location.clone())
             .collect();
         report.touches_deleted = stale_touches.len() as u64;
+        // Upload claims outlive their use by far after `grace` (a claim's lease is the time of
+        // one segment's uploads); a loser never trusts one without the manifest, so a claim
+        // deleted early costs at most a duplicate upload.
+        let stale_claims: Vec<Path> = ctx
+            .list(&self.dir("c"))
+            .await?
+            .into_iter()
+            .filter(|m| now - m.last_modified.timestamp_millis() > grace)
+            .map(|m| m.location)
+            .collect();
+        report.claims_deleted = stale_claims.len() as u64;
         if opts.dry_run {
             return Ok(report);
         }
@@ -185,6 +197,7 @@ impl ObjectTier {
             start = end;
         }
         report.delete_errors += self.delete_paths(ctx, stale_touches).await;
+        report.delete_errors += self.delete_paths(ctx, stale_claims).await;
         let block_paths = dead_blocks.iter().map(|(_, m)| m.location.clone()).collect();
         report.delete_errors += self.delete_paths(ctx, block_paths).await;
         Ok(report)
@@ -201,7 +214,7 @@ impl ObjectTier {
     }
 
     /// Counts and bytes of what the prefix holds, by kind (b: blocks, m: manifests, t: touch
-    /// objects, other), and the GC lease's holder.
+    /// objects, c: upload claims, other), and the GC lease's holder.
     pub fn inventory(&self) -> Result<Vec<(String, u64)>> {
         let (rt, ctx) = self.client()?;
         rt.block_on(async {
@@ -213,6 +226,7 @@ impl ObjectTier {
                     Some("b") if rel.len() == 2 => "blocks",
                     Some("m") if rel.len() == 2 => "manifests",
                     Some("t") if rel.len() == 2 => "touches",
+                    Some("c") if rel.len() == 2 => "claims",
                     Some(LEASE) if rel.len() == 1 => "lease",
                     _ => "other",
                 };

@@ -49,34 +49,17 @@ impl Manifest {
         w.extend_from_slice(&self.start.to_le_bytes());
         w.extend_from_slice(&(self.parent.len() as u16).to_le_bytes());
         w.extend_from_slice(&self.parent);
-        w.extend_from_slice(&(self.keys.len() as u32).to_le_bytes());
-        for k in &self.keys {
-            w.extend_from_slice(&(k.len() as u16).to_le_bytes());
-            w.extend_from_slice(k);
-        }
-        let crc = crc32fast::hash(&w);
-        w.extend_from_slice(&crc.to_le_bytes());
-        w
+        write_keys(&mut w, &self.keys);
+        seal(w)
     }
 
     /// `None` for anything but an intact manifest of this version (a lookup then treats the
     /// segment as absent: a miss, never a wrong match).
     pub fn decode(body: &[u8]) -> Option<Manifest> {
-        let (data, crc) = body.split_at_checked(body.len().checked_sub(4)?)?;
-        if crc32fast::hash(data) != u32::from_le_bytes(crc.try_into().ok()?) {
-            return None;
-        }
-        let mut r = Reader(data);
-        if r.take(4)? != MAGIC || r.take(1)? != [VERSION] {
-            return None;
-        }
-        let start = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+        let mut r = unseal(body, MAGIC, VERSION)?;
+        let start = r.u64()?;
         let parent = r.short()?.to_vec();
-        let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-        let mut keys = Vec::with_capacity(n.min(SEGMENT));
-        for _ in 0..n {
-            keys.push(r.short()?.to_vec());
-        }
+        let keys = r.keys()?;
         r.0.is_empty().then_some(Manifest { start, parent, keys })
     }
 
@@ -89,18 +72,70 @@ impl Manifest {
         };
         parent_ok && chain.get(start..start + self.keys.len()) == Some(&self.keys[..])
     }
+
+    /// Whether this manifest vouches for `chain`'s blocks from its start up to (not
+    /// including) position `upto`: same parent, same keys (it may list more after them).
+    pub fn lists(&self, chain: &[Vec<u8>], upto: usize) -> bool {
+        let start = self.start as usize;
+        let parent_ok = match start {
+            0 => self.parent.is_empty(),
+            s => chain.get(s - 1) == Some(&self.parent),
+        };
+        upto > start
+            && parent_ok
+            && self.keys.get(..upto - start).is_some_and(|ks| chain.get(start..upto) == Some(ks))
+    }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// A key list as the tier's small objects write it: u32 count, per key u16 length + bytes.
+pub(super) fn write_keys(w: &mut Vec<u8>, keys: &[Vec<u8>]) {
+    w.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for k in keys {
+        w.extend_from_slice(&(k.len() as u16).to_le_bytes());
+        w.extend_from_slice(k);
+    }
+}
+
+/// The body with the CRC32 of everything in it appended.
+pub(super) fn seal(mut w: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&w);
+    w.extend_from_slice(&crc.to_le_bytes());
+    w
+}
+
+/// A reader past `magic` and `version`, if the CRC matches and they are there.
+pub(super) fn unseal<'a>(body: &'a [u8], magic: &[u8; 4], version: u8) -> Option<Reader<'a>> {
+    let (data, crc) = body.split_at_checked(body.len().checked_sub(4)?)?;
+    if crc32fast::hash(data) != u32::from_le_bytes(crc.try_into().ok()?) {
+        return None;
+    }
+    let mut r = Reader(data);
+    (r.take(4)? == magic && r.take(1)? == [version]).then_some(r)
+}
+
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(super) fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    pub(super) fn keys(&mut self) -> Option<Vec<Vec<u8>>> {
+        let n = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+        let mut keys = Vec::with_capacity(n.min(SEGMENT));
+        for _ in 0..n {
+            keys.push(self.short()?.to_vec());
+        }
+        Some(keys)
+    }
+
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let (head, rest) = self.0.split_at_checked(n)?;
         self.0 = rest;
         Some(head)
     }
 
-    fn short(&mut self) -> Option<&'a [u8]> {
+    pub(super) fn short(&mut self) -> Option<&'a [u8]> {
         let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
         self.take(n)
     }

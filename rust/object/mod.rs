@@ -6,12 +6,15 @@
 
 mod block_tier;
 mod chain;
+mod chain_put;
+mod claim;
 pub mod codec;
 pub mod config;
 pub mod gc;
 mod known;
 pub mod manifest;
 mod ops;
+mod probe;
 pub mod runtime;
 pub mod stats;
 #[cfg(test)]
@@ -176,32 +179,6 @@ impl ObjectTier {
         }
         let c = slot.as_ref().ok_or(StoreError::Closed)?;
         Ok((c.rt.clone(), c.ctx.clone()))
-    }
-
-    fn probe(&self) -> Result<()> {
-        let (rt, ctx) = self.client()?;
-        let probe = self.prefix.clone().join("b");
-        rt.block_on(ctx.probe(probe)).map_err(|e| {
-            let text = e.to_string();
-            let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-            let why = match &e {
-                object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. } => "the credentials were refused",
-                _ if has(&[
-                    "403 Forbidden",
-                    "401 Unauthorized",
-                    "SignatureDoesNotMatch",
-                    "InvalidAccessKeyId",
-                ]) =>
-                {
-                    "the credentials were refused"
-                }
-                object_store::Error::NotFound { .. } => "the bucket does not exist",
-                _ if has(&["NoSuchBucket", "404 Not Found"]) => "the bucket does not exist",
-                _ => "the store did not answer",
-            };
-            StoreError::Config(ctx.message(format!("{why}: {}", text.replace('\n', " "))))
-        })
     }
 
     pub fn config(&self) -> &ObjectConfig {

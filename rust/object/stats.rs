@@ -36,6 +36,11 @@ counters!(
     runtime_builds,
     chain_lookups,
     manifest_puts,
+    claims_won,
+    claims_lost,
+    claim_polls,
+    puts_claimed,
+    claim_waits_expired,
 );
 
 pub fn bump(counter: &AtomicU64, by: u64) {

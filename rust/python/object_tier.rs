@@ -31,7 +31,7 @@ impl PyObjectTier {
     #[new]
     #[pyo3(signature = (url, *, endpoint=None, region=None, access_key_id=None, secret_access_key=None,
         allow_http=false, allow_instance_metadata=false, concurrency=32, timeout_s=10.0, retries=3,
-        compression="none", zstd_level=3, touch_interval_s=300.0))]
+        compression="none", zstd_level=3, touch_interval_s=300.0, claim_lease_s=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -48,8 +48,12 @@ impl PyObjectTier {
         compression: &str,
         zstd_level: i32,
         touch_interval_s: f64,
+        claim_lease_s: Option<f64>,
     ) -> PyResult<Self> {
-        for (name, v) in [("timeout_s", timeout_s), ("touch_interval_s", touch_interval_s)] {
+        let lease = [("claim_lease_s", claim_lease_s.unwrap_or(1.0))];
+        for (name, v) in
+            [("timeout_s", timeout_s), ("touch_interval_s", touch_interval_s)].into_iter().chain(lease)
+        {
             if !(v > 0.0 && v.is_finite()) {
                 return Err(to_py(StoreError::Config(format!(
                     "{name}: must be a finite number > 0, got {v}"
@@ -68,6 +72,7 @@ impl PyObjectTier {
         cfg.retries = retries;
         cfg.compression = Compression::parse(compression, zstd_level).map_err(to_py)?;
         cfg.touch_interval = Duration::from_secs_f64(touch_interval_s);
+        cfg.claim_lease = claim_lease_s.map(Duration::from_secs_f64);
         let tier = py.detach(move || ObjectTier::open(cfg)).map_err(to_py)?;
         Ok(PyObjectTier { tier: Arc::new(tier) })
     }
@@ -106,6 +111,13 @@ impl PyObjectTier {
             })
             .map_err(to_py)?;
         Ok(PyBatchHandle::from_batch(batch))
+    }
+
+    /// One listing request: the endpoint, bucket and credentials still work (the same probe
+    /// `open` makes); a `ConfigError` naming the problem otherwise.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        let tier = self.tier.clone();
+        py.detach(move || tier.check()).map_err(to_py)
     }
 
     /// Leading blocks of the chain `keys` (root first) that are stored, from its manifests.
@@ -150,6 +162,7 @@ impl PyObjectTier {
             ("block_bytes", r.block_bytes),
             ("block_bytes_deleted", r.block_bytes_deleted),
             ("touches_deleted", r.touches_deleted),
+            ("claims_deleted", r.claims_deleted),
             ("delete_errors", r.delete_errors),
         ] {
             d.set_item(name, v)?;
