@@ -20,9 +20,12 @@ use crate::store::{BlockResult, RawBuf, Status};
 /// One block of the put: its index in the batch, chain position, key and buffer.
 type Item = (usize, usize, Vec<u8>, RawBuf);
 
-/// Segments in flight at once: two, so one segment's wait for a winner overlaps the next
-/// one's uploads while at most two segments' bodies are held.
-const SEGMENTS_AT_ONCE: usize = 2;
+/// Segments in flight at once: one. A segment's blocks go up only once every segment before
+/// it is stored and its manifest written, so a block waits for the manifest that references
+/// it no longer than its own segment's uploads: GC deletes unreferenced blocks older than its
+/// grace, and with two at once a segment's uploads sat unreferenced for as long as the
+/// segment before it waited on a racing winner (a lease), and were collected under load.
+const SEGMENTS_AT_ONCE: usize = 1;
 
 impl Shared {
     /// Upload `items` (blocks of `chain`, root first), claiming each segment first; write the
@@ -112,7 +115,7 @@ impl Shared {
     }
 
     /// The longest a claim for `n` uploads may be held: one request timeout per upload round
-    /// (at most `concurrency` requests at once, two segments at a time), plus one for the
+    /// (at most `concurrency` requests at once, `SEGMENTS_AT_ONCE` segments at a time), plus one for the
     /// manifest. A holder slowed by retries past it costs a duplicate upload; a dead one keeps
     /// the others waiting this long.
     fn claim_lease(&self, n: usize) -> Duration {
