@@ -4,8 +4,9 @@ engine: stats, loads, a group's block bytes, and vLLM's config warnings."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,3 +94,22 @@ def compute_and_shut_down(e: vh.Engine, req: Any) -> list[int]:
     e.run()
     e.shutdown()
     return e.outputs[req.request_id]
+
+
+def assert_corrupt_ssd_recomputes(
+    engine: Callable[..., vh.Engine],
+    request: Callable[[str, list[int]], Any],
+    model_dir: str,
+    ssd_dir: Path,
+    prompt: list[int],
+    written: int,
+) -> None:
+    """An engine computes `prompt` onto its SSD tier; with the SSD data corrupted, a new engine's
+    load of it fails through `failed_recving` and vLLM recomputes `written` tokens with the same
+    output (`assert_load_failed_then_recomputed`)."""
+    outputs = compute_and_shut_down(engine(model_dir, vh.with_ssd(ssd_dir)), request("A", prompt))
+    assert vh.corrupt_ssd(ssd_dir) >= 1
+    e2 = engine(model_dir, vh.with_ssd(ssd_dir), failure_policy="recompute")
+    b = e2.add(request("B", prompt))
+    e2.run()
+    assert_load_failed_then_recomputed(e2, b, written, outputs)

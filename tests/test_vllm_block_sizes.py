@@ -114,12 +114,9 @@ def test_restart_same_ssd_dir_hits(gemma4_dir: str, tmp_path: Path) -> None:
 
 def test_corrupt_ssd_recomputes_via_failed_recving(gemma4_dir: str, tmp_path: Path) -> None:
     prompt = vh.prompt_tokens(13, PROMPT)
-    outputs = store_on_ssd(gemma4_dir, tmp_path / "ssd", prompt)
-    assert vh.corrupt_ssd(tmp_path / "ssd") >= 1
-    e2 = engine(gemma4_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
-    b = e2.add(request("B", prompt))
-    e2.run()
-    hh.assert_load_failed_then_recomputed(e2, b, PROMPT + 2, outputs)  # recomputed in full
+    ssd = tmp_path / "ssd"
+    # Recomputed in full.
+    hh.assert_corrupt_ssd_recomputes(engine, request, gemma4_dir, ssd, prompt, PROMPT + 2)
 
 
 def test_hit_ends_on_the_scheduler_block_size(gemma4_dir: str) -> None:

@@ -142,12 +142,9 @@ def test_jamba_restart_same_ssd_dir_hits(jamba_dir: str, tmp_path: Path) -> None
 
 def test_jamba_corrupt_ssd_recomputes_via_failed_recving(jamba_dir: str, tmp_path: Path) -> None:
     prompt = vh.prompt_tokens(5, PROMPT)
-    outputs = store_on_ssd(jamba_dir, tmp_path / "ssd", prompt)
-    assert vh.corrupt_ssd(tmp_path / "ssd") >= 1
-    e2 = engine(jamba_dir, vh.with_ssd(tmp_path / "ssd"), failure_policy="recompute")
-    b = e2.add(request("B", prompt))
-    e2.run()
-    hh.assert_load_failed_then_recomputed(e2, b, PROMPT + 2, outputs)  # recomputed in full
+    ssd = tmp_path / "ssd"
+    # Recomputed in full.
+    hh.assert_corrupt_ssd_recomputes(engine, request, jamba_dir, ssd, prompt, PROMPT + 2)
 
 
 def test_jamba_kv_events_name_the_state_group(
