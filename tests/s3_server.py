@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,16 +25,45 @@ from typing import Any
 HOST = "127.0.0.1"
 REGION = "us-east-1"
 START_TIMEOUT_S = 90.0
+# A first start whose port was taken anyway (by another test's server) tries fresh ports.
+START_ATTEMPTS = 4
+_PORTS_TAKEN: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A bindable port outside the kernel's ephemeral range: a port the kernel hands out itself
+    can be taken by any outgoing connection (weed's own gRPC clients included) between our
+    check and weed's bind, which made a server die with "address already in use"."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(10000, 65000) if not low <= p <= high]
+    for _ in range(200):
+        port = random.choice(candidates)
+        if port in _PORTS_TAKEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        _PORTS_TAKEN.add(port)
+        return port
+    raise RuntimeError("no free port outside the ephemeral range on 127.0.0.1")
 
 
 def weed_binary() -> str | None:
     return shutil.which("weed")
+
+
+class PortClash(RuntimeError):
+    """weed could not bind one of its ports."""
 
 
 @dataclass
@@ -47,6 +77,7 @@ class S3Server:
     region: str = REGION
     ports: dict[str, int] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    _log_start: int = 0
 
     @property
     def endpoint(self) -> str:
@@ -128,9 +159,24 @@ class S3Server:
         path.chmod(0o600)
 
     def start(self) -> None:
+        """Start (or restart on the same ports); a first start retries on fresh ports when a
+        port was taken between choosing it and weed binding it."""
+        fresh = not self.ports
+        for attempt in range(START_ATTEMPTS if fresh else 1):
+            try:
+                self._start_once()
+                return
+            except PortClash:
+                if attempt + 1 == (START_ATTEMPTS if fresh else 1):
+                    raise
+                self.ports = {}
+                shutil.rmtree(self.data_dir / "data", ignore_errors=True)
+
+    def _start_once(self) -> None:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         self._write_identity()
         log = open(self.data_dir / "weed.log", "ab")
+        self._log_start = log.tell()
         self.proc = subprocess.Popen(
             self._command(),
             stdout=log,
@@ -147,9 +193,9 @@ class S3Server:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"weed exited with {self.proc.returncode}; log: {self.log_tail()}"
-                )
+                tail = self.log_tail()
+                error = PortClash if "address already in use" in tail else RuntimeError
+                raise error(f"weed exited with {self.proc.returncode}; log: {tail}")
             try:
                 client = self.client()
                 try:
@@ -168,8 +214,10 @@ class S3Server:
         )
 
     def log_tail(self, n: int = 3000) -> str:
+        """The end of this start's part of the log."""
         try:
-            return (self.data_dir / "weed.log").read_bytes()[-n:].decode(errors="replace")
+            this_start = (self.data_dir / "weed.log").read_bytes()[self._log_start :]
+            return this_start[-n:].decode(errors="replace")
         except OSError:
             return ""
 
