@@ -34,6 +34,9 @@ class CountingProxy:
         # them (a server that is overloaded or failing).
         self.fail_status = 503
         self.fail_next = 0
+        # Fault mode: also answer every request whose request line (b"GET /path?query HTTP/1.1")
+        # this returns true for with `fail_status` (e.g. only the GETs of one kind of object).
+        self.fail_matching: Callable[[bytes], bool] | None = None
         # Fault mode: a request whose body is larger than this is never forwarded nor answered
         # until `close()` (a writer whose uploads hang, as seen by the server: nothing).
         self.stall_bodies_over: int | None = None
@@ -118,6 +121,10 @@ class CountingProxy:
                     fail = self.fail_next > 0
                     if fail:
                         self.fail_next -= 1
+                    matcher = self.fail_matching
+                    if not fail and matcher is not None:
+                        fail = matcher(head.split(b"\r\n", 1)[0])
+                    if fail:
                         self.failed += 1
                 if self.stall_bodies_over is not None and length > self.stall_bodies_over:
                     self._released.wait()

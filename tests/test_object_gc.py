@@ -14,6 +14,8 @@ import pytest
 
 from flexkv_py import _native
 from flexkv_py.cli.main import main
+from flexkv_py.errors import FlexKVError
+from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 SEGMENT = 64
@@ -118,6 +120,32 @@ def test_gc_under_concurrent_writers_keeps_what_live_manifests_reference(s3: S3S
         assert stored[w], "every writer stored chains during the passes"
         last = stored[w][-1]
         assert reader.lookup_chain(last) == len(last), "a chain in use stays whole"
+
+
+def test_a_manifest_gc_cannot_read_stops_the_pass_before_any_delete(s3: S3Server) -> None:
+    """A live manifest whose body GC could not read (a slow or failing server) must not make
+    its blocks look unreferenced: the pass deletes nothing and says why."""
+    prefix = f"gc-unread-{uuid.uuid4().hex[:8]}"
+    keys = chain("live", 2 * SEGMENT + 5)
+    store(tier(s3, prefix), keys)
+    proxy = CountingProxy(s3.ports["s3"])
+    manifests_dir = f"/{prefix}/m/".encode()
+    proxy.fail_matching = lambda line: (
+        line.startswith(b"GET ") and manifests_dir in (line.split(b" ")[1].split(b"?")[0])
+    )
+    try:
+        collector = s3.object_tier(prefix, endpoint=proxy.endpoint)
+        with pytest.raises(FlexKVError, match=r"deleted nothing.*could not be read"):
+            collector.gc(ttl_s=3600.0, grace_s=0.0)
+        assert proxy.failed > 0
+    finally:
+        proxy.close()
+    reader = tier(s3, prefix)
+    assert reader.lookup_chain(keys) == len(keys)
+    got = reader.submit_get([(k, bytearray(len(k) * 8)) for k in keys]).wait(60)
+    assert all(r.ok for r in got)
+    report = reader.gc(ttl_s=3600.0, grace_s=0.0)  # readable again: a normal pass keeps it all
+    assert report["manifests_deleted"] == 0 and report["blocks_deleted"] == 0, report
 
 
 def test_gc_and_inspect_commands(s3: S3Server, capsys: pytest.CaptureFixture[str]) -> None:

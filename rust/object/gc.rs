@@ -61,6 +61,18 @@ fn by_name(list: Vec<ObjectMeta>) -> HashMap<String, ObjectMeta> {
     list.into_iter().filter_map(|m| m.location.filename().map(str::to_string).map(|n| (n, m))).collect()
 }
 
+/// A manifest that could not be read may be live: the blocks it lists and its ancestors would
+/// look unreferenced, and deleting them would leave a live manifest naming deleted blocks. So
+/// the pass deletes nothing (the next one tries again).
+fn refuse_unread(unreadable: u64) -> std::result::Result<(), String> {
+    if unreadable == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "GC pass deleted nothing: {unreadable} manifest(s) could not be read (server slow or failing)"
+    ))
+}
+
 fn hex(key: &[u8]) -> String {
     super::hex_name(key)
 }
@@ -82,23 +94,32 @@ impl ObjectTier {
         })
     }
 
-    /// The manifests' bodies (an unreadable or damaged one is left out: garbage).
-    async fn read_manifests(&self, ctx: &Ctx, names: Vec<String>) -> HashMap<String, Manifest> {
+    /// The manifests' bodies (a damaged one is left out: garbage; one gone since the listing
+    /// too), and how many could not be read at all (an error or a timeout: a slow server).
+    async fn read_manifests(&self, ctx: &Ctx, names: Vec<String>) -> (HashMap<String, Manifest>, u64) {
         let dir = self.dir("m");
-        stream::iter(names)
+        let got: Vec<(String, std::result::Result<Option<bytes::Bytes>, String>)> = stream::iter(names)
             .map(|n| {
                 let path = dir.clone().join(n.as_str());
                 async move { (n, ctx.get_small(&path).await) }
             })
             .buffer_unordered(self.cfg.concurrency)
-            .filter_map(|(n, got)| async move {
-                match got {
-                    Ok(Some(body)) => Manifest::decode(&body).map(|m| (n, m)),
-                    _ => None,
-                }
-            })
             .collect()
-            .await
+            .await;
+        let mut unreadable = 0;
+        let mut bodies = HashMap::with_capacity(got.len());
+        for (n, body) in got {
+            match body {
+                Ok(Some(body)) => {
+                    if let Some(m) = Manifest::decode(&body) {
+                        bodies.insert(n, m);
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => unreadable += 1,
+            }
+        }
+        (bodies, unreadable)
     }
 
     /// One collection pass (see the module's protocol).
@@ -112,7 +133,9 @@ impl ObjectTier {
         let first = self.listing(ctx).await?;
         let blocks = by_name(ctx.list(&self.dir("b")).await?);
         let now = now_ms();
-        let mut bodies = self.read_manifests(ctx, first.manifests.keys().cloned().collect()).await;
+        let (mut bodies, unreadable) =
+            self.read_manifests(ctx, first.manifests.keys().cloned().collect()).await;
+        refuse_unread(unreadable)?;
         let last_use = |name: &str, l: &Listing| -> i64 {
             let own = l.manifests.get(name).map_or(0, |m| m.last_modified.timestamp_millis());
             let touched = l.touches.get(name).map_or(0, |m| m.last_modified.timestamp_millis());
@@ -137,7 +160,9 @@ impl ObjectTier {
             .cloned()
             .collect();
         let unread: Vec<String> = fresh.iter().filter(|n| !bodies.contains_key(*n)).cloned().collect();
-        bodies.extend(self.read_manifests(ctx, unread).await);
+        let (late, unreadable) = self.read_manifests(ctx, unread).await;
+        refuse_unread(unreadable)?;
+        bodies.extend(late);
         let rescued = closure(&bodies, fresh);
         report.manifests_rescued = rescued.difference(&live).count() as u64;
         live.extend(rescued);
