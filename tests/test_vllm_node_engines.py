@@ -130,7 +130,11 @@ def test_b_follows_what_a_stores_and_evicts_after_b_started(
     compute(a, "A3", big, 16)  # A's full SSD evicts blocks for big's
     assert side_stats(a)["ssd_evicted_blocks"] >= 1
     b.run_until(b_tracks_a, timeout_s=30)
-    assert side_stats(b)["node_forgotten_blocks"] >= 1
+    # B stopped offering A's evicted blocks: forgotten when A's removals reached the scheduler,
+    # or already evicted by the node tier's own capacity when A's new blocks were reported
+    # first (A's journal can show a put before the drop that made room for it).
+    stats = side_stats(b)
+    assert stats.get("node_forgotten_blocks", 0) + stats.get("node_evicted_blocks", 0) >= 1, stats
     # A drops every block (as a weight update would): B stops offering all of them.
     assert a.scheduler.reset_prefix_cache(reset_connector=True)
     a.run_until(lambda: not a_ssd.keys(), timeout_s=30)

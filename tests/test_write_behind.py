@@ -25,6 +25,9 @@ HERE = Path(__file__).parent
 WRITER = str(HERE / "write_behind_writer.py")
 MARGIN_S = 3.0  # scheduling noise on a busy test machine
 LAG_S = 2.0  # the default write_behind_lag_s
+# The kill test's margin: the child's write-behind thread competes with the whole suite for
+# two cores in CI, where 3 s of scheduling noise was once exceeded.
+KILL_MARGIN_S = 10.0
 
 
 class _Clock:
@@ -142,7 +145,8 @@ def test_kill_9_loses_at_most_the_lag_and_no_acknowledged_block(tmp_path: Path) 
                 stored_at[int(rest[0])] = now
             elif word == "ACK":
                 acked.add(int(rest[0]))
-            if started is not None and now - started > LAG_S + MARGIN_S + 2 and len(acked) >= 40:
+            ran_s = now - started if started is not None else 0.0
+            if ran_s > LAG_S + KILL_MARGIN_S + 2 and len(acked) >= 40:
                 break
         killed_at = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)
@@ -155,7 +159,7 @@ def test_kill_9_loses_at_most_the_lag_and_no_acknowledged_block(tmp_path: Path) 
         present = {i for i in stored_at if eng.lookup([keys[i]]) == 1}
         missing_acked = sorted(acked - present)
         assert not missing_acked, missing_acked  # every acknowledged SSD copy survives
-        old = {i for i, t in stored_at.items() if t < killed_at - LAG_S - MARGIN_S}
+        old = {i for i, t in stored_at.items() if t < killed_at - LAG_S - KILL_MARGIN_S}
         assert old and old <= present, sorted(old - present)  # at most the lag is missing
         some = sorted(present)[:8]
         assert eng.load_pages([keys[i] for i in some]) == _pages([keys[i] for i in some])

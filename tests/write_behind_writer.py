@@ -4,7 +4,8 @@
 Usage: python write_behind_writer.py DIR MODE
   once     store BLOCKS blocks, close the engine (its bounded shutdown flush), print DONE.
   forever  store 4-block chains; print "STORED i" once block i is in the host tier and "ACK i"
-           once the index confirms its SSD copy; never close (the parent kills it with -9).
+           once the index confirms its SSD copy (and "TICK" once all are stored); never close
+           (the parent kills it with -9).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
             stored = batch.stop
         else:
             eng.lookup([])  # pumps background jobs
+            sys.stdout.write("TICK\n")  # the parent reads lines until its deadline: never silent
         for i in range(max(0, stored - 64), stored):
             if i not in acked and eng.manager.index.readable_on(keys[i], Tier.SSD):
                 acked.add(i)
