@@ -45,7 +45,7 @@ def _delays_back_on() -> Iterator[None]:
     _native.set_fault_delays(True)
 
 
-def _until(cond: Any, timeout_s: float = 10.0) -> None:
+def _until(cond: Any, timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
