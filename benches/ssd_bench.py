@@ -33,15 +33,15 @@ with one JSON line.
 
     python3 benches/ssd_bench.py [--quick] [--json] [--dir DIR] [--gib N] [--runs 5]
         [--sizes 64K,256K,2M] [--no-vllm] [--coordinator-reads] [--engine io_uring]
+
+Beside it: ssd_paths.py (how each path moves the bytes), disk_stats.py (disk sectors, settle),
+store_properties.py (dedup ratio, reopen time), ssd_report.py (the text rows).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
 import json
-import os
 import platform
 import resource
 import shutil
@@ -55,195 +55,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from disk_stats import disk_sectors, disk_stat_file, settle
+from ssd_paths import (
+    PATHS,
+    MiB,
+    VllmFs,
+    check,
+    fill_unique,
+    load_vllm,
+    pipeline_parts,
+    raw_io,
+    run_batches,
+)
+from ssd_report import print_row
+from store_properties import bench_dedup, bench_recovery
 
 from flexkv_py._native import BlockStore, HostPool
 
-MiB = 1 << 20
-RAW_CHUNK = 8 * MiB
-IN_FLIGHT = 4  # batches submitted ahead of the one being waited on
 BATCH_BYTES = 64 * MiB
 COORD_QUEUE_DEPTH = 512  # flexkv_py.config default `iouring_entries`
 EXECUTOR_WORKERS = 4  # flexkv_py.coordinator.executor.JobExecutor max_workers
-PATHS = ("ours", "vllm", "raw")
-
-
-def fill_unique(view: np.ndarray, block_size: int, seed: int) -> None:
-    """Random bytes, plus a unique stamp per block so dedup never kicks in."""
-    rng = np.random.default_rng(seed)
-    view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
-    stamps = view.reshape(-1, block_size)[:, :8]
-    stamps[:] = np.arange(stamps.shape[0], dtype=np.uint64).view(np.uint8).reshape(-1, 8)
-
-
-def run_batches(submit, items: list, batch_blocks: int) -> float:  # type: ignore[no-untyped-def]
-    """Submit items in batches with IN_FLIGHT outstanding; return seconds until all complete."""
-    start = time.perf_counter()
-    pending: deque = deque()
-    for lo in range(0, len(items), batch_blocks):
-        pending.append(submit(items[lo : lo + batch_blocks]))
-        if len(pending) > IN_FLIGHT:
-            check(pending.popleft().wait(600))
-    while pending:
-        check(pending.popleft().wait(600))
-    return time.perf_counter() - start
-
-
-def check(results: list) -> None:  # type: ignore[type-arg]
-    bad = [r for r in results if not r.ok]
-    if bad:
-        raise SystemExit(f"bench: {len(bad)} blocks failed, first: {bad[0]!r}")
-
-
-def disk_stat_file(path: Path) -> Path | None:
-    st = os.stat(path)
-    stat = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
-    return stat if stat.exists() else None
-
-
-def disk_sectors(stat: Path | None) -> tuple[int, int]:
-    """(sectors read, sectors written) so far on the disk (all its users)."""
-    if stat is None:
-        return (0, 0)
-    f = stat.read_text().split()
-    return (int(f[2]), int(f[6]))
-
-
-def settle(path: Path, quiet: float = 0.25, timeout: float = 5.0) -> None:
-    """Outside the timed region: flush what earlier phases left dirty (os.sync, which also commits
-    the filesystem journal and its online discards), then wait until the disk has been idle for
-    `quiet` seconds, so no path pays for another's deferred work."""
-    os.sync()
-    stat = disk_stat_file(path)
-    if stat is None:
-        return
-    start = last_change = time.perf_counter()
-    last = stat.read_text().split()
-    while time.perf_counter() - start < timeout:
-        time.sleep(0.05)
-        cur = stat.read_text().split()
-        if cur[9] != last[9] or cur[8] != "0":  # io_ticks moved, or requests in flight
-            last_change = time.perf_counter()
-        last = cur
-        if time.perf_counter() - last_change >= quiet:
-            return
-
-
-def pipeline_parts(n: int, first: int = 64, most: int = 1024) -> list[tuple[int, int]]:
-    """The coordinator's split of a load in parts (flexkv_py.coordinator.engine.pipeline_parts):
-    parts of 64 blocks doubling to 1024, no runt part at the end."""
-    parts, start, size = [], 0, first
-    while start < n:
-        end = min(n, start + size)
-        if n - end < size // 2:
-            end = n
-        parts.append((start, end))
-        start, size = end, min(2 * size, most)
-    return parts
-
-
-def raw_io(path: Path, pool: HostPool, nbytes: int, write: bool) -> float:
-    mv = pool.memoryview()
-    flags = os.O_RDWR | os.O_DIRECT | (os.O_CREAT if write else 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        if write:
-            os.posix_fallocate(fd, 0, nbytes)
-        # Reads land in the second half of the pool, like every other path's.
-        base = 0 if write else nbytes
-        start = time.perf_counter()
-        for off in range(0, nbytes, RAW_CHUNK):
-            chunk = mv[base + off : base + min(off + RAW_CHUNK, nbytes)]
-            n = os.pwrite(fd, chunk, off) if write else os.preadv(fd, [chunk], off)
-            if n != len(chunk):
-                raise SystemExit(f"raw I/O short at {off}: {n}")
-        return time.perf_counter() - start
-    finally:
-        os.close(fd)
-        mv.release()
-
-
-# --- vLLM 0.33's fs tier -------------------------------------------------------------------------
-
-
-class VllmFs:
-    """vLLM's fs tier I/O, driven like `FileSystemTierManager`: one job per `batch_*_block` call,
-    enqueued on its `DualQueueThreadPool` (both thread groups drain either queue), completion by
-    `wait_idle` + `get_finished`."""
-
-    def __init__(self, read_threads: int, write_threads: int) -> None:
-        from vllm.v1.kv_offload.base import make_offload_key
-        from vllm.v1.kv_offload.file_mapper import FileMapper
-        from vllm.v1.kv_offload.tiering.fs import io as fs_io
-        from vllm.v1.kv_offload.tiering.fs.thread_pool import DualQueueThreadPool
-
-        self.io = fs_io
-        self.file_mapper = FileMapper
-        self.make_key = make_offload_key
-        self.has_c = bool(fs_io._HAS_FSIO_C)
-        self.read_threads, self.write_threads = read_threads, write_threads
-        self.pool = DualQueueThreadPool(read_threads, write_threads, "vllm_kv_py_fs")
-        self.next_job = 0
-
-    def layout(self, root: Path, nblocks: int, block_size: int, tag: int) -> tuple[list[str], bool]:
-        """Block file names as the tier names them, and whether it would use O_DIRECT there."""
-        fm = self.file_mapper(
-            root_dir=str(root),
-            model_name="flexkv-bench/ssd",
-            tokens_per_hash=16,
-            blocks_per_file=1,
-            tp_size=1,
-            pp_size=1,
-            pcp_size=1,
-            dcp_size=1,
-            rank=0,
-            dtype="bfloat16",
-            parallel_agnostic=True,
-        )
-        config_dir = os.path.dirname(fm.get_config_file_path())
-        os.makedirs(config_dir, exist_ok=True)
-        paths = [
-            fm.get_file_name(
-                self.make_key(hashlib.sha256(b"%d/%d/%d" % (block_size, tag, i)).digest(), 0)
-            )
-            for i in range(nblocks)
-        ]
-        return paths, bool(self.io.probe_o_direct(config_dir))
-
-    def run(
-        self,
-        load: bool,
-        jobs: list[tuple[list[str], list[int]]],
-        view: memoryview,
-        block_size: int,
-        o_direct: bool,
-    ) -> float:
-        fn = self.io.batch_load_block if load else self.io.batch_store_block
-        enqueue = self.pool.enqueue_load if load else self.pool.enqueue_store
-        first = self.next_job
-        start = time.perf_counter()
-        for paths, offsets in jobs:
-            task = functools.partial(fn, paths, view, offsets, block_size, o_direct)
-            enqueue(self.next_job, 1, [task])
-            self.next_job += 1
-        self.pool.wait_idle()
-        seconds = time.perf_counter() - start
-        ok = {job for job, success, _ in self.pool.get_finished() if success}
-        if ok != set(range(first, self.next_job)):
-            raise SystemExit(f"bench: vLLM fs {'load' if load else 'store'}: jobs failed")
-        return seconds
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
-def load_vllm(args: argparse.Namespace, out: Any) -> VllmFs | None:
-    if args.no_vllm:
-        return None
-    try:
-        return VllmFs(args.vllm_read_threads, args.vllm_write_threads)
-    except ImportError as e:
-        print(f"vLLM fs tier not importable ({e}); its column is skipped", file=out)
-        return None
 
 
 # --- one block size ------------------------------------------------------------------------------
@@ -441,98 +272,6 @@ def bench_block_size(
     for d in ("write", "read"):
         row[f"{d}_gbps"] = row[f"ours_{d}_gbps"]
     return row
-
-
-def fmt(row: dict, key: str) -> str:
-    if key not in row:
-        return "-"
-    lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
-    if lo is None or row["runs"] == 1:
-        return f"{row[key]:.2f}"
-    return f"{row[key]:.2f} [{lo:.2f}-{hi:.2f}]"
-
-
-def print_row(row: dict, out: Any) -> None:
-    print(
-        f"{row['block_size'] // 1024:>6} KiB blocks ({row['engine']}, {row['blocks']} blocks, "
-        f"{row['runs']} run(s): median [min-max])",
-        file=out,
-    )
-    for d in ("write", "read"):
-        print(
-            f"    {d:<5} GB/s  ours {fmt(row, f'ours_{d}_gbps')}  vllm {fmt(row, f'vllm_{d}_gbps')}"
-            f"  raw {fmt(row, f'raw_{d}_gbps')}  |  ours/vllm {fmt(row, f'{d}_vs_vllm')}"
-            f"  ours/raw {fmt(row, f'{d}_ratio')}",
-            file=out,
-        )
-        cpu = "  ".join(
-            f"{p} {row[f'{p}_{d}_cpu_s_per_gb']:.2f}" for p in PATHS if f"{p}_{d}_gbps" in row
-        )
-        moved = "  ".join(
-            f"{p} {row[f'{p}_{d}_disk_bytes_ratio']:.3f}" for p in PATHS if f"{p}_{d}_gbps" in row
-        )
-        print(f"          CPU s/GB (this process, all threads): {cpu}", file=out)
-        print(f"          disk bytes / payload bytes: {moved}", file=out)
-    for v, label in (
-        ("ours_1batch", "ours, one batch"),
-        ("ours_parts", "ours, coordinator parts"),
-        ("ours_coord", "ours, one batch, QD 512, restart"),
-    ):
-        if f"{v}_read_gbps" in row:
-            print(
-                f"    read  {label}: {fmt(row, f'{v}_read_gbps')} GB/s, "
-                f"/raw {fmt(row, f'{v}_read_ratio')}, /ours {fmt(row, f'{v}_vs_pipelined')}",
-                file=out,
-            )
-
-
-# --- dedup, recovery -----------------------------------------------------------------------------
-
-
-def bench_dedup(directory: Path) -> float:
-    """Store 256 distinct 64 KiB blocks twice under different keys: physical / logical bytes."""
-    d = directory / "store-dedup"
-    d.mkdir()
-    block = 64 * 1024
-    data = np.random.default_rng(7).integers(0, 256, 256 * block, dtype=np.uint8).tobytes()
-    with BlockStore(str(d), 64 * MiB) as store:
-        for copy in range(2):
-            items = [(b"d%d/%d" % (copy, i), data[i * block : (i + 1) * block]) for i in range(256)]
-            check(store.submit_put(items).wait(60))
-        s = store.stats()
-    shutil.rmtree(d)
-    return float(s["physical_bytes"]) / float(s["logical_bytes"])
-
-
-def bench_recovery(directory: Path, nblocks: int) -> dict:
-    """Time reopening a store of `nblocks` 64 KiB blocks after a clean close, and after a kill
-    (a copy of the directory taken while the store is open: the journal is not compacted)."""
-    d = directory / "store-recovery"
-    d.mkdir()
-    block = 64 * 1024
-    pool = HostPool(256 * block)
-    view = np.frombuffer(pool.memoryview(), np.uint8)
-    fill_unique(view, block, seed=3)
-    store = BlockStore(str(d), nblocks * (block + 4096) + 64 * MiB)
-    for lo in range(0, nblocks, 256):
-        n = min(256, nblocks - lo)
-        items = [(b"r%d" % (lo + i), (pool.address + i * block, block)) for i in range(n)]
-        check(store.submit_put(items).wait(600))
-    crashed = directory / "store-recovery-crashed"
-    shutil.copytree(d, crashed, ignore=shutil.ignore_patterns("flexkv.lock"))
-    store.close()
-    timings = {}
-    for name, path in (("clean", d), ("crash", crashed)):
-        start = time.perf_counter()
-        reopened = BlockStore(str(path), nblocks * (block + 4096) + 64 * MiB)
-        timings[f"recovery_{name}_s"] = time.perf_counter() - start
-        assert len(reopened) == nblocks, (name, len(reopened))
-        reopened.close()
-    del view
-    pool.close()
-    shutil.rmtree(d)
-    shutil.rmtree(crashed)
-    return {"recovery_blocks": nblocks, **timings}
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -34,6 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kv_caches import make_caches  # the tier and coordinator benches import it from here
+from transfer_summary import summary
+
 from flexkv_py.tiers.host_pool import GIB, HostPool
 from flexkv_py.transfer import TransferEngine, describe_kv_caches
 from flexkv_py.transfer.kv_layout import KVPageGeometry
@@ -46,36 +49,6 @@ TRITON_CONFIGS = [  # (programs, tile bytes, warps); programs=0: one program per
     (8, 32768, 32),
     (0, 16384, 8),
 ]
-
-LAYOUT_ORDER = {  # vLLM 0.33 stride orders over logical [L, B, H, N, C]
-    "LBNHC": (0, 1, 3, 2, 4),
-    "BLNHC": (1, 0, 3, 2, 4),
-}
-
-
-def make_caches(
-    layout: str, layers: int, blocks: int, heads: int, head: int, tokens: int, device: str
-) -> dict[str, torch.Tensor]:
-    """KV caches shaped as vLLM registers them, filled with random bytes."""
-    dtype = torch.bfloat16
-    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-    if layout == "FA":
-        caches = {
-            n: torch.empty((2, blocks, tokens, heads, head), dtype=dtype, device=device)
-            for n in names
-        }
-    else:
-        order = LAYOUT_ORDER[layout]
-        logical = (layers, blocks, heads, tokens, 2 * head)
-        physical = tuple(logical[d] for d in order)
-        buf = torch.empty(physical, dtype=dtype, device=device)
-        inverse = [order.index(d) for d in range(5)]
-        view5 = buf.permute(*inverse)  # logical [L, B, H, N, C]
-        caches = {n: view5[i] for i, n in enumerate(names)}
-    for t in caches.values():
-        t.view(torch.int16).random_(-32768, 32767)
-    return caches
-
 
 class Clock:
     def __init__(self, cuda: bool) -> None:
@@ -323,74 +296,6 @@ def bench_pinning(gib: float, variants: list[str], cuda: bool) -> list[dict[str,
         log.info("pool %s", r)
         out.append(r)
         gc.collect()
-    return out
-
-
-def summary(layouts: list[dict[str, Any]], pin: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
-    main = layouts[0]
-    good = [e for e in main["engines"] if "error" not in e and e["bit_exact"]]
-    auto = [e for e in good if e["backend"] == "auto"]
-    best_d2h = auto[0] if auto else (max(good, key=lambda e: e["d2h_gbps"]) if good else None)
-    best_h2d = auto[0] if auto else (max(good, key=lambda e: e["h2d_gbps"]) if good else None)
-    ceil = main["ceiling"]
-    base = main["per_page"]
-
-    def name(e: dict[str, Any] | None) -> str | None:
-        if e is None:
-            return None
-        if e["backend"] == "triton":
-            return (
-                f"triton(p={e['triton_programs']},tile={e['triton_tile_bytes']},"
-                f"w={e['triton_warps']})"
-            )
-        if e["backend"] == "staged":
-            hint = "" if e.get("copy_engine_prefer_overlap", True) else ",no-hint"
-            return f"staged(chunk={e.get('staged_chunk_pages', 32)}{hint})"
-        if e["backend"] == "copy_engine" and not e.get("copy_engine_prefer_overlap", True):
-            return "copy_engine(no-hint)"
-        if e["backend"] == "auto":
-            return f"auto(d2h={e['d2h_path']},h2d={e['h2d_path']})"
-        return str(e["backend"])
-
-    out: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "layout": main["layout"],
-        "blocks": main["blocks"],
-        "page_nbytes": main["page_nbytes"],
-        "d2h_engine": name(best_d2h),
-        "h2d_engine": name(best_h2d),
-        "d2h_gbps": best_d2h["d2h_gbps"] if best_d2h else None,
-        "h2d_gbps": best_h2d["h2d_gbps"] if best_h2d else None,
-        "ceiling_d2h_gbps": ceil["d2h_gbps"],
-        "ceiling_h2d_gbps": ceil["h2d_gbps"],
-        "per_page_d2h_gbps": base["d2h_gbps"],
-        "per_page_h2d_gbps": base["h2d_gbps"],
-        "d2h_sms": best_d2h["sms_used"] if best_d2h else None,
-        "h2d_sms": best_h2d["h2d_sms_used"] if best_h2d else None,
-    }
-    if best_d2h and best_h2d:
-        out["d2h_ratio"] = out["d2h_gbps"] / ceil["d2h_gbps"]
-        out["h2d_ratio"] = out["h2d_gbps"] / ceil["h2d_gbps"]
-        out["d2h_vs_per_page"] = out["d2h_gbps"] / base["d2h_gbps"]
-        out["h2d_vs_per_page"] = out["h2d_gbps"] / base["h2d_gbps"]
-    for lay in layouts:
-        for e in lay["engines"]:
-            if "error" in e:
-                continue
-            key = f"{lay['layout']}/{name(e)}"
-            out.setdefault("engines", {})[key] = {
-                "d2h_gbps": round(e["d2h_gbps"], 2),
-                "h2d_gbps": round(e["h2d_gbps"], 2),
-                "d2h_ratio": round(e["d2h_gbps"] / lay["ceiling"]["d2h_gbps"], 3),
-                "h2d_ratio": round(e["h2d_gbps"] / lay["ceiling"]["h2d_gbps"], 3),
-                "sms": e["sms_used"],
-                "bit_exact": e["bit_exact"],
-            }
-    ok_pins = [p for p in pin if "error" not in p]
-    if ok_pins:
-        out["pool_pin"] = {p["variant"]: round(p["total_s"], 2) for p in ok_pins}
-        out["pool_pin_gib"] = round(ok_pins[0]["gib"], 1)
-        out["pool_pin_best_s"] = round(min(p["total_s"] for p in ok_pins), 2)
     return out
 
 

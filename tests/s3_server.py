@@ -259,7 +259,15 @@ class S3Server:
         self._signal(signal.SIGKILL, 10)
 
     def stop(self) -> None:
-        self._signal(signal.SIGTERM, 10)
+        """End the server for good. SIGKILL: weed's SIGTERM shutdown takes ~15 s (so a 10 s wait
+        for it cost every fixture's teardown 10 s), and the temp data need not outlive it."""
+        self._signal(signal.SIGKILL, 10)
+        # weed also serves each part's gRPC on /tmp/seaweedfs-<part>-grpc-<port>.sock (fixed in
+        # its code) and leaves them behind; a later server on that port copes, but they pile up.
+        for part in ("master", "volume", "filer", "s3"):
+            port = self.ports.get(f"{part}_grpc")
+            if port is not None:
+                Path(f"/tmp/seaweedfs-{part}-grpc-{port}.sock").unlink(missing_ok=True)
 
     def restart(self) -> None:
         """Start again on the same data directory and ports."""

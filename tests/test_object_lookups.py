@@ -38,7 +38,7 @@ def test_ask_again_later_then_count_or_miss(s3: S3Server) -> None:
         assert all(r.ok for r in tier.submit_put(items, chain=keys).wait(60))
         clock = Clock()
         pending = PendingLookups(tier.lookup_chain, max_wait_s=1.0, clock=clock)
-        proxy.delay_replies_s = 0.5  # every remote answer is slow
+        proxy.delay_replies_s = 2.0  # every remote answer is slow: both polls come first
         assert pending.poll("r1", keys) is None, "in flight: ask again later"
         assert pending.poll("r1", keys) is None
         assert pending.wait("r1", 30) == 100

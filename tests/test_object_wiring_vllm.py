@@ -20,6 +20,7 @@ import pytest
 import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
+from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 BS = 16
@@ -117,14 +118,22 @@ def test_a_consumer_process_loads_the_producers_prompt_from_the_bucket(
     expected = producer.outputs["P"]
     computed = producer.workers[0].model.written["P"]  # the prompt's tokens and the decodes
     producer.shutdown()
-    proc = subprocess.run(
-        [sys.executable, "-c", CONSUMER, str(HERE), model_dir, json.dumps(prompt)],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # The consumer reaches the bucket through replies held 0.3 s: its first ask then finds the
+    # lookup still running however the threads are scheduled (unheld, a lookup of the local
+    # server could finish before that ask looked, and the ask answered the count at once).
+    proxy = CountingProxy(s3.ports["s3"], delay_replies_s=0.3)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CONSUMER, str(HERE), model_dir, json.dumps(prompt)],
+            env={**os.environ, **env, "FLEXKV_OBJECT_STORE_ENDPOINT": proxy.endpoint},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        proxy.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.snapshot()[0].get("GET", 0) >= BLOCKS, "the consumer bypassed the held replies"
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     got = json.loads(line[len("RESULT ") :])
     assert got["loaded"] and got["finished"] and not got["mismatches"]

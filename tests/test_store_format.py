@@ -34,7 +34,7 @@ def _copy_v1(dst: Path, version: int | None = None) -> Path:
 
 def _set_aside_warning(caplog: pytest.LogCaptureFixture, directory: Path) -> list[str]:
     # Rust records reach Python logging through a forwarding thread: wait (bounded) for it.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while True:
         found = [
             r.getMessage()
