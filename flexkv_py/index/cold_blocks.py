@@ -2,9 +2,10 @@
 
 Most cached blocks are cold (a 4 TB SSD tier of 256 KiB blocks is ~16 M of them, the host tier a
 few thousand), so they are not `Entry` objects (~120 B each in Python) but one `BlockSet` per
-lower tier: 8-byte fingerprints (digests) of head + hash in a Rust table, ~22 B per block. A block is warm (an
-`Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never both; the index
-moves a block between the two as it gains or loses a host copy, a pin or a pending write.
+lower tier: 8-byte fingerprints (digests) of head + hash in a Rust table, ~22 B per block. A
+block is warm (an `Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never
+both; the index moves a block between the two as it gains or loses a host copy, a pin or a
+pending write.
 
 Full keys. A digest cannot be turned back into a key, but two paths need the keys of cold blocks:
 reset (the worker deletes every copy by key, and KV events carry block hashes) and the listing

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::arena::NIL;
+use super::arena::{Interned, NIL};
 use super::probe::IdTable;
 use crate::format::journal::Location;
 use crate::format::PAGE;
@@ -71,8 +71,7 @@ pub(crate) struct ContentArena {
     shared: HashMap<u32, u32>,
     wide: HashMap<u32, Location>,
     /// Raw lengths of compressed blocks, named by `raw_id` (never shrinks: a few entries).
-    raw_lens: Vec<u32>,
-    raw_ids: HashMap<u32, u8>,
+    raw_lens: Interned<u32>,
 }
 
 impl ContentArena {
@@ -86,8 +85,7 @@ impl ContentArena {
             + self.table.heap_bytes()
             + (self.readers.capacity() + self.shared.capacity()) * 9
             + self.wide.capacity() * (4 + size_of::<Location>() + 1)
-            + self.raw_lens.capacity() * 4
-            + self.raw_ids.capacity() * 6
+            + self.raw_lens.heap_bytes()
     }
 
     pub fn reserve(&mut self, additional: usize) {
@@ -124,7 +122,7 @@ impl ContentArena {
         }
         let raw_len = match r.raw_id {
             RAW_IS_STORED => r.stored_len,
-            id => self.raw_lens.get(id as usize).copied().unwrap_or(0),
+            id => self.raw_lens.values().get(id as usize).copied().unwrap_or(0),
         };
         Location {
             dir: r.dir as u16,
@@ -173,7 +171,7 @@ impl ContentArena {
             let raw_id = if loc.raw_len == loc.stored_len {
                 RAW_IS_STORED
             } else {
-                self.raw_id(u32::try_from(loc.raw_len).ok()?)?
+                self.raw_lens.id_of(u32::try_from(loc.raw_len).ok()?, MAX_RAW_LENS)? as u8
             };
             Some((u32::try_from(loc.offset / PAGE as u64).ok()?, stored_len, raw_id))
         });
@@ -198,20 +196,6 @@ impl ContentArena {
         self.table.insert_new(hash_content(&hash), id);
         self.len += 1;
         id
-    }
-
-    /// The `raw_id` naming raw length `len`, added if new; None once the table is full.
-    fn raw_id(&mut self, len: u32) -> Option<u8> {
-        if let Some(&id) = self.raw_ids.get(&len) {
-            return Some(id);
-        }
-        if self.raw_lens.len() >= MAX_RAW_LENS {
-            return None;
-        }
-        let id = self.raw_lens.len() as u8;
-        self.raw_lens.push(len);
-        self.raw_ids.insert(len, id);
-        Some(id)
     }
 
     fn set_refs(&mut self, id: u32, refs: u32) {
