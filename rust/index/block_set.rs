@@ -23,8 +23,7 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use slots::Slots;
 
-/// A key's fingerprint: the first 8 bytes of xxh3-128 of `head || hash` (16 bytes before: the
-/// halved node is 8 bytes less per cold block, and a clash costs a read, never a wrong page).
+/// A key's fingerprint: the first 8 bytes of xxh3-128 of `head || hash`.
 pub type Digest = [u8; 8];
 
 const NIL: u32 = u32::MAX;
@@ -203,11 +202,6 @@ impl BlockSet {
     fn find(&self, d: &Digest) -> Option<u32> {
         let nodes = &self.nodes;
         self.table.find(d, |pos| nodes[pos as usize].digest)
-    }
-
-    /// The node a chain parent's name (its fingerprint) calls.
-    fn find_name(&self, name: &ParentName) -> Option<u32> {
-        self.find(name)
     }
 
     pub fn contains(&self, d: &Digest) -> bool {

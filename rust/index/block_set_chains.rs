@@ -38,7 +38,7 @@ impl BlockSet {
 
     /// One more cached child depends on the block named `parent`; false if it is not here.
     pub fn add_kid(&mut self, parent: &ParentName) -> bool {
-        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
+        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
         let kids = self.links[idx as usize].kids;
         if kids == 0 {
             self.unlink(idx); // from the tails
@@ -53,7 +53,7 @@ impl BlockSet {
     /// A cached child of `parent` left; false if `parent` is not in this set. Its last child
     /// gone, the parent is a tail and goes next.
     pub fn drop_kid(&mut self, parent: &ParentName) -> bool {
-        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
+        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
         match self.links[idx as usize].kids {
             0 => {}
             1 => {
@@ -90,7 +90,7 @@ impl BlockSet {
 
     /// Is the block named `name` in this set?
     pub fn contains_name(&self, name: &ParentName) -> bool {
-        self.find_name(name).is_some()
+        self.find(name).is_some()
     }
 
     /// Children counted against `d` (None: not in this set).
