@@ -191,11 +191,11 @@ JOURNAL_FORMAT_VERSION: int
 
 @final
 class BlockSet:
-    """Block keys (namespace head + block hash) kept as 16-byte digests (xxh3-128 of
-    head || hash, little-endian) in least-recently-used order, 29-37 bytes per key: presence
-    of blocks that live only in a lower tier. A digest collision answers a false "present"; the
-    worker's store verifies the full key in the block header and answers not_found, and the
-    block is recomputed. Thread-safe; calls over many keys release the GIL."""
+    """Block keys (namespace head + block hash) kept as 8-byte fingerprints (the first 8 bytes
+    of xxh3-128 of head || hash, little-endian) in least-recently-used order, 21-29 bytes per
+    key: presence of blocks that live only in a lower tier. A fingerprint clash answers a false
+    "present"; the worker's store looks the full key up and answers not_found, and the block is
+    recomputed. Thread-safe; calls over many keys release the GIL."""
 
     def __new__(cls, chains: bool = False) -> BlockSet: ...
     def add(self, head: bytes, hash: bytes) -> bool:
@@ -205,7 +205,7 @@ class BlockSet:
     def add_keys(self, keys: Sequence[bytes]) -> int:
         """How many were newly added."""
     def add_digests(self, digests: Sequence[bytes]) -> int:
-        """`add_keys` for digests already made (`digest`, `pop_lru`); each is 16 bytes."""
+        """`add_keys` for digests already made (`digest`, `pop_lru`); each is 8 bytes."""
     def discard(self, head: bytes, hash: bytes) -> bool: ...
     def discard_key(self, key: bytes) -> bool: ...
     def discard_keys(self, keys: Sequence[bytes]) -> int: ...
@@ -227,18 +227,18 @@ class BlockSet:
         """Every digest, least recently used first."""
     @staticmethod
     def digest(head: bytes, hash: bytes) -> bytes:
-        """The 16-byte digest that (head, hash) is kept as."""
+        """The 8-byte digest (fingerprint) that (head, hash) is kept as."""
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
-    # Chain links (prefix-aware eviction order): a parent is named by 8 bytes, the first 8 of its
-    # digest (`parent_name`); where a name is taken, a 16-byte digest names the same block.
+    # Chain links (prefix-aware eviction order): a parent is named by its 8-byte digest
+    # (`parent_name`).
     @staticmethod
     def parent_name(key: bytes) -> bytes:
         """The 8-byte name of the block of `key` in chain links."""
     def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
         """Add `key` extending the block named `parent`, `kids` children counted."""
     def has_digest(self, digest: bytes) -> bool:
-        """Is the block with this 16-byte digest (or 8-byte parent name) here?"""
+        """Is the block with this 8-byte digest (its parent name) here?"""
     def add_kid(self, parent: bytes) -> bool: ...
     def drop_kid(self, parent: bytes) -> bool: ...
     def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:

@@ -148,8 +148,9 @@ class BlockSetMachine(RuleBasedStateMachine):
 
     @invariant()
     def nbytes_covers_every_entry(self) -> None:
-        # 24-byte arena node + a 4-byte table slot and its control byte, at the least.
-        assert self.s.nbytes() >= 29 * len(self.m)
+        # 16-byte arena node (8-byte fingerprint + LRU links) + a 4-byte table slot at <= 80 %
+        # load, at the least.
+        assert self.s.nbytes() >= 21 * len(self.m)
 
 
 BlockSetMachine.TestCase.settings = settings(
@@ -159,12 +160,13 @@ test_block_set_state_machine = BlockSetMachine.TestCase
 
 
 def test_digest_is_xxh3_128_of_the_full_key() -> None:
+    """A key is kept as an 8-byte fingerprint: the first 8 bytes of xxh3-128 of head + hash."""
     head, h = b"H" * 24, b"\x01" * 32
     d = BlockSet.digest(head, h)
-    assert len(d) == 16
-    assert d == content_hash(head + h, "xxh3-128") == BlockSet().digest(head + h, b"")
+    assert len(d) == 8
+    assert d == content_hash(head + h, "xxh3-128")[:8] == BlockSet().digest(head + h, b"")
     long_hash = bytes(range(256)) * 2  # past the stack-copy path
-    assert BlockSet.digest(head, long_hash) == content_hash(head + long_hash, "xxh3-128")
+    assert BlockSet.digest(head, long_hash) == content_hash(head + long_hash, "xxh3-128")[:8]
     s = BlockSet()
     assert s.add(head, h) and not s.add_key(head + h) and head + h in s
     assert s.digests() == [d]
@@ -209,9 +211,9 @@ def test_bad_ranges_are_value_errors() -> None:
         s.reserve(-1)
     with pytest.raises(ValueError, match="at most"):
         s.reserve(2**32)
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ValueError, match="8 bytes"):
         s.discard_digests([BlockSet.digest(head, b"a"), b"short"])
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ValueError, match="8 bytes"):
         s.add_digests([b"x" * 17])
     assert len(s) == 1, "a rejected call changes nothing"
 
@@ -264,12 +266,13 @@ def test_memory_per_key_is_compact() -> None:
     for at in range(0, n, 1000):  # grown step by step: 1.25x arena, 64-80 % table load
         grown.add_keys(keys[at : at + 1000])
     assert len(grown) == n
-    # 4-byte table slots (8 before: 34-48 B and 34-37 B per key were asserted then).
-    assert 29 * n <= grown.nbytes() <= 40 * n, grown.nbytes() / n
+    # 8-byte fingerprints and 4-byte table slots (16-byte digests: 29-40 B and 29-31 B per key
+    # were asserted then; 8-byte slots: 34-48 B and 34-37 B).
+    assert 21 * n <= grown.nbytes() <= 32 * n, grown.nbytes() / n
     s = BlockSet()
-    s.add_keys(keys)  # a first fill is sized once: 24-byte nodes + 4-byte slots at 64 % load
+    s.add_keys(keys)  # a first fill is sized once: 16-byte nodes + 4-byte slots at 64 % load
     assert len(s) == n and s.digests() == grown.digests()
-    assert 29 * n <= s.nbytes() <= 31 * n, s.nbytes() / n
+    assert 21 * n <= s.nbytes() <= 23 * n, s.nbytes() / n
     assert len(s.pop_lru(n - 1000)) == n - 1000
     assert s.nbytes() < 48 * n / 8, "memory is given back after mass removal"
     s.clear()
@@ -326,12 +329,12 @@ def test_concurrent_use_from_threads() -> None:
 
 
 def test_chain_parents_are_named_by_8_bytes() -> None:
-    """A chain link names its parent by the first 8 bytes of the parent's digest (12-byte links,
-    not 20); a full digest names the same block; any other length is refused by name."""
+    """A chain link names its parent by the parent's 8-byte digest (12-byte links); any other
+    length is refused by name."""
     s = BlockSet(chains=True)
     parent, child = b"h" * 24 + b"\x01" * 32, b"h" * 24 + b"\x02" * 32
     name = BlockSet.parent_name(parent)
-    assert name == BlockSet.digest(parent, b"")[:8]
+    assert name == BlockSet.digest(parent, b"")
     s.add_chained(parent, None, 0)
     s.add_chained(child, name, 0)
     assert s.has_digest(name) and s.has_digest(BlockSet.digest(parent, b""))

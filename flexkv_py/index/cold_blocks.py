@@ -2,23 +2,24 @@
 
 Most cached blocks are cold (a 4 TB SSD tier of 256 KiB blocks is ~16 M of them, the host tier a
 few thousand), so they are not `Entry` objects (~120 B each in Python) but one `BlockSet` per
-lower tier: 16-byte digests of head + hash in a Rust table, ~30 B per block. A block is warm (an
-`Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never both; the index
-moves a block between the two as it gains or loses a host copy, a pin or a pending write.
+lower tier: 8-byte fingerprints (digests) of head + hash in a Rust table, ~22 B per block. A
+block is warm (an `Entry` in the index, lower-tier bits in `Entry.lower`) or cold (here), never
+both; the index moves a block between the two as it gains or loses a host copy, a pin or a
+pending write.
 
 Full keys. A digest cannot be turned back into a key, but two paths need the keys of cold blocks:
 reset (the worker deletes every copy by key, and KV events carry block hashes) and the listing
 for diagnostics. So each cold block's hash is also appended, once, to a per-head byte arena
 (hash length bytes per block, no per-block object); records of blocks that left are dropped
 lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
-blocks. Worst case ~30 + 48 B per cold block, about 62 B on average (74 B on the chain tier).
+blocks. Worst case ~22 + 48 B per cold block, about 54 B on average (66 B on the chain tier).
 
 Capacity eviction is the index's (tier_index.py): it chooses the spill tier's victims here and
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
-block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: the first 8
-bytes of its digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted
+block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: its 8-byte
+digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted
 digests are turned back into full keys (a DropJob needs them) by one scan of the arena in Rust
 per batch of victims (`find_records`).
 
@@ -40,8 +41,8 @@ _COMPACT_MIN = 4096
 # The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
 CHAIN_TIER = Tier.SSD
 digest_of = BlockSet.digest
-# key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the first
-# 8 bytes of the key's digest, so a chain link costs 12 bytes in the set, not 20.
+# key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the key's
+# digest itself, so a chain link costs 12 bytes in the set.
 key_digest = BlockSet.parent_name
 
 

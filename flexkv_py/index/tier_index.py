@@ -33,7 +33,7 @@ evicting; the eviction policy tracks only evictable keys, so choosing a victim i
 public method takes one lock: thread-safe.
 
 Warm and cold. A block with a host copy, a pin or a write in flight is an `Entry` (warm); one
-that only has lower-tier copies is cold: a 16-byte digest in a per-tier `BlockSet`
+that only has lower-tier copies is cold: an 8-byte digest in a per-tier `BlockSet`
 (cold_blocks.py), ~70 B instead of ~200, so a tier of millions of blocks fits the budget of 100 B
 per block. `_add` / `_get` warm a cold block (a load pins it, a write to another tier starts);
 `_settle` cools an entry that has nothing but lower-tier copies left. Queries read both.

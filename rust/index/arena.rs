@@ -31,3 +31,36 @@ pub fn place<T>(
 pub fn reserve<T>(records: &mut Vec<T>, live: usize, additional: usize) {
     records.reserve_exact((live + additional).saturating_sub(records.len()));
 }
+
+/// A few distinct values (key heads, raw lengths) kept once each and named by their position,
+/// so a record holds a small id instead of the value.
+#[derive(Default)]
+pub struct Interned<T> {
+    values: Vec<T>,
+    ids: std::collections::HashMap<T, usize>,
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Interned<T> {
+    pub fn values(&self) -> &[T] {
+        &self.values
+    }
+
+    /// The id of `v`, added if new; None once `max` values are held.
+    pub fn id_of(&mut self, v: T, max: usize) -> Option<usize> {
+        if let Some(&id) = self.ids.get(&v) {
+            return Some(id);
+        }
+        if self.values.len() >= max {
+            return None;
+        }
+        self.values.push(v);
+        self.ids.insert(v, self.values.len() - 1);
+        Some(self.values.len() - 1)
+    }
+
+    /// Bytes held (capacities; a map entry estimated as key + id + one control byte).
+    pub fn heap_bytes(&self) -> usize {
+        let size = std::mem::size_of::<T>();
+        self.values.capacity() * size + self.ids.capacity() * (size + std::mem::size_of::<usize>() + 1)
+    }
+}

@@ -1,15 +1,16 @@
 //! A compact presence set of block keys in LRU order: what the scheduler needs for blocks that
 //! live only in a lower tier (SSD, later an object store) — "is it there" and who goes first.
 //!
-//! A key is `head || hash` (namespace head + the engine's block hash) kept only as its 16-byte
-//! xxh3-128 digest, so every entry costs the same whatever the key length. A collision (two keys,
-//! one digest; ~2^-64 at 2^32 keys) answers a false "present": the load then goes to a worker whose
-//! store verifies the full key in the block header and answers `not_found`, and the block is
-//! recomputed. Never a wrong page, only a wasted read.
+//! A key is `head || hash` (namespace head + the engine's block hash) kept only as an 8-byte
+//! fingerprint (the first 8 bytes of its xxh3-128), so every entry costs the same whatever the
+//! key length. A clash (two keys, one fingerprint: ~2^-64 per pair, so ~1 pair in 130 000 sets
+//! of 16 M keys) answers a false "present": the load then goes to a worker whose store looks the
+//! full key up (and checks the block header) and answers `not_found`, and the block is
+//! recomputed (tests/test_fingerprint_clash.py). Never a wrong page, only a wasted read.
 //!
-//! Layout, chosen for bytes per entry: a `Vec` arena of nodes (digest + u32 prev/next links of
-//! the LRU list, 24 bytes) and an open-addressing table of 4-byte slots (`block_set_slots.rs`,
-//! ~5-6 bytes per key). 29-37 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
+//! Layout, chosen for bytes per entry: a `Vec` arena of nodes (fingerprint + u32 prev/next links
+//! of the LRU list, 16 bytes) and an open-addressing table of 4-byte slots (`block_set_slots.rs`,
+//! ~5-6 bytes per key). 21-29 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
 //! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
 //! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
 //! they span some: at millions of keys, lookups are otherwise dominated by page walks. A set
@@ -22,7 +23,8 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use slots::Slots;
 
-pub type Digest = [u8; 16];
+/// A key's fingerprint: the first 8 bytes of xxh3-128 of `head || hash`.
+pub type Digest = [u8; 8];
 
 const NIL: u32 = u32::MAX;
 /// Arena indexes are u32 with one value reserved for "no link".
@@ -40,19 +42,24 @@ pub enum SetError {
     NoMemory(usize),
 }
 
-/// xxh3-128 of `head || hash`, little-endian (as `HashAlgo::Xxh3_128` writes content hashes).
+/// The first 8 bytes of xxh3-128 of `head || hash`, little-endian (as `HashAlgo::Xxh3_128`
+/// writes content hashes).
 pub fn digest(head: &[u8], hash: &[u8]) -> Digest {
     let n = head.len() + hash.len();
-    if n <= STACK_KEY {
+    let full = if n <= STACK_KEY {
         let mut buf = [0u8; STACK_KEY];
         buf[..head.len()].copy_from_slice(head);
         buf[head.len()..n].copy_from_slice(hash);
-        return xxh3_128(&buf[..n]).to_le_bytes();
-    }
-    let mut h = Xxh3::new();
-    h.update(head);
-    h.update(hash);
-    h.digest128().to_le_bytes()
+        xxh3_128(&buf[..n])
+    } else {
+        let mut h = Xxh3::new();
+        h.update(head);
+        h.update(hash);
+        h.digest128()
+    };
+    let mut d = [0u8; 8];
+    d.copy_from_slice(&full.to_le_bytes()[..8]);
+    d
 }
 
 /// A `[start, stop)` range over a sequence that `check_span` refused.
@@ -105,10 +112,10 @@ struct Node {
 }
 
 /// A node's chain link (block_set_chains.rs), beside it in `links` in sets made `with_chains`:
-/// 12 bytes (a 16-byte parent digest made it 20).
+/// 12 bytes.
 #[derive(Clone, Copy)]
 struct Link {
-    /// The chain parent's name, its digest's first 8 bytes (`NO_PARENT`: none known).
+    /// The chain parent's name: its fingerprint (`NO_PARENT`: none known).
     parent: ParentName,
     /// Cached children counted against this block; 0: a chain tail.
     kids: u32,
@@ -195,15 +202,6 @@ impl BlockSet {
     fn find(&self, d: &Digest) -> Option<u32> {
         let nodes = &self.nodes;
         self.table.find(d, |pos| nodes[pos as usize].digest)
-    }
-
-    /// The node whose digest begins with `name` (a chain parent's name). The table's home and
-    /// tag come from those 8 bytes, so the probe is `find`'s.
-    fn find_name(&self, name: &ParentName) -> Option<u32> {
-        let mut filed = [0u8; 16];
-        filed[..8].copy_from_slice(name);
-        let nodes = &self.nodes;
-        self.table.find_where(&filed, |pos| nodes[pos as usize].digest[..8] == *name)
     }
 
     pub fn contains(&self, d: &Digest) -> bool {

@@ -2,10 +2,10 @@
 //! depend on it, so that the set's eviction order is prefix-aware.
 //!
 //! A prefix match stops at the first miss, so a block must outlive its children (vLLM's prefix
-//! cache frees tail-first for the same reason). Each node keeps its parent's name (the first 8
-//! bytes of the parent's digest: robust to the arena's swap-removal, unlike an index, and it
-//! names a parent outside the set too) and a count of children counted against it by the owner
-//! (the tier index counts every cached child, in whatever tier or set it lives). Two blocks whose
+//! cache frees tail-first for the same reason). Each node keeps its parent's name (the parent's
+//! 8-byte fingerprint: robust to the arena's swap-removal, unlike an index, and it names a
+//! parent outside the set too) and a count of children counted against it by the owner (the
+//! tier index counts every cached child, in whatever tier or set it lives). Two blocks whose
 //! names collide (~2^-64 per pair) could only swap places in the eviction order: a name never
 //! decides what is read.
 //! Nodes with no counted child are chain tails: they form the LRU list that `pop_front` /
@@ -17,17 +17,16 @@ use std::collections::HashSet;
 
 use super::{digest, BlockSet, Digest, Link, SetError, TAILS};
 
-/// A chain parent's name: the first 8 bytes of its digest.
-pub type ParentName = [u8; 8];
+/// A chain parent's name: its fingerprint.
+pub type ParentName = Digest;
 
 /// The parent name of a node that extends no known block.
 pub const NO_PARENT: ParentName = [0u8; 8];
 
-/// The name chain links call the block with digest `d` by.
+/// The name chain links call the block with digest `d` by (the digest itself since digests
+/// are 8 bytes; kept as a function so callers name what they mean).
 pub fn parent_name(d: &Digest) -> ParentName {
-    let mut name = NO_PARENT;
-    name.copy_from_slice(&d[..8]);
-    name
+    *d
 }
 
 impl BlockSet {
@@ -39,7 +38,7 @@ impl BlockSet {
 
     /// One more cached child depends on the block named `parent`; false if it is not here.
     pub fn add_kid(&mut self, parent: &ParentName) -> bool {
-        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
+        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
         let kids = self.links[idx as usize].kids;
         if kids == 0 {
             self.unlink(idx); // from the tails
@@ -54,7 +53,7 @@ impl BlockSet {
     /// A cached child of `parent` left; false if `parent` is not in this set. Its last child
     /// gone, the parent is a tail and goes next.
     pub fn drop_kid(&mut self, parent: &ParentName) -> bool {
-        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
+        let Some(idx) = self.find(parent).filter(|_| self.chained) else { return false };
         match self.links[idx as usize].kids {
             0 => {}
             1 => {
@@ -91,7 +90,7 @@ impl BlockSet {
 
     /// Is the block named `name` in this set?
     pub fn contains_name(&self, name: &ParentName) -> bool {
-        self.find_name(name).is_some()
+        self.find(name).is_some()
     }
 
     /// Children counted against `d` (None: not in this set).
@@ -137,7 +136,7 @@ mod tests {
     use super::*;
 
     fn d(i: u8) -> Digest {
-        [i; 16]
+        [i; 8]
     }
 
     fn n(i: u8) -> ParentName {
@@ -200,9 +199,10 @@ mod tests {
     fn a_parent_is_found_by_its_name_only() {
         let mut s = BlockSet::with_chains();
         let (a, mut b) = (d(7), d(7));
-        b[15] = 8; // the same first 8 bytes: the same name, another block
+        b[7] = 8; // another fingerprint: another block
         s.insert_chained(a, NO_PARENT, 0).unwrap();
-        assert!(s.contains_name(&parent_name(&b)));
+        assert!(s.contains_name(&parent_name(&a)));
+        assert!(!s.contains_name(&parent_name(&b)));
         assert!(!s.contains(&b));
         assert!(!s.contains_name(&n(9)));
         assert!(s.add_kid(&parent_name(&a)));

@@ -1,13 +1,16 @@
-//! The contents of the index, packed: one fixed 36-byte record per stored extent (content
-//! hash, where it lies in 4 KiB pages, its lengths, the write's seq and how many keys map to
-//! it) in a flat arena, found by content hash through an `IdTable`. Readers pin contents only
-//! while a read is in flight, so their counts live in a small side map; so does a location
-//! that does not fit the packed fields (an extent past 16 TiB of one file, a block over
-//! 4 GiB, an offset off the page grid, a directory past the 256th, a seq past 2^48).
+//! The contents of the index, packed: one fixed 32-byte record per stored extent (content
+//! hash, where it lies in 4 KiB pages, its stored length, the write's seq and how many keys map
+//! to it) in a flat arena, found by content hash through an `IdTable`. The raw length is not
+//! stored per record: it equals the stored length unless the block is compressed, and a
+//! compressed block names it by a u8 into a small table of the store's raw lengths (a store holds
+//! blocks of a few sizes). Readers pin contents only while a read is in flight, so their counts
+//! live in a small side map; so does a location that does not fit the packed fields (an extent
+//! past 16 TiB of one file, a block over 4 GiB, an offset off the page grid, a directory past the
+//! 256th, a seq past 2^40, a 256th distinct raw length of compressed blocks).
 
 use std::collections::HashMap;
 
-use super::arena::NIL;
+use super::arena::{Interned, NIL};
 use super::probe::IdTable;
 use crate::format::journal::Location;
 use crate::format::PAGE;
@@ -22,6 +25,11 @@ const ONE_REF: u8 = 8;
 /// Several keys map to it: their count is in `shared`.
 const SHARED: u8 = 16;
 
+/// `raw_id` of a block whose raw length is its stored length (every uncompressed block).
+const RAW_IS_STORED: u8 = u8::MAX;
+/// Distinct raw lengths of compressed blocks named by `raw_id` (the rest go wide).
+const MAX_RAW_LENS: usize = RAW_IS_STORED as usize;
+
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct ContentRecord {
@@ -29,10 +37,12 @@ struct ContentRecord {
     /// First page of the extent; on the free list, the next free id.
     page: u32,
     stored_len: u32,
-    raw_len: u32,
-    /// The write's seq: low 32 and high 16 bits (2^48 puts: years at a million a second).
+    /// The write's seq: low 32 and high 8 bits (2^40 puts: 35 years at a thousand a second;
+    /// a later seq goes wide).
     seq_lo: u32,
-    seq_hi: u16,
+    seq_hi: u8,
+    /// The raw length: `RAW_IS_STORED`, or its index in `raw_lens`.
+    raw_id: u8,
     dir: u8,
     flags: u8,
 }
@@ -60,6 +70,8 @@ pub(crate) struct ContentArena {
     readers: HashMap<u32, u32>,
     shared: HashMap<u32, u32>,
     wide: HashMap<u32, Location>,
+    /// Raw lengths of compressed blocks, named by `raw_id` (never shrinks: a few entries).
+    raw_lens: Interned<u32>,
 }
 
 impl ContentArena {
@@ -73,6 +85,7 @@ impl ContentArena {
             + self.table.heap_bytes()
             + (self.readers.capacity() + self.shared.capacity()) * 9
             + self.wide.capacity() * (4 + size_of::<Location>() + 1)
+            + self.raw_lens.heap_bytes()
     }
 
     pub fn reserve(&mut self, additional: usize) {
@@ -107,11 +120,15 @@ impl ContentArena {
                 return loc.clone();
             }
         }
+        let raw_len = match r.raw_id {
+            RAW_IS_STORED => r.stored_len,
+            id => self.raw_lens.values().get(id as usize).copied().unwrap_or(0),
+        };
         Location {
             dir: r.dir as u16,
             offset: r.page as u64 * PAGE as u64,
             stored_len: r.stored_len as u64,
-            raw_len: r.raw_len as u64,
+            raw_len: raw_len as u64,
             compressed: r.flags & COMPRESSED != 0,
             seq: r.seq_lo as u64 | (r.seq_hi as u64) << 32,
         }
@@ -148,25 +165,27 @@ impl ContentArena {
         if self.table.full_for(self.len + 1) {
             self.rebuild_table(self.len + 1 + self.len / 4);
         }
-        let fits = loc.offset % PAGE as u64 == 0 && loc.seq >> 48 == 0 && loc.dir <= u8::MAX as u16;
+        let fits = loc.offset % PAGE as u64 == 0 && loc.seq >> 40 == 0 && loc.dir <= u8::MAX as u16;
         let packed = fits.then(|| {
-            Some((
-                u32::try_from(loc.offset / PAGE as u64).ok()?,
-                u32::try_from(loc.stored_len).ok()?,
-                u32::try_from(loc.raw_len).ok()?,
-            ))
+            let stored_len = u32::try_from(loc.stored_len).ok()?;
+            let raw_id = if loc.raw_len == loc.stored_len {
+                RAW_IS_STORED
+            } else {
+                self.raw_lens.id_of(u32::try_from(loc.raw_len).ok()?, MAX_RAW_LENS)? as u8
+            };
+            Some((u32::try_from(loc.offset / PAGE as u64).ok()?, stored_len, raw_id))
         });
-        let (page, stored_len, raw_len, wide) = match packed.flatten() {
+        let (page, stored_len, raw_id, wide) = match packed.flatten() {
             Some((p, s, r)) => (p, s, r, 0),
-            None => (0, 0, 0, WIDE),
+            None => (0, 0, RAW_IS_STORED, WIDE),
         };
         let record = ContentRecord {
             hash,
             page,
             stored_len,
-            raw_len,
             seq_lo: loc.seq as u32,
-            seq_hi: (loc.seq >> 32) as u16,
+            seq_hi: (loc.seq >> 32) as u8,
+            raw_id,
             dir: loc.dir as u8,
             flags: if loc.compressed { COMPRESSED } else { 0 } | wide,
         };
@@ -240,4 +259,4 @@ impl ContentArena {
 /// `flags` of a record on the free list.
 const FREE_MARK: u8 = 0x80;
 
-const _: () = assert!(std::mem::size_of::<ContentRecord>() == 36);
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 32);

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::arena::NIL;
+use super::arena::{Interned, NIL};
 use super::probe::IdTable;
 
 /// Bytes of the interned head: rank tag (4) + namespace prefix (16) + variant (8).
@@ -86,8 +86,7 @@ pub(crate) struct KeyArena {
     free: Option<u32>,
     len: usize,
     table: IdTable,
-    heads: Vec<[u8; HEAD_LEN]>,
-    head_ids: HashMap<[u8; HEAD_LEN], u16>,
+    heads: Interned<[u8; HEAD_LEN]>,
     /// The head used last: nearly every key of a batch (or a replay) shares it.
     last_head: u16,
     spilled: HashMap<u32, Box<[u8]>>,
@@ -107,8 +106,7 @@ impl KeyArena {
         let spilled: usize = self.spilled.values().map(|k| k.len().div_ceil(16) * 16 + 16).sum();
         self.records.capacity() * size_of::<KeyRecord>()
             + self.table.heap_bytes()
-            + self.heads.capacity() * HEAD_LEN
-            + self.head_ids.capacity() * map_entry(HEAD_LEN, 2)
+            + self.heads.heap_bytes()
             + self.spilled.capacity() * map_entry(4, size_of::<Box<[u8]>>())
             + spilled
     }
@@ -136,7 +134,7 @@ impl KeyArena {
         let t = r.tail_len as usize;
         key.len() == HEAD_LEN + t
             && r.tail[..t] == key[HEAD_LEN..]
-            && self.heads[r.head as usize] == key[..HEAD_LEN]
+            && self.heads.values()[r.head as usize] == key[..HEAD_LEN]
     }
 
     /// Write the key of `id` into `out` (cleared first).
@@ -146,7 +144,7 @@ impl KeyArena {
         if r.tail_len == SPILLED {
             out.extend_from_slice(self.spilled.get(&id).map_or(&[][..], |k| k));
         } else {
-            out.extend_from_slice(&self.heads[r.head as usize]);
+            out.extend_from_slice(&self.heads.values()[r.head as usize]);
             out.extend_from_slice(&r.tail[..r.tail_len as usize]);
         }
     }
@@ -158,7 +156,7 @@ impl KeyArena {
     }
 
     fn hash_of(&self, id: u32) -> u32 {
-        hash_parts(&self.records, &self.heads, &self.spilled, id)
+        hash_parts(&self.records, self.heads.values(), &self.spilled, id)
     }
 
     pub fn prefetch(&self, key: &[u8]) {
@@ -196,19 +194,11 @@ impl KeyArena {
 
     fn head_id(&mut self, head: &[u8]) -> Option<u16> {
         let head: [u8; HEAD_LEN] = head.try_into().ok()?;
-        if self.heads.get(self.last_head as usize) == Some(&head) {
+        if self.heads.values().get(self.last_head as usize) == Some(&head) {
             return Some(self.last_head);
         }
-        if let Some(&id) = self.head_ids.get(&head) {
-            self.last_head = id;
-            return Some(id);
-        }
-        if self.heads.len() >= MAX_HEADS {
-            return None;
-        }
-        let id = self.heads.len() as u16;
-        self.heads.push(head);
-        self.head_ids.insert(head, id);
+        let id = self.heads.id_of(head, MAX_HEADS)? as u16;
+        self.last_head = id;
         Some(id)
     }
 
@@ -245,7 +235,7 @@ impl KeyArena {
     pub fn remove(&mut self, id: u32) {
         let hash = self.hash_of(id);
         let KeyArena { records, heads, spilled, table, .. } = self;
-        table.remove(hash, id, |i| hash_parts(records, heads, spilled, i));
+        table.remove(hash, id, |i| hash_parts(records, heads.values(), spilled, i));
         self.unlink(id);
         if self.records[id as usize].tail_len == SPILLED {
             self.spilled.remove(&id);

@@ -127,6 +127,37 @@ fn wide_locations_round_trip() {
 }
 
 #[test]
+fn raw_lengths_round_trip_through_the_length_table_and_past_it() {
+    // Compressed blocks name their raw length by a u8 into a table of 255; the 256th distinct
+    // length and later ones go wide. Every location reads back exactly, and freeing one works.
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    let at = |i: u64, raw: u64| Location {
+        dir: 1,
+        offset: 4096 * (1 + 4 * i),
+        stored_len: 1000 + i,
+        raw_len: raw,
+        compressed: raw != 1000 + i,
+        seq: i + 1,
+    };
+    let mut all = Vec::new();
+    for i in 0..300u64 {
+        // 300 distinct raw lengths, then the first ones again; every 7th uncompressed.
+        let raw = if i % 7 == 0 { 1000 + i } else { 65536 + i % 290 };
+        let mut hash = [0u8; 16];
+        hash[..8].copy_from_slice(&i.to_le_bytes());
+        let key = i.to_le_bytes();
+        ix.insert(&key, hash, &at(i, raw));
+        all.push((key, at(i, raw)));
+    }
+    for (key, loc) in &all {
+        assert_eq!(ix.lookup(key).unwrap().1.loc, *loc);
+    }
+    let (key, loc) = &all[299];
+    assert_eq!(ix.remove(key).map(|f| f.first_page), Some(loc.offset / PAGE as u64));
+    assert_eq!(ix.logical_bytes(), all[..299].iter().map(|(_, l)| l.raw_len).sum::<u64>());
+}
+
+#[test]
 fn connector_keys_cost_under_100_bytes_each() {
     let mut ix = Index::new(EvictionPolicy::Lru);
     let n = 50_000u32;

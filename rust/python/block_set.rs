@@ -27,18 +27,14 @@ const DETACH_MIN: usize = 64;
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
 
-/// A chain parent's name (8 bytes), or a full digest naming it (its first 8 bytes).
+/// A chain parent's name: its 8-byte fingerprint (the block's digest).
 fn to_name(b: &[u8], what: &str) -> PyResult<ParentName> {
-    match b.len() {
-        8 | 16 => {
-            let mut name = NO_PARENT;
-            name.copy_from_slice(&b[..8]);
-            Ok(name)
-        }
-        n => Err(PyValueError::new_err(format!(
-            "{what} must be an 8-byte parent name or a 16-byte digest, got {n} bytes"
-        ))),
-    }
+    b.try_into().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what} must be an 8-byte parent name (a digest), got {} bytes",
+            b.len()
+        ))
+    })
 }
 
 fn set_error(e: SetError) -> PyErr {
@@ -48,7 +44,7 @@ fn set_error(e: SetError) -> PyErr {
     }
 }
 
-/// A set of block keys (namespace head + block hash) kept as 16-byte xxh3-128 digests of
+/// A set of block keys (namespace head + block hash) kept as 8-byte fingerprints (xxh3-128) of
 /// `head || hash`, in least-recently-used order. A digest collision answers a false "present";
 /// the worker's store verifies the full key in the block header, answers not_found, and the
 /// block is recomputed.
@@ -130,7 +126,7 @@ impl PyBlockSet {
         Ok(added)
     }
 
-    /// `add_keys` for digests already made (`digest`, `pop_lru`): each must be 16 bytes.
+    /// `add_keys` for digests already made (`digest`, `pop_lru`): each must be 8 bytes.
     fn add_digests(&self, py: Python<'_>, digests: &Bound<'_, PyAny>) -> PyResult<usize> {
         self.add_all(py, Self::read_digests(digests)?)
     }
@@ -252,7 +248,8 @@ impl PyBlockSet {
         all.iter().map(|d| PyBytes::new(py, d)).collect()
     }
 
-    /// The 16-byte digest a (head, hash) is kept as: xxh3-128 of head || hash, little-endian.
+    /// The 8-byte digest a (head, hash) is kept as: the first 8 bytes of xxh3-128 of head || hash,
+    /// little-endian.
     #[staticmethod]
     fn digest<'py>(py: Python<'py>, head: &[u8], hash: &[u8]) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &digest(head, hash))
@@ -295,17 +292,13 @@ impl PyBlockSet {
         self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
     }
 
-    /// Is the block with this digest (16 bytes) or parent name (8 bytes) here?
+    /// Is the block with this digest (its parent name: 8 bytes) here?
     fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
-        if digest.len() == 16 {
-            let d = to_digest(digest, 0)?;
-            return Ok(self.locked(py, |s| s.contains(&d)));
-        }
         let name = to_name(digest, "digest")?;
         Ok(self.locked(py, |s| s.contains_name(&name)))
     }
 
-    /// The 8-byte name chain links call the block of `key` by: its digest's first 8 bytes.
+    /// The 8-byte name chain links call the block of `key` by: its digest.
     #[staticmethod]
     fn parent_name<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &parent_name(&digest(key, b"")))

@@ -102,5 +102,5 @@ pub(super) fn slices<'a>(objs: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
 }
 
 pub(super) fn to_digest(b: &[u8], i: usize) -> PyResult<Digest> {
-    b.try_into().map_err(|_| PyValueError::new_err(format!("digests[{i}] must be 16 bytes, got {}", b.len())))
+    b.try_into().map_err(|_| PyValueError::new_err(format!("digests[{i}] must be 8 bytes, got {}", b.len())))
 }
