@@ -265,12 +265,14 @@ class CacheEngine:
             self._pump()
             bounds = pipeline_parts(len(todo)) if first_round else [(0, len(todo))]
             first_round = False
+            in_jobs: set[bytes] = set()
             for start, end in bounds:
                 part = todo[start:end]
                 gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
                 parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
                 job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
                 if job is not None:
+                    in_jobs.update(job.keys)
                     fill = None
                     if pages is not None:
                         by_key = {keys[i]: pages[i] for i in part}
@@ -279,6 +281,7 @@ class CacheEngine:
                     if len(handles) > 1:  # its completion overlaps the copy just submitted
                         finish(handles.pop(0))
             # Neither in a job now nor cached by someone else: found no free host slot.
+            todo = [i for i in todo if keys[i] not in in_jobs]
             known = self.manager.index.known_many([keys[i] for i in todo])
             todo = [i for i, k in zip(todo, known, strict=True) if not k]
             if todo and not (self._wait_background("spill") or finish_ours()):
