@@ -268,9 +268,16 @@ class CacheEngine:
             in_jobs: set[bytes] = set()
             for start, end in bounds:
                 part = todo[start:end]
-                gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
-                parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
-                job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
+                lo, hi = part[0], part[-1] + 1
+                if hi - lo == len(part):  # a run of the request's blocks (the first round): slices
+                    part_keys = list(keys[lo:hi])
+                    gpu = None if gpu_block_ids is None else list(gpu_block_ids[lo:hi])
+                    parents = [keys[lo - 1] if lo else parent, *keys[lo : hi - 1]]
+                else:
+                    part_keys = [keys[i] for i in part]
+                    gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
+                    parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
+                job = self.manager.prepare_store(part_keys, gpu, parents=parents)
                 if job is not None:
                     in_jobs.update(job.keys)
                     fill = None
