@@ -5,7 +5,9 @@ the rest of the load is one job, as a load in one job would be."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from test_coordinator import _config, _keys, _ns, _vllm_caches
 
@@ -50,3 +52,35 @@ def test_parts_pin_as_they_go_and_a_miss_ends_the_load_there(tmp_path: Path) -> 
         # Nothing stays pinned: the blocks after the miss were never pinned or were released.
         assert all(e is None or e.pins == 0 for e in map(mgr.index.entry, other))
         assert eng.stats()["manager"]["load_missing_blocks"] == n - gap
+
+
+def test_an_error_preparing_a_part_leaves_the_part_before_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 300
+    caches = _vllm_caches("LBNHC", num_blocks=2 * n + 2)
+    geom = describe_kv_caches(caches)
+    ns = _ns(page_bytes=geom.page_nbytes)
+    keys = _keys(ns, n)
+    src, dst = list(range(n)), list(range(n + 1, 2 * n + 1))
+    with CacheEngine.from_kv_caches(
+        _config(tmp_path, 2 * n, slot=geom.slot_nbytes), ns, caches
+    ) as eng:
+        assert eng.store(keys, src).ok
+        mgr = eng.manager
+        real, calls = mgr.prepare_load_part, []
+
+        def second_part_fails(*args: Any, **kw: Any) -> Any:
+            calls.append(args)
+            if len(calls) == 2:
+                raise RuntimeError("planning failed")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(mgr, "prepare_load_part", second_part_fails)
+        with pytest.raises(RuntimeError, match="planning failed"):
+            eng.load(keys, dst)
+        assert len(calls) == 2
+        # The first part's job ran and was applied: no block stays pinned.
+        assert all(e is not None and e.pins == 0 for e in map(mgr.index.entry, keys))
+        monkeypatch.setattr(mgr, "prepare_load_part", real)
+        assert eng.load(keys, dst).ok

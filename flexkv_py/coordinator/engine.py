@@ -345,11 +345,16 @@ class CacheEngine:
         for part_start, part_end in pipeline_parts(len(keys)):
             if part_start < start:
                 continue  # in the previous job already (it took the rest of the load)
-            job = self.manager.prepare_load_part(
-                keys[start:], gpu_block_ids[start:], part_end - start
-            )
-            assert job is not None  # keys[start:] is not empty
-            handle = self.executor.submit(job)
+            try:
+                job = self.manager.prepare_load_part(
+                    keys[start:], gpu_block_ids[start:], part_end - start
+                )
+                assert job is not None  # keys[start:] is not empty
+                handle = self.executor.submit(job)
+            except BaseException:
+                if running is not None:  # applied (its pins released) before the error goes up
+                    finish(running)
+                raise
             if running is not None:
                 finish(running)  # its completion overlaps this part's copy
             running, start = handle, start + len(job.keys)
