@@ -25,6 +25,7 @@ from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHand
 from flexkv_py.coordinator.host_side import HostSlots, build_host_side
 from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.manager import CacheManager
+from flexkv_py.coordinator.pipeline import pipeline_parts
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.transfer.stream_order import Transfer
@@ -32,25 +33,6 @@ from flexkv_py.transfer.stream_order import Transfer
 logger = logging.getLogger(__name__)
 
 _NONE = "none"  # load source of a block that was not loadable
-
-# A synchronous store (or a load from host memory) is split into jobs submitted one after the
-# other: the coordinator prepares (and later completes) one part while the previous part's copy
-# runs, so its per-block bookkeeping hides behind the transfer instead of adding to it. Parts
-# start small (the first copy starts at once) and double (few copy launches for long prompts).
-PIPELINE_FIRST_BLOCKS = 64
-PIPELINE_MAX_BLOCKS = 1024
-
-
-def pipeline_parts(n: int) -> list[tuple[int, int]]:
-    """(start, end) of the parts a store or load of `n` blocks is split into."""
-    parts, start, size = [], 0, PIPELINE_FIRST_BLOCKS
-    while start < n:
-        end = min(n, start + size)
-        if n - end < size // 2:  # no runt part at the end
-            end = n
-        parts.append((start, end))
-        start, size = end, min(2 * size, PIPELINE_MAX_BLOCKS)
-    return parts
 
 
 @dataclass(frozen=True)
@@ -228,12 +210,17 @@ class CacheEngine:
         statuses: dict[bytes, str] = {}
         handles: list[JobHandle] = []
 
+        def finish(h: JobHandle) -> None:
+            failed = self._finish(h, timeout).failed
+            if failed:
+                statuses.update((k, failed.get(k, OK)) for k in h.job.keys)
+            else:
+                statuses.update(dict.fromkeys(h.job.keys, OK))
+
         def finish_ours() -> bool:
             # Our finished fills become evictable, which lets the next round free slots.
             for h in handles:
-                result = self._finish(h, timeout)
-                for k in h.job.keys:
-                    statuses[k] = result.failed.get(k, OK)
+                finish(h)
             had = bool(handles)
             handles.clear()
             return had
@@ -244,18 +231,30 @@ class CacheEngine:
             self._pump()
             bounds = pipeline_parts(len(todo)) if first_round else [(0, len(todo))]
             first_round = False
+            in_jobs: set[bytes] = set()
             for start, end in bounds:
                 part = todo[start:end]
-                gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
-                parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
-                job = self.manager.prepare_store([keys[i] for i in part], gpu, parents=parents)
+                lo, hi = part[0], part[-1] + 1
+                if hi - lo == len(part):  # a run of the request's blocks (the first round): slices
+                    part_keys = list(keys[lo:hi])
+                    gpu = None if gpu_block_ids is None else list(gpu_block_ids[lo:hi])
+                    parents = [keys[lo - 1] if lo else parent, *keys[lo : hi - 1]]
+                else:
+                    part_keys = [keys[i] for i in part]
+                    gpu = None if gpu_block_ids is None else [gpu_block_ids[i] for i in part]
+                    parents = [keys[i - 1] if i else parent for i in part]  # keys form a chain
+                job = self.manager.prepare_store(part_keys, gpu, parents=parents)
                 if job is not None:
+                    in_jobs.update(job.keys)
                     fill = None
                     if pages is not None:
                         by_key = {keys[i]: pages[i] for i in part}
                         fill = functools.partial(self._write_pages, job, by_key)
                     handles.append(self.executor.submit(job, fill))
+                    if len(handles) > 1:  # its completion overlaps the copy just submitted
+                        finish(handles.pop(0))
             # Neither in a job now nor cached by someone else: found no free host slot.
+            todo = [i for i in todo if keys[i] not in in_jobs]
             known = self.manager.index.known_many([keys[i] for i in todo])
             todo = [i for i, k in zip(todo, known, strict=True) if not k]
             if todo and not (self._wait_background("spill") or finish_ours()):
@@ -288,19 +287,46 @@ class CacheEngine:
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int], timeout: float | None = None
     ) -> BlockOutcome:
         """Load blocks into GPU blocks; per-block status ("ok" or why not). A load served from
-        host memory runs in parts (see pipeline_parts), every block pinned before the first."""
+        host memory runs in parts (see pipeline_parts): each part is pinned while the part
+        before copies, and completed while the part after copies. Once a part reaches a lower
+        tier (or misses), the rest of the load is one job."""
+        if len(gpu_block_ids) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
         self._pump()
-        jobs = self.manager.prepare_load_parts(keys, gpu_block_ids, pipeline_parts(len(keys)))
-        if len(jobs) <= 1:
-            handle = self.executor.submit(jobs[0]) if jobs else None
-            self._pump()
-            return EngineHandle(self, keys, handle, MISSING).result(timeout)
-        handles = [self.executor.submit(job) for job in jobs]
         statuses: list[str] = []
-        for handle in handles:
+        tiers: list[str] = []
+
+        def finish(handle: JobHandle) -> None:
             failed = self._finish(handle, timeout).failed
-            statuses.extend(failed.get(k, OK) for k in handle.job.keys)
-        return BlockOutcome(tuple(statuses), (Tier.HOST.value,) * len(keys))
+            job = handle.job
+            assert isinstance(job, LoadJob)
+            if failed:
+                statuses.extend(failed.get(k, OK) for k in job.keys)
+            else:
+                statuses.extend((OK,) * len(job.keys))
+            tiers.extend(_NONE if s is None else s.value for s in job.sources)
+
+        running: JobHandle | None = None  # the part whose copy runs now
+        start = 0
+        for part_start, part_end in pipeline_parts(len(keys)):
+            if part_start < start:
+                continue  # in the previous job already (it took the rest of the load)
+            try:
+                job = self.manager.prepare_load_part(
+                    keys[start:], gpu_block_ids[start:], part_end - start
+                )
+                assert job is not None  # keys[start:] is not empty
+                handle = self.executor.submit(job)
+            except BaseException:
+                if running is not None:  # applied (its pins released) before the error goes up
+                    finish(running)
+                raise
+            if running is not None:
+                finish(running)  # its completion overlaps this part's copy
+            running, start = handle, start + len(job.keys)
+        if running is not None:
+            finish(running)
+        return BlockOutcome(tuple(statuses), tuple(tiers))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
         """Host-only load: each block's slot bytes, or None if it could not be loaded."""

@@ -19,7 +19,7 @@ from flexkv_py.coordinator.jobs import (
     LoadJob,
 )
 from flexkv_py.coordinator.manager_state import LoadPlan
-from flexkv_py.index.entry import IndexStateError, Victim
+from flexkv_py.index.entry import IndexStateError, Located, Victim
 from flexkv_py.index.tier_names import Tier
 
 # Lower-tier read failures that mean "this copy is gone or bad": the index forgets the copy.
@@ -41,7 +41,47 @@ class LoadPlanner(HostEviction):
         if not keys:
             return None
         with self._lock:
-            acquired = self.index.acquire(keys, count_hits=True)
+            return self._plan_load(keys, gpu_block_ids, self.index.acquire(keys, count_hits=True))
+
+    def prepare_load_part(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None, end: int
+    ) -> LoadJob | None:
+        """The next part of a load run in parts (engine.py): `keys` are the load's blocks not
+        yet in a job. A job of keys[:end] when every one of them is in host memory (pinned
+        now, while the part before still copies); otherwise one job of all `keys` (lower-tier
+        blocks stage through slots whose spills must come first, and a miss ends the load
+        there, as `prepare_load` does). None only for an empty request."""
+        if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
+        if not keys:
+            return None
+        with self._lock:
+            acquired = self.index.acquire(keys[:end], count_hits=True)
+            host = Tier.HOST
+            if len(acquired) == end and end < len(keys):
+                if all(a.tier is host for a in acquired):
+                    self._note_admitted(keys[:end], stored=False)
+                    ids = None if gpu_block_ids is None else gpu_block_ids[:end]
+                    return self._new_load_job(
+                        keys[:end],
+                        ids,
+                        [a.host_slot for a in acquired],  # type: ignore[misc]
+                        (host,) * end,
+                        [False] * end,
+                        [],
+                    )
+                acquired += self.index.acquire(keys[end:], count_hits=True)
+            return self._plan_load(keys, gpu_block_ids, acquired)
+
+    def _plan_load(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        acquired: list[Located],
+    ) -> LoadJob:
+        """The job of `prepare_load` once its leading blocks are pinned (`acquired`, lock
+        held)."""
+        with self._lock:
             self._note_admitted(keys[: len(acquired)], stored=False)
             host = Tier.HOST
             if len(acquired) == len(keys) and all(a.tier is host for a in acquired):

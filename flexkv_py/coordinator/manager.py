@@ -19,8 +19,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
+from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
-from flexkv_py.coordinator.manager_state import KVEvent
 from flexkv_py.coordinator.stores import StorePlanner
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 

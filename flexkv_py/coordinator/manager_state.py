@@ -10,18 +10,18 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.jobs import Job
+from flexkv_py.coordinator.kv_events import EventQueue, Kind, KVEvent
 from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.lower_capacity import store_capacity_blocks
-from flexkv_py.index.namespace import PREFIX_LEN, Namespace
+from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
@@ -30,11 +30,8 @@ from flexkv_py.index.tier_names import Tier
 # eviction path to catch blocks up, so its write-behind is always on.
 DEFAULT_OBJECT_LAG_S = 2.0
 
-Medium = Literal["CPU", "SSD", "OBJECT"]
-# The medium each tier's KV events name (vLLM's "CPU" for host memory).
 # Admitted keys kept for the workers' shutdown drain until a step takes them.
 MAX_NOTED_ADMITTED = 1 << 20
-MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
 
 
 def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> int:
@@ -45,17 +42,6 @@ def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: 
         len(config.ssd_cache_dir),
         slot_nbytes_for(page_bytes),
     )
-
-
-@dataclass(frozen=True)
-class KVEvent:
-    """A block appeared in / left a tier (vLLM BlockStored / BlockRemoved for Dynamo's router)."""
-
-    kind: Literal["stored", "removed"]
-    block_hash: bytes
-    medium: Medium
-    # The key's namespace prefix: which KV cache group of a hybrid model the block is of.
-    group_prefix: bytes = field(default=b"", compare=False)
 
 
 @dataclass
@@ -129,7 +115,7 @@ class ManagerState:
         self._spilling = 0  # slots held by in-flight spills
         self._spill_batch: list[Victim] = []
         self._background: list[Job] = []
-        self._events: deque[KVEvent] = deque(maxlen=max_events)
+        self._events = EventQueue(namespace, max_events)
         self._stats: Counter[str] = Counter()
         # min_hits > 1: keys that reached it since the workers last heard (write_behind.py).
         self._drain_admitted: dict[bytes, None] = {}
@@ -161,29 +147,13 @@ class ManagerState:
             self._drain_admitted.clear()
             return out
 
-    def _event(self, kind: Literal["stored", "removed"], key: bytes, tier: Tier) -> None:
-        if tier is Tier.NODE:
-            return  # a sibling engine's block: that engine announces it
-        block_hash = self.namespace.block_hash(key)
-        self._events.append(KVEvent(kind, block_hash, MEDIUM[tier], key[:PREFIX_LEN]))
+    def _event(self, kind: Kind, key: bytes, tier: Tier) -> None:
+        self._events.add(kind, (key,), tier)
 
-    def _events_of(
-        self, kind: Literal["stored", "removed"], keys: Sequence[bytes], tier: Tier
-    ) -> None:
-        """`_event` for each of a store's blocks. The frozen dataclass's __init__ (one
-        object.__setattr__ per field) was ~1.5 us of a store's ~9 us per block: the fields go
-        into the new event's __dict__ at once, the same object __init__ would build."""
-        medium, hash_of, append = MEDIUM[tier], self.namespace.block_hash, self._events.append
-        new = object.__new__
-        for key in keys:
-            event = new(KVEvent)
-            event.__dict__.update(
-                kind=kind, block_hash=hash_of(key), medium=medium, group_prefix=key[:PREFIX_LEN]
-            )
-            append(event)
+    def _events_of(self, kind: Kind, keys: Sequence[bytes], tier: Tier) -> None:
+        """`_event` for each of a store's blocks: one queue entry for the batch (kv_events.py)."""
+        self._events.add(kind, keys, tier)
 
     def take_events(self) -> list[KVEvent]:
         with self._lock:
-            events = list(self._events)
-            self._events.clear()
-            return events
+            return self._events.take()

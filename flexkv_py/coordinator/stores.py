@@ -78,33 +78,40 @@ class StorePlanner(ObjectWriteBehind):
             job = None
             # Block j uses slot j mod n: round r (planning.store_rounds) refills the slots once
             # round r-1 reached the lower tier; the blocks after the streamed ones keep theirs.
-            host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
+            if len(slots) == len(todo):
+                host_slots = slots  # the common case: one slot per block
+            else:
+                host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
+            todo_keys = [keys[i] for i in todo]
+            todo_parents = tuple(parents[i] for i in todo)
             if todo:
                 self.index.begin_host_fills(
-                    [keys[i] for i in todo[passing:]],
-                    host_slots[passing:],
-                    parents=[parents[i] for i in todo[passing:]],
+                    todo_keys[passing:], host_slots[passing:], parents=todo_parents[passing:]
                 )
-                self._note_admitted([keys[i] for i in todo[passing:]], stored=True)
+                self._note_admitted(todo_keys[passing:], stored=True)
             self.index.unpin(outside)
             if todo:
                 tier = self.spill_tier
-                todo_parents = tuple(parents[i] for i in todo)
                 if self.object_enabled:  # the object tier's manifests need the chain
-                    self._remember_links([keys[i] for i in todo], todo_parents)
+                    self._remember_links(todo_keys, todo_parents)
+                write_tiers: tuple[tuple[Tier, ...], ...]
+                if passing or self._writes_at_store():
+                    write_tiers = tuple(
+                        self._streamed_tiers(key)
+                        if j < passing and tier is not None
+                        else self._write_tiers(key)
+                        for j, key in enumerate(todo_keys)
+                    )
+                else:  # nothing is copied below at store time (write-back): no per-block ask
+                    write_tiers = ((),) * len(todo)
                 job = StoreJob(
                     job_id=next(self._ids),
-                    keys=tuple(keys[i] for i in todo),
+                    keys=tuple(todo_keys),
                     gpu_block_ids=(
                         None if gpu_block_ids is None else tuple(gpu_block_ids[i] for i in todo)
                     ),
                     host_slots=tuple(host_slots),
-                    write_tiers=tuple(
-                        self._streamed_tiers(keys[i])
-                        if j < passing and tier is not None
-                        else self._write_tiers(keys[i])
-                        for j, i in enumerate(todo)
-                    ),
+                    write_tiers=write_tiers,
                     parents=todo_parents if self.object_enabled else (),
                     spill_keys=tuple(v.key for v in chained),
                     spill_slots=tuple(v.host_slot for v in chained),
@@ -136,6 +143,12 @@ class StorePlanner(ObjectWriteBehind):
             n += 1
         return self.index.begin_pass_through(keys[:n], tier, parents[:n])
 
+    def _writes_at_store(self) -> bool:
+        """May `_write_tiers` name any tier (write-through to the spill or object tier)?"""
+        return (
+            self.spill_tier is not None and self.admission.write_through
+        ) or self.config.object_store_write_through
+
     def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""
         tier = self.spill_tier
@@ -163,7 +176,9 @@ class StorePlanner(ObjectWriteBehind):
 
     def _complete_store(self, job: StoreJob, result: JobResult) -> None:
         failed = result.failed
-        for tier in [t for t in LOWER_TIERS if any(t in ts for ts in job.write_tiers)]:
+        # A write-back store names no tier for any block (one C-level pass tells).
+        written = {t for ts in job.write_tiers for t in ts} if any(job.write_tiers) else set()
+        for tier in [t for t in LOWER_TIERS if t in written]:
             tier_failed = result.write_failed_on(tier)
             for key in (job.keys[i] for i in job.writes_to(tier)):
                 ok = key not in failed and key not in tier_failed
@@ -174,7 +189,7 @@ class StorePlanner(ObjectWriteBehind):
                         self._event("stored", key, tier)
                 else:
                     self._stats[f"{tier.value}_write_failed_blocks"] += 1
-        oks = [key not in failed for key in job.keys]
+        oks = [key not in failed for key in job.keys] if failed else [True] * len(job.keys)
         # Streamed blocks have no host copy (their lower-tier write above was all of them);
         # a slot only they used is free again.
         n = job.streamed

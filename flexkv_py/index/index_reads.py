@@ -157,7 +157,10 @@ class IndexReads:
     def known_many(self, keys: Sequence[bytes]) -> list[bool]:
         """`known` of each key under one lock (a store's planning asks it of every block)."""
         with self._lock:
-            entries, has = self._entries, self._cold.has
+            entries = self._entries
+            if not self._cold.live:  # no cold block anywhere (no lower tier holds one yet)
+                return [key in entries for key in keys]
+            has = self._cold.has
             return [key in entries or has(key) for key in keys]
 
     def entry(self, key: bytes) -> Entry | None:
