@@ -17,6 +17,7 @@ mod ops;
 mod probe;
 pub mod runtime;
 pub mod stats;
+mod stream_decode;
 #[cfg(test)]
 mod tests;
 
