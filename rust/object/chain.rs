@@ -25,6 +25,9 @@ use crate::hashing::HashAlgo;
 use crate::store::batch::Keepalive;
 use crate::store::{Batch, BlockResult, RawBuf, Status};
 
+/// Manifests whose last use this process remembers recording.
+const TOUCHED_CAP: usize = 1 << 16;
+
 pub fn manifest_path(prefix: &Path, end_key: &[u8]) -> Path {
     prefix.clone().join("m").join(hex_name(end_key))
 }
@@ -199,8 +202,9 @@ impl Shared {
             if touched.get(end_key).is_some_and(|t| t.elapsed() < self.cfg.touch_interval) {
                 return;
             }
-            if touched.len() >= 1 << 16 {
-                touched.clear();
+            // Bounded: the oldest use recorded is forgotten first (it only costs a touch).
+            while touched.len() >= TOUCHED_CAP {
+                touched.pop_front();
             }
             touched.insert(end_key.to_vec(), Instant::now());
         }

@@ -21,12 +21,12 @@ mod stream_decode;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
+use hashlink::LinkedHashMap;
 use object_store::path::Path;
 use parking_lot::Mutex;
 use tokio::runtime::Runtime;
@@ -61,7 +61,7 @@ pub struct Shared {
     /// Manifests (by their segment's last key) known to be stored.
     manifests: Mutex<KnownKeys>,
     /// When this process last recorded a manifest's use.
-    touched: Mutex<HashMap<Vec<u8>, Instant>>,
+    touched: Mutex<LinkedHashMap<Vec<u8>, Instant>>,
     stats: Arc<ObjectStats>,
 }
 
@@ -80,9 +80,11 @@ impl std::ops::Deref for ObjectTier {
 }
 
 fn hex_name(key: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut name = String::with_capacity(key.len() * 2);
-    for b in key {
-        name.push_str(&format!("{b:02x}"));
+    for &b in key {
+        name.push(HEX[(b >> 4) as usize] as char);
+        name.push(HEX[(b & 15) as usize] as char);
     }
     name
 }
