@@ -326,8 +326,11 @@ def main() -> None:
                     run(s3, blocks[:16], args.concurrency)
                 except ImportError:
                     pass
-            for _ in range(args.runs):
-                for name, run in runners.items():  # paired: every client once per run
+            for r in range(args.runs):
+                # Paired: every client once per run; every other run in reverse order, so no
+                # client always runs first after the previous run's deletes and writes.
+                order = list(runners.items())
+                for name, run in order if r % 2 == 0 else order[::-1]:
                     if name in skipped:
                         continue
                     try:

@@ -19,6 +19,7 @@ use object_store::path::Path;
 use super::manifest::{self, Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
+use super::fan_out::fan_out;
 use super::{hex_name, object_path, ObjectTier, Shared};
 use crate::error::Result;
 use crate::hashing::HashAlgo;
@@ -237,18 +238,16 @@ impl Shared {
         }
         let (hash, compression) = (HashAlgo::Xxh3_128, self.cfg.compression);
         let prefix = &self.prefix;
-        let mut puts = stream::iter(todo)
-            .map(|(i, key, buf)| {
-                let path = object_path(prefix, &key);
-                async move {
-                    let r = match super::encode_block(key.clone(), buf, hash, compression).await {
-                        Ok(body) => ctx.put(path, body, buf.len as u64).await,
-                        Err(r) => r,
-                    };
-                    (i, key, r)
-                }
-            })
-            .buffer_unordered(self.cfg.concurrency);
+        let mut puts = fan_out(todo, self.cfg.concurrency, |(i, key, buf)| {
+            let (ctx, path) = (ctx.clone(), object_path(prefix, &key));
+            async move {
+                let r = match super::encode_block(key.clone(), buf, hash, compression).await {
+                    Ok(body) => ctx.put(path, body, buf.len as u64).await,
+                    Err(r) => r,
+                };
+                (i, key, r)
+            }
+        });
         while let Some((i, key, r)) = puts.next().await {
             if r.status.is_ok() {
                 self.known.lock().insert(key);

@@ -10,6 +10,7 @@ mod chain_put;
 mod claim;
 pub mod codec;
 pub mod config;
+mod fan_out;
 pub mod gc;
 mod known;
 pub mod manifest;
@@ -34,6 +35,7 @@ use tokio::sync::Semaphore;
 
 pub use config::{Backend, ObjectConfig};
 
+use self::fan_out::fan_out;
 use self::known::KnownKeys;
 use self::ops::Ctx;
 use self::stats::{bump, ObjectStats};
@@ -246,7 +248,7 @@ impl ObjectTier {
         let width = self.cfg.concurrency;
         self.spawn_batch(items.len(), keepalive, move |ctx, shared| async move {
             let n = items.len();
-            let gets = stream::iter(items.into_iter().enumerate()).map(|(i, (key, buf))| {
+            let mut gets = fan_out(items.into_iter().enumerate(), width, |(i, (key, buf))| {
                 let ctx = ctx.clone();
                 let path = object_path(&prefix, &key);
                 async move {
@@ -257,7 +259,6 @@ impl ObjectTier {
                     (i, key, r)
                 }
             });
-            let mut gets = gets.buffer_unordered(width);
             let mut results: Vec<Option<BlockResult>> = vec![None; n];
             while let Some((i, key, r)) = gets.next().await {
                 if r.status == Status::Ok {
