@@ -16,10 +16,10 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 
+use super::fan_out::fan_out;
 use super::manifest::{self, Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
-use super::fan_out::fan_out;
 use super::{hex_name, object_path, ObjectTier, Shared};
 use crate::error::Result;
 use crate::hashing::HashAlgo;

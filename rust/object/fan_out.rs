@@ -18,16 +18,16 @@ where
     Fut: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    stream::iter(items)
-        .map(move |item| tokio::spawn(work(item)))
-        .buffer_unordered(width.max(1))
-        .filter_map(|joined| {
-            future::ready(match joined {
-                Ok(out) => Some(out),
-                Err(e) => {
-                    tracing::error!("object tier request task failed: {e}");
-                    None
-                }
-            })
-        })
+    let spawned = stream::iter(items).map(move |item| tokio::spawn(work(item)));
+    spawned.buffer_unordered(width.max(1)).filter_map(|joined| future::ready(ok_or_log(joined)))
+}
+
+fn ok_or_log<T>(joined: Result<T, tokio::task::JoinError>) -> Option<T> {
+    match joined {
+        Ok(out) => Some(out),
+        Err(e) => {
+            tracing::error!("object tier request task failed: {e}");
+            None
+        }
+    }
 }

@@ -245,10 +245,12 @@ impl ObjectTier {
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         let prefix = self.prefix.clone();
-        let width = self.cfg.concurrency;
         self.spawn_batch(items.len(), keepalive, move |ctx, shared| async move {
             let n = items.len();
-            let mut gets = fan_out(items.into_iter().enumerate(), width, |(i, (key, buf))| {
+            // Every get is spawned at once and waits for its permit (`Ctx::bounded`): a freed
+            // permit goes straight to the next get, not through this task. A get holds no
+            // memory of its own before its permit (the body goes into the caller's buffer).
+            let mut gets = fan_out(items.into_iter().enumerate(), n, |(i, (key, buf))| {
                 let ctx = ctx.clone();
                 let path = object_path(&prefix, &key);
                 async move {
