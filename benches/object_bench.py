@@ -45,6 +45,13 @@ from flexkv_py import _native
 from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, start_server
 
+Mark = tuple[float, float]  # (wall seconds, this process's CPU seconds: every thread)
+Marks = tuple[Mark, Mark, Mark]  # before the puts, between puts and gets, after the gets
+
+
+def mark() -> Mark:
+    return time.perf_counter(), time.process_time()
+
 
 def make_blocks(n: int, size: int) -> list[tuple[bytes, bytearray]]:
     seed = os.urandom(size)
@@ -69,17 +76,17 @@ def our_tier(s3: S3Server, prefix: str, concurrency: int, endpoint: str | None =
     )
 
 
-def run_ours(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> tuple[float, float]:
+def run_ours(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> Marks:
     tier = our_tier(s3, f"ours-{uuid.uuid4().hex[:8]}", conc)
-    t0 = time.perf_counter()
+    t0 = mark()
     put = tier.submit_put(blocks).wait(600)
-    t1 = time.perf_counter()
+    t1 = mark()
     outs = [bytearray(len(d)) for _, d in blocks]
     got = tier.submit_get([(k, o) for (k, _), o in zip(blocks, outs, strict=True)]).wait(600)
-    t2 = time.perf_counter()
+    t2 = mark()
     assert all(r.status == "ok" for r in put), put[:3]
     assert all(r.status == "ok" for r in got) and outs[-1] == blocks[-1][1]
-    return t1 - t0, t2 - t1
+    return t0, t1, t2
 
 
 def run_obstore(
@@ -87,7 +94,7 @@ def run_obstore(
     blocks: list[tuple[bytes, bytearray]],
     conc: int,
     mode: Literal["create", "overwrite"] = "overwrite",
-) -> tuple[float, float]:
+) -> Marks:
     import obstore
     from obstore.store import S3Store
 
@@ -102,7 +109,7 @@ def run_obstore(
         client_options={"allow_http": True, "timeout": "30s"},
     )
 
-    async def go() -> tuple[float, float, bytes]:
+    async def go() -> tuple[Marks, bytes]:
         sem = asyncio.Semaphore(conc)
 
         async def put(k: bytes, d: bytearray) -> None:
@@ -114,21 +121,19 @@ def run_obstore(
                 r = await obstore.get_async(store, k.decode())
                 return bytes(await r.bytes_async())
 
-        t0 = time.perf_counter()
+        t0 = mark()
         await asyncio.gather(*(put(k, d) for k, d in blocks))
-        t1 = time.perf_counter()
+        t1 = mark()
         got = await asyncio.gather(*(get(k) for k, _ in blocks))
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, got[-1]
+        t2 = mark()
+        return (t0, t1, t2), got[-1]
 
-    up, down, last = asyncio.run(go())
+    marks, last = asyncio.run(go())
     assert last == blocks[-1][1]
-    return up, down
+    return marks
 
 
-def run_boto3(
-    s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int
-) -> tuple[float, float]:
+def run_boto3(s3: S3Server, blocks: list[tuple[bytes, bytearray]], conc: int) -> Marks:
     import boto3
     from botocore.config import Config
 
@@ -142,7 +147,7 @@ def run_boto3(
     )
     prefix = f"boto3-{uuid.uuid4().hex[:8]}"
     with ThreadPoolExecutor(conc) as pool:
-        t0 = time.perf_counter()
+        t0 = mark()
         list(
             pool.map(
                 lambda kd: client.put_object(
@@ -151,7 +156,7 @@ def run_boto3(
                 blocks,
             )
         )
-        t1 = time.perf_counter()
+        t1 = mark()
         got = list(
             pool.map(
                 lambda kd: client.get_object(Bucket=s3.bucket, Key=f"{prefix}/{kd[0].decode()}")[
@@ -160,9 +165,9 @@ def run_boto3(
                 blocks,
             )
         )
-        t2 = time.perf_counter()
+        t2 = mark()
     assert got[-1] == blocks[-1][1]
-    return t1 - t0, t2 - t1
+    return t0, t1, t2
 
 
 def counted_pass(
@@ -306,7 +311,7 @@ def main() -> None:
         args.blocks, args.block_kib, args.runs = 64, 64, 1
     blocks = make_blocks(args.blocks, args.block_kib * 1024)
     payload = sum(len(d) for _, d in blocks)
-    runners: dict[str, Callable[..., tuple[float, float]]] = {
+    runners: dict[str, Callable[..., Marks]] = {
         "ours": run_ours,
         "obstore": run_obstore,
         # The same loop with conditional creates (If-None-Match: *), what our puts send.
@@ -317,7 +322,7 @@ def main() -> None:
         s3 = start_server(Path(tmp))
         try:
             times: dict[str, dict[str, list[float]]] = {
-                name: {"up": [], "down": []} for name in runners
+                name: {"up": [], "down": [], "up_cpu": [], "down_cpu": []} for name in runners
             }
             skipped: dict[str, str] = {}
             # Warm-up, untimed: the server allocates its first volumes on the first writes.
@@ -326,17 +331,22 @@ def main() -> None:
                     run(s3, blocks[:16], args.concurrency)
                 except ImportError:
                     pass
-            for _ in range(args.runs):
-                for name, run in runners.items():  # paired: every client once per run
+            for run_no in range(args.runs):
+                # Paired: every client once per run; every other run in reverse order, so no
+                # client always runs first after the previous run's deletes and writes.
+                order = list(runners.items())
+                for name, run in order if run_no % 2 == 0 else order[::-1]:
                     if name in skipped:
                         continue
                     try:
-                        up, down = run(s3, blocks, args.concurrency)
+                        t0, t1, t2 = run(s3, blocks, args.concurrency)
                     except ImportError as e:
                         skipped[name] = str(e)
                         continue
-                    times[name]["up"].append(up)
-                    times[name]["down"].append(down)
+                    times[name]["up"].append(t1[0] - t0[0])
+                    times[name]["down"].append(t2[0] - t1[0])
+                    times[name]["up_cpu"].append(t1[1] - t0[1])
+                    times[name]["down_cpu"].append(t2[1] - t1[1])
             counts = counted_pass(s3, blocks[: min(len(blocks), 256)], args.concurrency)
             counts.update(chain_pass(s3, args.chain_blocks, args.concurrency))
             counts.update(racing_pass(s3, 4 * 64 + 10, args.concurrency, args.block_kib * 1024))
@@ -354,16 +364,20 @@ def main() -> None:
             "put_gbps_max": payload / min(t["up"]) / 1e9,
             "get_gbps_min": payload / max(t["down"]) / 1e9,
             "get_gbps_max": payload / min(t["down"]) / 1e9,
+            # The client's CPU (this process, every thread; the server is another process) per
+            # GB moved: the load-independent part of the cost on a CPU-bound machine.
+            "put_cpu_s_per_gb": statistics.median(t["up_cpu"]) / (payload / 1e9),
+            "get_cpu_s_per_gb": statistics.median(t["down_cpu"]) / (payload / 1e9),
         }
     # Ours over each other client, per paired run, then the median (pairs share the load).
     ratios: dict[str, float] = {}
     for other in ("obstore", "obstore_create", "boto3"):
         if other not in rows:
             continue
-        for way in ("up", "down"):
+        for way in ("up", "down", "up_cpu", "down_cpu"):
             pairs = [o / m for m, o in zip(times["ours"][way], times[other][way], strict=True)]
-            name = f"ours_over_{other}_{'put' if way == 'up' else 'get'}"
-            ratios[name] = statistics.median(pairs)
+            kind = {"up": "put", "down": "get", "up_cpu": "put_cpu", "down_cpu": "get_cpu"}[way]
+            ratios[f"ours_over_{other}_{kind}"] = statistics.median(pairs)
     print(
         f"{args.blocks} blocks x {args.block_kib} KiB, concurrency {args.concurrency}, "
         f"{args.runs} run(s), median"
@@ -372,7 +386,8 @@ def main() -> None:
     for name, r in rows.items():
         print(
             f"{name:8} {r['put_gbps']:9.3f} {r['put_gbps_min']:6.3f}-{r['put_gbps_max']:.3f} "
-            f"{r['get_gbps']:9.3f} {r['get_gbps_min']:6.3f}-{r['get_gbps_max']:.3f}"
+            f"{r['get_gbps']:9.3f} {r['get_gbps_min']:6.3f}-{r['get_gbps_max']:.3f}  "
+            f"client CPU s/GB put {r['put_cpu_s_per_gb']:.2f} get {r['get_cpu_s_per_gb']:.2f}"
         )
     for k, v in ratios.items():
         print(f"{k}: {v:.3f} (median of paired runs; > 1: ours is faster)")

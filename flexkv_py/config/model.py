@@ -50,6 +50,8 @@ class FlexKVConfig:
     object_store_allow_weak_hash: bool = False
     object_store_write_through: bool = False
     object_store_lookup_wait_s: float = 2.0
+    object_store_io_timeout_s: float = 30.0
+    object_store_hint_cap: int = 1 << 20
     object_store_gc_ttl_s: float = 0.0
     object_store_gc_budget_gb: float = 0.0
     object_store_gc_interval_s: float = 300.0

@@ -231,6 +231,20 @@ FIELDS: tuple[Field, ...] = (
         "bucket's answer, > 0; later: a miss",
     ),
     Field(
+        "object_store_io_timeout_s",
+        _as_float,
+        30.0,
+        "longest wait for one object-store batch (a load's sub-batch, a write-behind job), > 0; "
+        "later: its blocks fail (io_timeout), recompute",
+    ),
+    Field(
+        "object_store_hint_cap",
+        _as_int,
+        1 << 20,
+        "object-tier presence hints (blocks known to be in the bucket) kept per rank, >= 0; "
+        "past it the oldest are forgotten (asked of the bucket again)",
+    ),
+    Field(
         "object_store_gc_ttl_s",
         _as_float,
         0.0,

@@ -62,6 +62,12 @@ def _check_object_store(cfg: FlexKVConfig) -> None:
             )
     for key in ("object_store_lookup_wait_s", "object_store_gc_interval_s"):
         _positive(key, getattr(cfg, key))
+    _positive("object_store_io_timeout_s", cfg.object_store_io_timeout_s)
+    if cfg.object_store_hint_cap < 0:
+        raise ConfigError(
+            f"object_store_hint_cap: must be >= 0 (0: no hints kept), got "
+            f"{cfg.object_store_hint_cap}"
+        )
     for key in ("object_store_gc_ttl_s", "object_store_gc_budget_gb"):
         value = getattr(cfg, key)
         if not (value >= 0 and math.isfinite(value)):

@@ -112,7 +112,11 @@ class JobExecutor:
             tiers = dict(options.tiers)
         self.tiers: dict[Tier, LowerTier] = tiers
         # Bounded lower-tier waits and the host slots a timed-out batch may still touch.
-        self.late_io = LateIo(config.ssd_io_timeout_s, (*configured_tiers(config), *tiers))
+        self.late_io = LateIo(
+            config.ssd_io_timeout_s,
+            (*configured_tiers(config), *tiers),
+            {Tier.OBJECT: config.object_store_io_timeout_s},
+        )
         self._threads = ThreadPoolExecutor(options.max_workers, thread_name_prefix="flexkv-job")
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a submit call ends

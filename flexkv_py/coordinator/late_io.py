@@ -1,12 +1,12 @@
 """Bounded lower-tier waits: a stuck device becomes per-block `io_timeout` failures, never a
 hung job.
 
-Every wait of the executor on a lower tier's batch (the SSD store today) is bounded by
-``ssd_io_timeout_s``. When it runs out, the batch's blocks fail with IO_TIMEOUT at once (a load
-reports them as load errors and vLLM recomputes them; a store does not commit their lower-tier
-copies; a spill loses its victims), and the job ends. The I/O itself cannot be cancelled (the
-kernel, or an io_uring, may still read or write the host slots hours later), so its slots are
-*fenced* here until the batch really completes:
+Every wait of the executor on a lower tier's batch is bounded by ``ssd_io_timeout_s`` (the
+object tier's by ``object_store_io_timeout_s``). When it runs out, the batch's blocks fail with
+IO_TIMEOUT at once (a load reports them as load errors and vLLM recomputes them; a store does
+not commit their lower-tier copies; a spill loses its victims), and the job ends. The I/O itself
+cannot be cancelled (the kernel, or an io_uring, may still read or write the host slots hours
+later), so its slots are *fenced* here until the batch really completes:
 
 - nothing may write into a fenced slot: a store whose host slot is fenced fails that block
   (no GPU->host copy, no fill into it), a load does not stage a tier read into a fenced slot
@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,10 +56,20 @@ class LateIo:
     """Bounded waits on lower-tier batches and the host slots that timed-out batches may still
     touch. `tiers`: those whose fence count is always in `stats` (others once they fence)."""
 
-    def __init__(self, timeout_s: float, tiers: Iterable[Tier] = ()) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        tiers: Iterable[Tier] = (),
+        tier_timeouts: Mapping[Tier, float] | None = None,
+    ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"ssd_io_timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
+        # Tiers with a bound of their own (the object tier: object_store_io_timeout_s).
+        self.tier_timeouts = dict(tier_timeouts or {})
+        for tier, bound in self.tier_timeouts.items():
+            if not bound > 0:
+                raise ValueError(f"{tier.value} I/O timeout must be > 0, got {bound}")
         self._lock = threading.Lock()
         # host slot -> the late batch that may touch it, and its tier
         self._held: dict[int, tuple[BatchLike, Tier]] = {}
@@ -78,7 +88,7 @@ class LateIo:
         """The batch's results, or None if it is not done within the bound (`timeout`, default
         ssd_io_timeout_s): then its `slots` are fenced until it completes (callers fail its
         blocks with IO_TIMEOUT)."""
-        bound = self.timeout_s if timeout is None else timeout
+        bound = self.tier_timeouts.get(tier, self.timeout_s) if timeout is None else timeout
         try:
             return batch.wait(bound)
         except TimeoutError:
@@ -91,12 +101,13 @@ class LateIo:
             self._stats[f"{tier.value}_io_timeout_blocks"] += len(slots)
             self._timeout_blocks += len(slots)
         logger.error(
-            "%s %s of %d blocks not done after %g s (ssd_io_timeout_s): the blocks fail "
+            "%s %s of %d blocks not done after %g s (%s): the blocks fail "
             "(io_timeout) and their host slots stay fenced until the device completes it",
             tier.value,
             what,
             len(slots),
             bound,
+            "object_store_io_timeout_s" if tier is Tier.OBJECT else "ssd_io_timeout_s",
         )
         return None
 

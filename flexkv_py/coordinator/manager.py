@@ -184,6 +184,7 @@ class CacheManager(StorePlanner, LoadPlanner):
                 self._write_behind.clear()
             if self._object_queue is not None:
                 self._object_queue.clear()
+            self._object_hints.clear()
             drop: list[bytes] = []
             tiers: set[Tier] = set()
             # Newest first (insertion order reversed): a chain's blocks mostly leave from its
@@ -219,6 +220,7 @@ class CacheManager(StorePlanner, LoadPlanner):
             out["write_behind_inflight_jobs"] = len(self._write_behind_jobs)
             if self.object_enabled:
                 out["object_write_pending_blocks"] = self.object_write_pending()
+                out["object_hints"] = len(self._object_hints)
             wear = self._written_per_served()
             if wear is not None:  # SSD bytes written per byte it served
                 out[f"{(self.spill_tier or Tier.SSD).value}_written_per_served"] = round(wear, 3)

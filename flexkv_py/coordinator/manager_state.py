@@ -25,6 +25,7 @@ from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.object_hints import ObjectHints
 
 # Object write-behind lag when the SSD's is off (write_behind_lag_s 0): the bucket has no
 # eviction path to catch blocks up, so its write-behind is always on.
@@ -107,6 +108,7 @@ class ManagerState:
             self._object_queue = WriteBehindQueue(lag, rate)
         self._object_jobs: set[int] = set()
         self._object_links: OrderedDict[bytes, bytes | None] = OrderedDict()
+        self._object_hints = ObjectHints(config.object_store_hint_cap)  # tiers/object_hints.py
         self._free_target = min(slots, math.ceil(free_target * slots))
         self._lock = threading.RLock()
         self._ids = itertools.count(1)

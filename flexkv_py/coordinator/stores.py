@@ -184,6 +184,8 @@ class StorePlanner(ObjectWriteBehind):
                 ok = key not in failed and key not in tier_failed
                 self.index.commit_write(key, tier, ok)
                 if ok:
+                    if tier is Tier.OBJECT:
+                        self._learned_on_object([key])  # capped hints (write_behind_object.py)
                     self._stats[f"{tier.value}_written_blocks"] += 1
                     if self.index.readable_on(key, tier):  # not reset while it was written
                         self._event("stored", key, tier)

@@ -126,6 +126,15 @@ class ObjectWriteBehind(WriteBehind):
     def _complete_object_write(self, job: SpillJob, result: JobResult) -> None:
         self._object_jobs.discard(job.job_id)
         self._commit_pinned_writes(job, result, "object_write_behind")
+        self._learned_on_object(k for k in job.keys if k not in result.failed)
+
+    def _learned_on_object(self, keys: Iterable[bytes]) -> None:
+        """`keys` are marked present on the object tier now: past `object_store_hint_cap`
+        hints the oldest are forgotten here (tiers/object_hints.py; still in the bucket)."""
+        forget = self._object_hints.learned(keys)
+        if forget:
+            self.index.set_present(forget, Tier.OBJECT, False)
+            self._stats["object_hints_forgotten"] += len(forget)
 
     def note_object_hits(self, keys: Sequence[bytes], start: int, count: int) -> int:
         """The bucket holds `keys[:count]` (a prompt's chain, root first, from a lookup): the
@@ -137,6 +146,7 @@ class ObjectWriteBehind(WriteBehind):
             hit = list(keys[start:count])
             self._remember_links(hit, [keys[i - 1] if i else None for i in range(start, count)])
             changed = self.index.set_present(hit, Tier.OBJECT, True)
+            self._learned_on_object(hit)
             self._stats["object_lookup_hit_blocks"] += count - start
             return len(changed)
 

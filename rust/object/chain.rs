@@ -16,6 +16,7 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 
+use super::fan_out::fan_out;
 use super::manifest::{self, Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
@@ -24,6 +25,9 @@ use crate::error::Result;
 use crate::hashing::HashAlgo;
 use crate::store::batch::Keepalive;
 use crate::store::{Batch, BlockResult, RawBuf, Status};
+
+/// Manifests whose last use this process remembers recording.
+const TOUCHED_CAP: usize = 1 << 16;
 
 pub fn manifest_path(prefix: &Path, end_key: &[u8]) -> Path {
     prefix.clone().join("m").join(hex_name(end_key))
@@ -199,8 +203,9 @@ impl Shared {
             if touched.get(end_key).is_some_and(|t| t.elapsed() < self.cfg.touch_interval) {
                 return;
             }
-            if touched.len() >= 1 << 16 {
-                touched.clear();
+            // Bounded: the oldest use recorded is forgotten first (it only costs a touch).
+            while touched.len() >= TOUCHED_CAP {
+                touched.pop_front();
             }
             touched.insert(end_key.to_vec(), Instant::now());
         }
@@ -233,18 +238,16 @@ impl Shared {
         }
         let (hash, compression) = (HashAlgo::Xxh3_128, self.cfg.compression);
         let prefix = &self.prefix;
-        let mut puts = stream::iter(todo)
-            .map(|(i, key, buf)| {
-                let path = object_path(prefix, &key);
-                async move {
-                    let r = match super::encode_block(key.clone(), buf, hash, compression).await {
-                        Ok(body) => ctx.put(path, body, buf.len as u64).await,
-                        Err(r) => r,
-                    };
-                    (i, key, r)
-                }
-            })
-            .buffer_unordered(self.cfg.concurrency);
+        let mut puts = fan_out(todo, self.cfg.concurrency, |(i, key, buf)| {
+            let (ctx, path) = (ctx.clone(), object_path(prefix, &key));
+            async move {
+                let r = match super::encode_block(key.clone(), buf, hash, compression).await {
+                    Ok(body) => ctx.put(path, body, buf.len as u64).await,
+                    Err(r) => r,
+                };
+                (i, key, r)
+            }
+        });
         while let Some((i, key, r)) = puts.next().await {
             if r.status.is_ok() {
                 self.known.lock().insert(key);

@@ -47,6 +47,17 @@ pub fn encode(key: &[u8], raw: &[u8], hash: HashAlgo, compression: Compression) 
 
 /// The header and where the payload starts, checked against `key` and the body's length.
 pub fn decode_header(key: &[u8], body: &[u8]) -> Result<(BlockHeader, usize), DecodeError> {
+    let (header, start) = parse_header(key, body)?;
+    let payload_len = (body.len() - start) as u64;
+    if payload_len != header.stored_len {
+        return Err(corrupt(format!("payload is {payload_len} bytes, header says {}", header.stored_len)));
+    }
+    Ok((header, start))
+}
+
+/// The header at the start of `body` (CRC and key checked) and where the payload starts; the
+/// payload's length is the caller's to check.
+pub fn parse_header(key: &[u8], body: &[u8]) -> Result<(BlockHeader, usize), DecodeError> {
     let len_bytes: [u8; 2] =
         body.get(..2).and_then(|b| b.try_into().ok()).ok_or_else(|| corrupt("empty object"))?;
     let used = u16::from_le_bytes(len_bytes) as usize;
@@ -64,12 +75,7 @@ pub fn decode_header(key: &[u8], body: &[u8]) -> Result<(BlockHeader, usize), De
             String::from_utf8_lossy(key)
         )));
     }
-    let start = 2 + used;
-    let payload_len = (body.len() - start) as u64;
-    if payload_len != header.stored_len {
-        return Err(corrupt(format!("payload is {payload_len} bytes, header says {}", header.stored_len)));
-    }
-    Ok((header, start))
+    Ok((header, 2 + used))
 }
 
 /// Verify `body` and write the block into `out`; returns the block's length. On any error the

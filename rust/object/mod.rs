@@ -10,6 +10,7 @@ mod chain_put;
 mod claim;
 pub mod codec;
 pub mod config;
+mod fan_out;
 pub mod gc;
 mod known;
 pub mod manifest;
@@ -17,15 +18,16 @@ mod ops;
 mod probe;
 pub mod runtime;
 pub mod stats;
+mod stream_decode;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
+use hashlink::LinkedHashMap;
 use object_store::path::Path;
 use parking_lot::Mutex;
 use tokio::runtime::Runtime;
@@ -33,6 +35,7 @@ use tokio::sync::Semaphore;
 
 pub use config::{Backend, ObjectConfig};
 
+use self::fan_out::fan_out;
 use self::known::KnownKeys;
 use self::ops::Ctx;
 use self::stats::{bump, ObjectStats};
@@ -60,7 +63,7 @@ pub struct Shared {
     /// Manifests (by their segment's last key) known to be stored.
     manifests: Mutex<KnownKeys>,
     /// When this process last recorded a manifest's use.
-    touched: Mutex<HashMap<Vec<u8>, Instant>>,
+    touched: Mutex<LinkedHashMap<Vec<u8>, Instant>>,
     stats: Arc<ObjectStats>,
 }
 
@@ -79,9 +82,11 @@ impl std::ops::Deref for ObjectTier {
 }
 
 fn hex_name(key: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut name = String::with_capacity(key.len() * 2);
-    for b in key {
-        name.push_str(&format!("{b:02x}"));
+    for &b in key {
+        name.push(HEX[(b >> 4) as usize] as char);
+        name.push(HEX[(b & 15) as usize] as char);
     }
     name
 }
@@ -240,10 +245,12 @@ impl ObjectTier {
         keepalive: Option<Keepalive>,
     ) -> Result<Arc<Batch>> {
         let prefix = self.prefix.clone();
-        let width = self.cfg.concurrency;
         self.spawn_batch(items.len(), keepalive, move |ctx, shared| async move {
             let n = items.len();
-            let gets = stream::iter(items.into_iter().enumerate()).map(|(i, (key, buf))| {
+            // Every get is spawned at once and waits for its permit (`Ctx::bounded`): a freed
+            // permit goes straight to the next get, not through this task. A get holds no
+            // memory of its own before its permit (the body goes into the caller's buffer).
+            let mut gets = fan_out(items.into_iter().enumerate(), n, |(i, (key, buf))| {
                 let ctx = ctx.clone();
                 let path = object_path(&prefix, &key);
                 async move {
@@ -254,7 +261,6 @@ impl ObjectTier {
                     (i, key, r)
                 }
             });
-            let mut gets = gets.buffer_unordered(width);
             let mut results: Vec<Option<BlockResult>> = vec![None; n];
             while let Some((i, key, r)) = gets.next().await {
                 if r.status == Status::Ok {

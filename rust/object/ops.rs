@@ -5,13 +5,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    GetResultPayload, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 use tokio::sync::Semaphore;
 
 use super::codec::{decode_into, DecodeError};
 use super::stats::{bump, ObjectStats};
+use super::stream_decode::StreamDecode;
 use crate::store::{BlockResult, RawBuf, Status};
 
 /// What every request of one tier shares.
@@ -125,39 +128,75 @@ impl Ctx {
         }
     }
 
-    /// Fetch, verify and copy one block into `out`.
+    /// Fetch, verify and copy one block into `out`. A streamed body is decoded as it arrives,
+    /// straight into `out` (`stream_decode`: one copy of the payload); a local file's is read
+    /// whole. Any failure leaves `out` zeroed: no plausible bytes behind a failed read.
     pub async fn get(&self, path: Path, key: &[u8], out: RawBuf) -> BlockResult {
         bump(&self.stats.get_requests, 1);
-        let fetch = async {
-            let got = self.store.get(&path).await?;
-            got.bytes().await
-        };
-        let body = match self.bounded(fetch).await {
-            Outcome::Done(Ok(b)) => b,
-            Outcome::Done(Err(object_store::Error::NotFound { .. })) => {
-                bump(&self.stats.gets_not_found, 1);
-                return BlockResult::new(Status::NotFound, 0);
+        let outcome = self.bounded(self.fetch_into(&path, key, out)).await;
+        let zero = || {
+            if out.len > 0 {
+                // SAFETY: as in `fetch_into`; the fetch future is finished or dropped here.
+                unsafe { out.as_mut_slice() }.fill(0);
             }
-            Outcome::Done(Err(e)) => return self.io_error(self.message(e)),
-            Outcome::Failed(msg) => return self.io_error(msg),
-            Outcome::TimedOut => return self.timed_out("get"),
         };
-        bump(&self.stats.get_body_bytes, body.len() as u64);
-        // SAFETY: the submitter keeps `out` valid and unaliased until the batch completes,
-        // and the batch completes only after this future has finished.
-        // An empty buffer may come with a null address: never made a slice.
-        let dst: &mut [u8] = if out.len == 0 { &mut [] } else { unsafe { out.as_mut_slice() } };
-        match decode_into(key, &body, dst) {
-            Ok(n) => {
+        match outcome {
+            Outcome::Done(Ok(Ok(n))) => {
                 bump(&self.stats.gets_ok, 1);
                 BlockResult::new(Status::Ok, n as u64)
             }
-            Err(DecodeError::Corrupt(why)) => {
+            Outcome::Done(Ok(Err(DecodeError::Corrupt(why)))) => {
+                zero();
                 bump(&self.stats.gets_corrupt, 1);
                 BlockResult::failed(Status::Corrupt, self.message(format!("{path}: {why}")))
             }
-            Err(DecodeError::BadBuffer(why)) => BlockResult::failed(Status::BadBuffer, why),
+            Outcome::Done(Ok(Err(DecodeError::BadBuffer(why)))) => {
+                zero();
+                BlockResult::failed(Status::BadBuffer, why)
+            }
+            Outcome::Done(Err(object_store::Error::NotFound { .. })) => {
+                bump(&self.stats.gets_not_found, 1);
+                BlockResult::new(Status::NotFound, 0)
+            }
+            Outcome::Done(Err(e)) => {
+                zero();
+                self.io_error(self.message(e))
+            }
+            Outcome::Failed(msg) => self.io_error(msg),
+            Outcome::TimedOut => {
+                zero();
+                self.timed_out("get")
+            }
         }
+    }
+
+    /// The request and the decode of one get: an `object_store` error, or the decode's answer.
+    async fn fetch_into(
+        &self,
+        path: &Path,
+        key: &[u8],
+        out: RawBuf,
+    ) -> object_store::Result<Result<usize, DecodeError>> {
+        let got = self.store.get(path).await?;
+        // SAFETY: the submitter keeps `out` valid and unaliased until the batch completes,
+        // and the batch completes only after this future has finished (or was dropped).
+        // An empty buffer may come with a null address: never made a slice.
+        let dst: &mut [u8] = if out.len == 0 { &mut [] } else { unsafe { out.as_mut_slice() } };
+        if matches!(got.payload, GetResultPayload::Stream(_)) {
+            let mut body = got.into_stream();
+            let mut decode = StreamDecode::new(key, dst);
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                bump(&self.stats.get_body_bytes, chunk.len() as u64);
+                if let Err(e) = decode.feed(&chunk) {
+                    return Ok(Err(e));
+                }
+            }
+            return Ok(decode.finish());
+        }
+        let body = got.bytes().await?;
+        bump(&self.stats.get_body_bytes, body.len() as u64);
+        Ok(decode_into(key, &body, dst))
     }
 
     /// Whether the object exists: `Ok(bool)`, or the error that kept us from knowing.

@@ -43,6 +43,7 @@ from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.scheduler_side_object import ObjectHits
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 from flexkv_py.integration.vllm.store_planning import StorePlanner
+from flexkv_py.tiers.object_counters import Increments
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -113,6 +114,7 @@ class SchedulerSide:
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
         self._objects = ObjectHits.open(config, info, self._mgr)
+        self._object_increments = Increments()
 
     # ---------------------------------------------------------------- lookup / load
     def get_num_new_matched_tokens(
@@ -381,6 +383,9 @@ class SchedulerSide:
         return True
 
     def get_stats(self) -> FlexKVConnectorStats | None:
+        if self._objects is not None:  # the bucket lookups' counters, as increments
+            for key, grew in self._object_increments.since_last(self._objects.totals()).items():
+                self._stats.add(key, grew)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, FlexKVConnectorStats()

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from flexkv_py.tiers.object_counters import tier_totals
 from flexkv_py.tiers.object_lookups import PendingLookups
 from flexkv_py.tiers.object_open import open_object_tier
 
@@ -82,6 +83,14 @@ class ObjectHits:
     def gave_up(self) -> int:
         """Lookups answered as a miss because they ran past the wait."""
         return self._pending.gave_up
+
+    def totals(self) -> dict[str, int]:
+        """Running totals for the connector's stats (tiers/object_counters.py)."""
+        return {
+            "object_lookups_asked_later": self.asked,
+            "object_lookups_gave_up": self.gave_up,
+            **tier_totals(self._tier.stats(), "object_lookup"),
+        }
 
     def forget(self, request_id: Hashable) -> None:
         self._pending.forget(request_id)

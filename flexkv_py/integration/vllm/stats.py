@@ -37,6 +37,16 @@ COUNTERS = (
     "store_abandoned_jobs",  # stores failed because their GPU blocks were reused mid-copy
     "ssd_io_timeout_blocks",  # blocks whose SSD I/O ran past ssd_io_timeout_s (recomputed)
     "ssd_unavailable",  # workers whose SSD tier could not be opened (host tier only)
+    # The object tier (tiers/object_counters.py): the workers' requests and failures, the
+    # scheduler's lookups ("ask again later" answers, give-ups after the wait, its requests).
+    "object_requests",
+    "object_io_errors",
+    "object_timeouts",
+    "object_lookups_asked_later",
+    "object_lookups_gave_up",
+    "object_lookup_requests",
+    "object_lookup_io_errors",
+    "object_lookup_timeouts",
 )
 
 

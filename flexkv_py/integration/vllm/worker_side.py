@@ -46,6 +46,7 @@ from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
 from flexkv_py.integration.vllm.restart_inventory import PARENTS_RANK
 from flexkv_py.integration.vllm.shutdown_drain import HostOnlyBlocks
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+from flexkv_py.tiers.object_counters import Increments, tier_totals
 
 if TYPE_CHECKING:
     import torch
@@ -88,6 +89,7 @@ class WorkerSide:
         self._out = FlexKVWorkerMetadata()
         self._stats = FlexKVConnectorStats()
         self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
+        self._object_increments = Increments()  # object tier counters already in stats
         self._meta_reader: RecoveredMetaReader | None = None
         # Host blocks not on the SSD, written at shutdown (shutdown_drain.py); store jobs by id.
         self._host_only = HostOnlyBlocks(config.admission_spec.min_hits)
@@ -317,6 +319,10 @@ class WorkerSide:
         return out
 
     def get_stats(self) -> FlexKVConnectorStats | None:
+        obj = self.executor.tiers.get(Tier.OBJECT) if self._executor is not None else None
+        if obj is not None:  # the rank's object requests and errors, as increments
+            for key, grew in self._object_increments.since_last(tier_totals(obj.stats())).items():
+                self._stats.add(key, grew)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, FlexKVConnectorStats()
