@@ -120,29 +120,16 @@ class ObjectWriteBehind(WriteBehind):
             budget = self._job_budget(queue, drain)
             if budget <= 0:
                 return None
-            keys, slots, on_ssd = [], [], []
-            links = self._object_links
-            for key in queue.take(budget):
-                if links.get(key) in queue:
-                    # Its parent is still owed: ancestors go first (a segment's manifest is
-                    # written only once its ancestors are stored), this one goes next time.
-                    queue.add(key)
-                    continue
-                slot = self.index.host_slot_of(key)
-                if slot is None:
-                    where = self._off_host(key)
-                    if where == "ssd":
-                        on_ssd.append(key)
-                    elif where == "later":
-                        queue.add(key)
-                    elif not self.index.readable_on(key, Tier.OBJECT):
-                        self._stats["object_write_behind_lost_blocks"] += 1
-                    continue
-                if not self.index.begin_write(key, Tier.OBJECT):
-                    continue  # there / on its way already
-                self.index.pin([key])
-                keys.append(key)
-                slots.append(slot)
+            keys: list[bytes] = []
+            slots: list[int] = []
+            on_ssd: list[bytes] = []
+            # Keys that turn out to need nothing (lost, uploaded) do not end the turn: the
+            # next ones are looked at, each queued key at most once (a step: a few batches).
+            looked, queued = 0, len(queue) if drain else min(len(queue), 8 * budget)
+            while not keys and not on_ssd and looked < queued:
+                batch = queue.take(min(budget, queued - looked))
+                looked += len(batch)
+                self._pick(batch, queue, keys, slots, on_ssd)
             staged = self._stage_from_ssd(on_ssd, queue)
             if not keys and not staged:
                 return None
@@ -151,6 +138,39 @@ class ObjectWriteBehind(WriteBehind):
             if staged:
                 return self._staging_job(staged, keys, slots)
             return self._upload_job(keys, slots)
+
+    def _pick(
+        self,
+        batch: list[bytes],
+        queue: WriteBehindQueue,
+        keys: list[bytes],
+        slots: list[int],
+        on_ssd: list[bytes],
+    ) -> None:
+        """Sort taken keys: host blocks to upload (`keys`, `slots`: begun, pinned), blocks to
+        stage from the SSD (`on_ssd`), back in the queue, or nothing to do. Lock held."""
+        links = self._object_links
+        for key in batch:
+            if links.get(key) in queue:
+                # Its parent is still owed: ancestors go first (a segment's manifest is
+                # written only once its ancestors are stored), this one goes next time.
+                queue.add(key)
+                continue
+            slot = self.index.host_slot_of(key)
+            if slot is None:
+                where = self._off_host(key)
+                if where == "ssd":
+                    on_ssd.append(key)
+                elif where == "later":
+                    queue.add(key)
+                elif not self.index.readable_on(key, Tier.OBJECT):
+                    self._stats["object_write_behind_lost_blocks"] += 1
+                continue
+            if not self.index.begin_write(key, Tier.OBJECT):
+                continue  # there / on its way already
+            self.index.pin([key])
+            keys.append(key)
+            slots.append(slot)
 
     def _stage_from_ssd(
         self, keys: list[bytes], queue: WriteBehindQueue
