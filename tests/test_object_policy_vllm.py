@@ -33,6 +33,21 @@ def _bucket_blocks(s3: S3Server, prefix: str) -> int:
     return len(listed.get("Contents", []))
 
 
+def _produced(
+    s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch, seed: int, tp_size: int = 1
+) -> tuple[str, list[int], Any, int]:
+    """(bucket prefix, prompt, the producer's output, the positions it computed) of a prompt
+    a producer engine wrote to a fresh bucket prefix."""
+    prefix = f"policy-{uuid.uuid4().hex[:8]}"
+    _setenv(monkeypatch, object_env(s3, prefix))
+    prompt = vh.prompt_tokens(seed, BLOCKS * BS + 5)
+    producer = produce(model_dir, prompt, tp_size=tp_size)
+    try:
+        return prefix, prompt, producer.outputs["P"], producer.workers[0].model.written["P"]
+    finally:
+        producer.shutdown()
+
+
 def test_blocks_evicted_from_a_tiny_host_tier_reach_the_bucket_from_the_ssd(
     s3: S3Server, model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,13 +97,7 @@ def test_blocks_evicted_from_a_tiny_host_tier_reach_the_bucket_from_the_ssd(
 def test_a_bucket_hit_is_prefetched_and_the_load_reads_host_memory(
     s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prefix = f"prefetch-{uuid.uuid4().hex[:8]}"
-    _setenv(monkeypatch, object_env(s3, prefix))
-    prompt = vh.prompt_tokens(70, BLOCKS * BS + 5)
-    producer = produce(model_dir, prompt)
-    expected = producer.outputs["P"]
-    computed = producer.workers[0].model.written["P"]
-    producer.shutdown()
+    prefix, prompt, expected, computed = _produced(s3, model_dir, monkeypatch, 70)
     proxy = CountingProxy(s3.ports["s3"])
     try:
         _setenv(monkeypatch, object_env(s3, prefix, proxy.endpoint, prefetch=256))
@@ -111,13 +120,7 @@ def test_a_bucket_hit_is_prefetched_and_the_load_reads_host_memory(
 def test_tp2_ranks_upload_and_load_their_own_shards(
     s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prefix = f"tp2-{uuid.uuid4().hex[:8]}"
-    _setenv(monkeypatch, object_env(s3, prefix))
-    prompt = vh.prompt_tokens(80, BLOCKS * BS + 5)
-    producer = produce(model_dir, prompt, tp_size=2)
-    expected = producer.outputs["P"]
-    computed = producer.workers[0].model.written["P"]
-    producer.shutdown()
+    prefix, prompt, expected, computed = _produced(s3, model_dir, monkeypatch, 80, tp_size=2)
     # One object per block and rank: each rank's shard under its own keys.
     assert _bucket_blocks(s3, prefix) == 2 * BLOCKS
     got = consume(model_dir, prompt, tp_size=2)
