@@ -117,6 +117,27 @@ def test_a_bucket_hit_is_prefetched_and_the_load_reads_host_memory(
     assert gets == BLOCKS
 
 
+def test_a_prefetch_that_reads_wrong_bytes_shortens_the_hit_and_serves_no_wrong_kv(
+    s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, prompt, expected, computed = _produced(s3, model_dir, monkeypatch, 75)
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=f"{prefix}/b/")
+    for o in listed["Contents"][:2]:  # the same length, other bytes: only the checksum can tell
+        client.put_object(Bucket=s3.bucket, Key=o["Key"], Body=b"\x5a" * o["Size"])
+    _setenv(monkeypatch, object_env(s3, prefix, prefetch=256))
+    got = consume(model_dir, prompt)
+    assert got["finished"] and got["outputs"] == expected and not got["mismatches"]
+    stats = got["stats"]
+    assert stats["object_prefetch_failed_blocks"] == 2
+    assert stats["object_read_corrupt_blocks"] == 2
+    # The bad copies were forgotten before the load: it reads host memory only, and fails
+    # nothing (the blocks from the first bad one on are computed).
+    assert got["invalid"] == 0 and stats.get("load_object_blocks", 0) == 0
+    hit = stats.get("load_host_blocks", 0)
+    assert hit < BLOCKS and got["written"] == computed - hit * BS
+
+
 def test_tp2_ranks_upload_and_load_their_own_shards(
     s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -81,16 +81,16 @@ class ObjectHits:
         answer is in, given `local` readable without it; None: ask again later (the lookup,
         or the prefetch of what it found, is in flight)."""
         count = local
+        answered = request_id in self._prefetch  # the bucket's count was acted on before
         if local < len(keys):
             count = self._pending.poll(request_id, keys)
             if count is None:
                 self.asked += 1
                 return None
-            if count > local:
+            if count > local and not answered:
+                # Once: a copy a prefetch found bad was forgotten, and stays forgotten.
                 self._mgr.note_object_hits(keys, local, count)
-        if (count > local or request_id in self._prefetch) and self._prefetching(
-            request_id, keys, local, count
-        ):
+        if (count > local or answered) and self._prefetching(request_id, keys, local, count):
             self.asked += 1
             self.prefetch_waits += 1
             return None
