@@ -35,9 +35,14 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     yield from s3_server_fixture(tmp_path_factory)
 
 
-def object_env(s3: S3Server, prefix: str, endpoint: str | None = None) -> dict[str, str]:
-    """An operator's setup: FLEXKV_OBJECT_STORE_* keys and the AWS_* credentials."""
+def object_env(
+    s3: S3Server, prefix: str, endpoint: str | None = None, prefetch: int = 0
+) -> dict[str, str]:
+    """An operator's setup: FLEXKV_OBJECT_STORE_* keys and the AWS_* credentials. Prefetch is
+    off unless asked (`prefetch` blocks): these tests follow the load's own object -> host ->
+    GPU path (tests/test_object_policy_vllm.py covers the prefetch)."""
     return {
+        "FLEXKV_OBJECT_STORE_PREFETCH_BLOCKS": str(prefetch),
         "FLEXKV_CPU_CACHE_GB": "0.004",
         "FLEXKV_OBJECT_STORE_URL": f"s3://{s3.bucket}/{prefix}",
         "FLEXKV_OBJECT_STORE_ENDPOINT": endpoint or s3.endpoint,
@@ -59,9 +64,11 @@ def object_hits(e: vh.Engine) -> Any:
     return side._objects
 
 
-def produce(model_dir: str, prompt: list[int], kv_role: str = "kv_producer") -> vh.Engine:
+def produce(
+    model_dir: str, prompt: list[int], kv_role: str = "kv_producer", tp_size: int = 1
+) -> vh.Engine:
     """A producer engine that computed `prompt` and wrote its blocks to the bucket."""
-    e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role=kv_role))
+    e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role=kv_role), tp_size=tp_size)
     e.add(vh.make_request("P", prompt, block_size=BS))
     e.run()
     e.run_until(lambda: manager_stats(e).get("object_write_behind_blocks", 0) >= BLOCKS, 60)
@@ -74,10 +81,11 @@ def consume(
     prompt: list[int],
     req_id: str = "C",
     before: Callable[[vh.Engine], None] | None = None,
+    tp_size: int = 1,
 ) -> dict[str, Any]:
     """A consumer engine (kv_role consumer, empty host tier) run on `prompt` in this process
     (`before(engine)` first: a fault injected once it started)."""
-    e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role="kv_consumer"))
+    e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role="kv_consumer"), tp_size=tp_size)
     try:
         if before is not None:
             before(e)

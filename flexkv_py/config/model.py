@@ -55,6 +55,7 @@ class FlexKVConfig:
     object_store_gc_ttl_s: float = 0.0
     object_store_gc_budget_gb: float = 0.0
     object_store_gc_interval_s: float = 300.0
+    object_store_prefetch_blocks: int = 256
     transfer_engine: TransferEngine = "auto"
     host_huge_pages: bool = True
     host_pool_init: HostPoolInit = "auto"

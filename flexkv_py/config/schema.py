@@ -263,6 +263,13 @@ FIELDS: tuple[Field, ...] = (
         300.0,
         "background GC: seconds between passes (one worker holds the lease), > 0",
     ),
+    Field(
+        "object_store_prefetch_blocks",
+        _as_int,
+        256,
+        "most blocks of a bucket hit moved object -> host before the request's load (free "
+        "host slots only); 0: off",
+    ),
     Field("transfer_engine", _Choice(*TRANSFER_ENGINES), "auto", "GPU<->host copy engine"),
     Field("host_huge_pages", _as_bool, True, "back the host pool with huge pages if possible"),
     Field(

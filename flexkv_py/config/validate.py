@@ -72,6 +72,8 @@ def _check_object_store(cfg: FlexKVConfig) -> None:
         value = getattr(cfg, key)
         if not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"{key}: must be a finite number >= 0 (0: off), got {value!r}")
+    if (blocks := cfg.object_store_prefetch_blocks) < 0:
+        raise ConfigError(f"object_store_prefetch_blocks: must be >= 0 (0: off), got {blocks}")
 
 
 def validate(cfg: FlexKVConfig) -> FlexKVConfig:

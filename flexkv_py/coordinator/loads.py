@@ -26,7 +26,7 @@ from flexkv_py.index.tier_names import Tier
 # A timed-out read (a stuck device, see late_io.py) too: kept, every lookup would promise it
 # again and every retry fail at once on fenced slots, a loop of load errors; forgotten, the
 # block is recomputed and stored again.
-_COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
+COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
 
 
 class LoadPlanner(HostEviction):
@@ -217,7 +217,7 @@ class LoadPlanner(HostEviction):
             if src is not Tier.HOST:
                 if plan.promoted[i] and self.index.commit_host_fill(key, reason is None):
                     self._event("stored", key, Tier.HOST)
-                if reason in _COPY_LOST:
+                if reason in COPY_LOST:
                     # Never trust this copy again (not found, corrupt or unreadable).
                     if self.index.set_present([key], src, False):
                         self._event("removed", key, src)

@@ -21,6 +21,7 @@ from typing import Any
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
 from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
+from flexkv_py.coordinator.object_prefetch import ObjectPrefetch
 from flexkv_py.coordinator.stores import StorePlanner
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
@@ -29,7 +30,7 @@ __all__ = ["CacheManager", "KVEvent"]
 logger = logging.getLogger(__name__)
 
 
-class CacheManager(StorePlanner, LoadPlanner):
+class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
     # ------------------------------------------------------------------ queries
     def known(self, key: bytes) -> bool:
         """The block is cached in some tier or being stored by a job (not to be stored again)."""
@@ -89,7 +90,8 @@ class CacheManager(StorePlanner, LoadPlanner):
                 self._complete_store(job, result)
             elif isinstance(job, LoadJob):
                 self._complete_chained(job, result)
-                self._complete_load(job, result, self._load_plans.pop(job.job_id))
+                if not self._complete_object_load(job, result):  # prefetch, SSD -> object
+                    self._complete_load(job, result, self._load_plans.pop(job.job_id))
             elif isinstance(job, SpillJob):
                 if job.job_id in self._write_behind_jobs:
                     self._complete_write_behind(job, result)

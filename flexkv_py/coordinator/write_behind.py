@@ -84,7 +84,7 @@ class WriteBehind(HostEviction):
         most = max(1, min(MAX_JOB_BLOCKS, self.num_host_slots // 8))
         return most if drain else min(most, queue.budget())
 
-    def take_jobs_now(self, job: SpillJob) -> SpillJob:
+    def take_jobs_now(self, job: SpillJob | LoadJob) -> SpillJob | LoadJob:
         """Hand `job` (from take_write_behind) to a caller that submits it at once, instead of
         to the next `take_jobs`."""
         with self._lock:

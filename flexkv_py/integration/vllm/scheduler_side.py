@@ -308,7 +308,7 @@ class SchedulerSide:
         merged = JobResult.merge(info.results)
         if info.kind != "drop":  # deletes are fire-and-forget for the manager
             self._mgr.complete(merged)
-        if info.kind == "load":
+        if info.kind == "load" and info.req_id is not None:  # not a background prefetch
             self._loading_keys.release(info.keys)
         if info.req_id is None:
             return

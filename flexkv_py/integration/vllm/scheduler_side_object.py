@@ -8,6 +8,12 @@ miss. A count beyond the local match marks those blocks present on `Tier.OBJECT`
 (a hint: a load that finds one gone recomputes it), so the usual load planning stages them
 object -> host -> GPU. Answers are kept per request until it finishes.
 
+Prefetch (coordinator/object_prefetch.py): with such a count, the matched run starts moving
+object -> host in a background job, and the request keeps getting "ask again later" while that
+job is in flight, for at most `object_store_lookup_wait_s` more: it holds no GPU blocks during
+the network reads, and its load then reads host memory. Past the wait (or for blocks the
+prefetch could not take) the load stages them from the bucket itself, as without prefetch.
+
 The scheduler opens its own lookup-only tier on the same bucket prefix and keys (rank 0's, as
 the scheduler's namespace): `memory://` is per process, so it shares nothing with the workers
 here (use it in-process only). Hybrid models (several KV cache groups) do not ask the bucket
@@ -17,6 +23,7 @@ yet: their hit is every group's, and only attention chains have manifests.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +46,11 @@ class ObjectHits:
         self._tier = tier
         self._mgr = manager
         self._pending = PendingLookups(tier.lookup_chain, max_wait_s)
+        self._max_wait_s = max_wait_s
+        # request -> (its prefetch job, when to stop waiting for it); None: none was started
+        self._prefetch: dict[Hashable, tuple[int, float] | None] = {}
         self.asked = 0  # polls answered "ask again later"
+        self.prefetch_waits = 0  # of those, while the request's prefetch was in flight
 
     @classmethod
     def open(
@@ -68,16 +79,41 @@ class ObjectHits:
 
     def extend(self, request_id: Hashable, keys: Sequence[bytes], local: int) -> int | None:
         """Blocks of `keys` (the request's chain, root first) readable once the bucket's
-        answer is in, given `local` readable without it; None: ask again later."""
-        if local >= len(keys):
-            return local
-        count = self._pending.poll(request_id, keys)
-        if count is None:
+        answer is in, given `local` readable without it; None: ask again later (the lookup,
+        or the prefetch of what it found, is in flight)."""
+        count = local
+        answered = request_id in self._prefetch  # the bucket's count was acted on before
+        if local < len(keys):
+            count = self._pending.poll(request_id, keys)
+            if count is None:
+                self.asked += 1
+                return None
+            if count > local and not answered:
+                # Once: a copy a prefetch found bad was forgotten, and stays forgotten.
+                self._mgr.note_object_hits(keys, local, count)
+        if (count > local or answered) and self._prefetching(request_id, keys, local, count):
             self.asked += 1
+            self.prefetch_waits += 1
             return None
-        if count > local:
-            self._mgr.note_object_hits(keys, local, count)
         return max(local, count)
+
+    def _prefetching(
+        self, request_id: Hashable, keys: Sequence[bytes], local: int, count: int
+    ) -> bool:
+        """Start the prefetch of keys[local:count] on the first answer; True while it is in
+        flight (within the wait): the request asks again later."""
+        if request_id not in self._prefetch:
+            job = self._mgr.prefetch_object(keys[local:count]) if count > local else None
+            deadline = time.monotonic() + self._max_wait_s
+            self._prefetch[request_id] = None if job is None else (job, deadline)
+        started = self._prefetch[request_id]
+        if started is None:
+            return False
+        job, deadline = started
+        if self._mgr.prefetch_in_flight(job) and time.monotonic() < deadline:
+            return True
+        self._prefetch[request_id] = None
+        return False
 
     @property
     def gave_up(self) -> int:
@@ -94,6 +130,7 @@ class ObjectHits:
 
     def forget(self, request_id: Hashable) -> None:
         self._pending.forget(request_id)
+        self._prefetch.pop(request_id, None)
 
     def close(self) -> None:
         self._pending.close()
