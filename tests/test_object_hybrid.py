@@ -14,10 +14,11 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import block_size_model as bm
 import hybrid_helpers as hh
 import pytest
 import ssm_model as sm
@@ -26,6 +27,7 @@ import vllm_harness as vh
 from test_object_wiring_vllm import object_env
 from vllm.v1.request import RequestStatus
 
+from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 HERE = Path(__file__).parent
@@ -33,6 +35,10 @@ HOST_GB = "0.01"
 # The Gemma-3-shaped model (vh.hybrid_model_dir): group 0 full attention, group 1 sliding.
 SWA_BS, SWA_BLOCKS = 16, 20
 WINDOW_BLOCKS = -(-(vh.WINDOW - 1) // SWA_BS)
+# Gemma-4-shaped (tests/block_size_model.py): group 0 sliding at 32 tokens a block, group 1
+# full attention at 16 (the hash block size).
+G4_HASH_BS, G4_SWA_BS = 16, 32
+G4_PROMPT = 10 * G4_SWA_BS
 # Qwen3-Next-shaped: state groups 0-2, attention group 3; checkpoints at 384 and 640.
 QWEN_BS, QWEN_HIT, QWEN_SHORT = 64, 10, 6
 QWEN_PROMPT = QWEN_HIT * QWEN_BS + 5
@@ -59,6 +65,11 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
+def gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return bm.gemma4_model_dir(tmp_path_factory.mktemp("gemma4"))
+
+
+@pytest.fixture(scope="module")
 def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return sm.jamba_model_dir(tmp_path_factory.mktemp("jamba"))
 
@@ -73,8 +84,11 @@ MODELS: dict[str, dict[str, Any]] = {
     "swa": {"hybrid": True, "num_blocks": 128},
     "qwen3next": {"hybrid": "qwen3next", "num_blocks": 64, "max_model_len": 2048},
     "jamba": {"hybrid": "jamba", "num_blocks": 64, "max_model_len": 2048},
+    "gemma4": {"hybrid": "gemma4", "num_blocks": 64},
 }
-BLOCK_SIZES = {"swa": SWA_BS, "qwen3next": QWEN_BS, "jamba": JAMBA_BS}
+BLOCK_SIZES = {"swa": SWA_BS, "qwen3next": QWEN_BS, "jamba": JAMBA_BS, "gemma4": G4_HASH_BS}
+WINDOW_OR_STATE = {"swa": 1, "qwen3next": 0, "jamba": 0, "gemma4": 0}  # a group of each
+Spans = list[tuple[int, int]]  # per KV cache group: its blocks [lo, hi) a hit loads
 
 
 def engine(kind: str, model_dir: str, kv_role: str) -> vh.Engine:
@@ -109,8 +123,9 @@ def digest(bits: list[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def wait_uploaded(e: vh.Engine) -> int:
-    """Step until every block the engine stored was written behind to the bucket; how many."""
+def wait_uploaded(e: vh.Engine, kind: str) -> int:
+    """Step until every block the engine stored was written behind to the bucket; how many.
+    A sliding-window or state group stored some."""
     mgr = side(e)._mgr
     stored = sum(v for k, v in totals(e).items() if k.endswith("_store_blocks"))
 
@@ -119,7 +134,7 @@ def wait_uploaded(e: vh.Engine) -> int:
         return uploaded >= stored and mgr.object_write_pending() == 0
 
     e.run_until(done, 120)
-    assert totals(e).get("group1_store_blocks", 0) >= 1
+    assert totals(e).get(f"group{WINDOW_OR_STATE[kind]}_store_blocks", 0) >= 1
     return int(mgr.stats()["object_write_behind_blocks"])
 
 
@@ -135,29 +150,38 @@ def delete_from_bucket(s3: S3Server, env: dict[str, str], e: vh.Engine, key: byt
         client.delete_object(Bucket=s3.bucket, Key=path)
 
 
-def consume(kind: str, model_dir: str, prompt: list[int], lo: int, hi: int) -> dict[str, Any]:
+def group_digests(e: vh.Engine, req_id: str, spans: Spans) -> dict[str, str]:
+    """Digests of each group's blocks [lo, hi) (`spans[g]`) of the request."""
+    return {str(g): digest(hh.group_bits(e, req_id, g, lo, hi)) for g, (lo, hi) in enumerate(spans)}
+
+
+def consume(
+    kind: str,
+    model_dir: str,
+    prompt: list[int],
+    spans: Spans,
+    before: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """A consumer engine (empty host tier) runs `prompt`; digests of every group's blocks of
-    the hit's window [lo, hi) (the attention groups' from 0) as loaded, before they are read."""
+    the hit (`spans`) as loaded, before any step read them. `before()`: once it started."""
     e = engine(kind, model_dir, "kv_consumer")
     try:
+        if before is not None:
+            before()
         req = e.add(request(kind, "C", prompt))
         e.run_until(lambda: hh.loaded(e, "C") or req.is_finished(), 120)
-        groups = e.kv_cache_config.kv_cache_groups
-        bits: dict[str, str] = {}
-        if hh.loaded(e, "C"):
-            for g, grp in enumerate(groups):
-                full = type(grp.kv_cache_spec).__name__ == "FullAttentionSpec"
-                bits[str(g)] = digest(hh.group_bits(e, "C", g, 0 if full else lo, hi))
+        bits = group_digests(e, "C", spans) if hh.loaded(e, "C") else {}
         e.run()
         hits = side(e)._objects
         return {
             "outputs": e.outputs["C"],
             "written": e.workers[0].model.written["C"],
-            "checked": e.workers[0].model.checked["C"],
+            "checked": e.workers[0].model.checked.get("C", 0),
             "mismatches": e.mismatches(),
             "loaded": hh.loaded(e, "C"),
             "failed": sum(len(r.failed_recving) + len(r.invalid_block_ids) for r in e.history),
             "asked_later": hits.asked,
+            "gave_up": hits.gave_up,
             "finished": req.status == RequestStatus.FINISHED_LENGTH_CAPPED,
             "bits": bits,
             "stats": totals(e),
@@ -165,14 +189,6 @@ def consume(kind: str, model_dir: str, prompt: list[int], lo: int, hi: int) -> d
         }
     finally:
         e.shutdown()
-
-
-def produced_bits(e: vh.Engine, req_id: str, lo: int, hi: int) -> dict[str, str]:
-    out = {}
-    for g, grp in enumerate(e.kv_cache_config.kv_cache_groups):
-        full = type(grp.kv_cache_spec).__name__ == "FullAttentionSpec"
-        out[str(g)] = digest(hh.group_bits(e, req_id, g, 0 if full else lo, hi))
-    return out
 
 
 CONSUMER = """
@@ -201,15 +217,15 @@ def test_a_consumer_process_hits_a_sliding_window_model_from_the_bucket(
     producer = engine("swa", swa_dir, "kv_producer")
     p = producer.add(request("swa", "P", prompt))
     producer.run_until(lambda: p.num_computed_tokens >= len(prompt))
-    lo = SWA_BLOCKS - WINDOW_BLOCKS
-    expected_bits = produced_bits(producer, "P", lo, SWA_BLOCKS)
+    spans = [(0, SWA_BLOCKS), (SWA_BLOCKS - WINDOW_BLOCKS, SWA_BLOCKS)]
+    expected_bits = group_digests(producer, "P", spans)
     producer.run()
-    uploaded = wait_uploaded(producer)
+    uploaded = wait_uploaded(producer, "swa")
     assert uploaded >= SWA_BLOCKS + WINDOW_BLOCKS  # both groups' blocks went up
     expected = producer.outputs["P"]
     producer.shutdown()
     proc = subprocess.run(
-        [sys.executable, "-c", CONSUMER, str(HERE), json.dumps(["swa", swa_dir, prompt, lo, 20])],
+        [sys.executable, "-c", CONSUMER, str(HERE), json.dumps(["swa", swa_dir, prompt, spans])],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -239,7 +255,7 @@ def test_a_sliding_block_missing_from_the_bucket_shortens_the_hit(
     producer = engine("swa", swa_dir, "kv_producer")
     p = producer.add(request("swa", "P", prompt))
     producer.run()
-    wait_uploaded(producer)
+    wait_uploaded(producer, "swa")
     expected = producer.outputs["P"]
     # The sliding group's block 17 is gone: a hit ending at 18, 19 or 20 blocks would need it
     # in its window; the longest one every group can restore ends at 17.
@@ -247,7 +263,7 @@ def test_a_sliding_block_missing_from_the_bucket_shortens_the_hit(
     key = side(producer)._info.groups[1].namespace.key(p.block_hashes[gone])
     delete_from_bucket(s3, env, producer, key)
     producer.shutdown()
-    got = consume("swa", swa_dir, prompt, gone - WINDOW_BLOCKS, gone)
+    got = consume("swa", swa_dir, prompt, [(0, gone), (gone - WINDOW_BLOCKS, gone)])
     assert_clean(got)
     assert got["outputs"] == expected
     assert got["written"] == (SWA_BLOCKS - gone) * SWA_BS + 2
@@ -266,13 +282,14 @@ def test_jamba_consumer_restores_the_exact_state_from_the_bucket(
     a = producer.add(request("jamba", "P", prompt))
     # The step that computes token 960 writes the state vLLM hands off for that boundary.
     producer.run_until(lambda: a.num_computed_tokens >= JAMBA_HIT * JAMBA_BS)
-    expected_bits = produced_bits(producer, "P", JAMBA_HIT - 1, JAMBA_HIT)
+    spans = [(JAMBA_HIT - 1, JAMBA_HIT), (0, JAMBA_HIT)]
+    expected_bits = group_digests(producer, "P", spans)
     producer.run()
-    wait_uploaded(producer)
+    wait_uploaded(producer, "jamba")
     assert totals(producer)["group0_store_blocks"] >= 1  # the state went up
     expected = producer.outputs["P"]
     producer.shutdown()
-    got = consume("jamba", jamba_dir, prompt, JAMBA_HIT - 1, JAMBA_HIT)
+    got = consume("jamba", jamba_dir, prompt, spans)
     assert_clean(got)
     assert got["bits"] == expected_bits  # the state after block 9, and attention 0..9
     assert got["outputs"] == expected
@@ -296,17 +313,82 @@ def test_a_state_missing_from_the_bucket_shortens_the_hit_to_every_groups_bounda
     a2 = producer.add(request("qwen3next", "A2", prompt))  # and at 640
     producer.run()
     assert producer.workers[0].model.written["A2"] < QWEN_PROMPT  # resumed from A1's states
-    wait_uploaded(producer)
+    wait_uploaded(producer, "qwen3next")
     expected = producer.outputs["A2"]
     # Group 1's state at 640 is gone from the bucket; groups 0 and 2 keep theirs, attention
     # keeps every block: the hit ends at 384, the last boundary where all three have a state.
     key = side(producer)._info.groups[1].namespace.key(a2.block_hashes[QWEN_HIT - 1])
     delete_from_bucket(s3, env, producer, key)
     producer.shutdown()
-    got = consume("qwen3next", qwen_dir, prompt, QWEN_SHORT - 1, QWEN_SHORT)
+    state = (QWEN_SHORT - 1, QWEN_SHORT)
+    got = consume("qwen3next", qwen_dir, prompt, [state, state, state, (0, QWEN_SHORT)])
     assert_clean(got)
     assert got["outputs"] == expected
     assert got["written"] == QWEN_PROMPT - QWEN_SHORT * QWEN_BS + 2
     for g in (0, 1, 2):
         assert got["stats"][f"group{g}_load_blocks"] == 1
     assert got["stats"]["group3_load_blocks"] == QWEN_SHORT
+
+
+# ----------------------------------------------------------------------------- block sizes
+def test_per_group_block_sizes_hit_from_the_bucket(
+    s3: S3Server, gemma4_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in bucket_env(s3, "gemma4").items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(35, G4_PROMPT)
+    producer = engine("gemma4", gemma4_dir, "kv_producer")
+    p = producer.add(request("gemma4", "P", prompt))
+    producer.run_until(lambda: p.num_computed_tokens >= len(prompt))
+    # The window (127 tokens) before 320 lies in sliding-window blocks 6..9 (32 tokens each).
+    spans = [(6, G4_PROMPT // G4_SWA_BS), (0, G4_PROMPT // G4_HASH_BS)]
+    expected_bits = group_digests(producer, "P", spans)
+    producer.run()
+    wait_uploaded(producer, "gemma4")
+    expected = producer.outputs["P"]
+    producer.shutdown()
+    got = consume("gemma4", gemma4_dir, prompt, spans)
+    assert_clean(got)
+    assert got["bits"] == expected_bits
+    assert got["outputs"] == expected
+    assert got["written"] == 1 + 2  # the whole prompt hit: its last token, then two decodes
+    assert got["stats"]["group0_load_blocks"] == 4  # only the window's blocks
+    assert got["stats"]["group1_load_blocks"] == G4_PROMPT // G4_HASH_BS
+
+
+# ----------------------------------------------------------------------------- faults
+def test_a_slow_bucket_is_a_bounded_miss_for_a_hybrid_model(
+    s3: S3Server, jamba_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = bucket_env(s3, "jamba-slow")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    prompt = vh.prompt_tokens(36, JAMBA_PROMPT)
+    producer = engine("jamba", jamba_dir, "kv_producer")
+    producer.add(request("jamba", "P", prompt))
+    producer.run()
+    wait_uploaded(producer, "jamba")
+    expected = producer.outputs["P"]
+    producer.shutdown()
+    # Slow once the consumer opened the bucket: its lookups run past the 1 s wait.
+    proxy = CountingProxy(s3.ports["s3"])
+    try:
+        for k, v in object_env(
+            s3, env["FLEXKV_OBJECT_STORE_URL"].split("/", 3)[3], proxy.endpoint
+        ).items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", HOST_GB)
+        monkeypatch.setenv("FLEXKV_OBJECT_STORE_LOOKUP_WAIT_S", "1.0")
+
+        def slow() -> None:
+            proxy.delay_replies_s = 4.0
+
+        got = consume("jamba", jamba_dir, prompt, [], before=slow)
+    finally:
+        proxy.close()
+    assert got["finished"] and got["outputs"] == expected and not got["mismatches"]
+    assert not got["loaded"] and got["failed"] == 0
+    assert got["mgr"].get("load_object_blocks", 0) == 0
+    assert got["written"] == JAMBA_PROMPT + 2  # computed in full
+    assert got["asked_later"] >= 1  # skipped while the lookup ran, never waited in a step
+    assert got["gave_up"] >= 1  # then answered from what was confirmed: nothing

@@ -57,6 +57,7 @@ class _Ask:
     absent: dict[int, set[int]] = field(default_factory=dict)  # group -> blocks not stored
     asked: set[tuple[int, int]] = field(default_factory=set)  # (group, block) asked already
     rounds: int = 0
+    gave_up: bool = False  # ran past the wait: answered from what was confirmed
     probe: list[tuple[int, int, bytes]] | None = None  # in flight: (group, block, key)
 
 
@@ -124,8 +125,8 @@ class HybridObjectHits:
                 self._probes.poll((rid, ask.rounds), [k for _, _, k in ask.probe])
                 self.asked += 1
                 return None
-        elif self._unknown(request, variant, first, ask):
-            self._gave_up += 1
+        elif not ask.gave_up and self._unknown(request, variant, first, ask):
+            self._give_up(ask)
         return plan.hit(request, first, variant, self._mgr.readable_hashes)
 
     def _late(self, ask: _Ask) -> bool:
@@ -136,9 +137,13 @@ class HybridObjectHits:
         if not self._late(ask):
             self.asked += 1
             return None
-        self._gave_up += 1
-        ask.rounds = MAX_ROUNDS
+        self._give_up(ask)
         return self._plan.hit(request, first, variant, self._mgr.readable_hashes)
+
+    def _give_up(self, ask: _Ask) -> None:
+        if not ask.gave_up:
+            ask.gave_up = True
+            self._gave_up += 1
 
     def _chains_in(self, rid: Hashable, ask: _Ask, keys: list[list[bytes]], first: int) -> bool:
         """Every full-attention group's chain answer is in (and marked in the index)."""
@@ -212,7 +217,8 @@ class HybridObjectHits:
     # ------------------------------------------------------------------ bookkeeping
     @property
     def gave_up(self) -> int:
-        """Lookups answered from what was confirmed because they ran past the wait."""
+        """Lookups (a request's, or one of its rounds) answered from what was confirmed
+        because they ran past the wait."""
         return self._gave_up + self._chains.gave_up + self._probes.gave_up
 
     def forget(self, request_id: Hashable) -> None:
