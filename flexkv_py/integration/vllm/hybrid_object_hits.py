@@ -14,8 +14,8 @@ gets `None` ("ask again later") while one is in flight:
    index (a hint, as for single-group models), so `readable_hashes` sees it;
 2. the hit is computed optimistically (a sliding-window or state block the bucket was not asked
    about counts as there); the blocks that hit needs and nobody asked about yet are asked
-   (for state groups also the states of the few boundaries before it, so a missing state
-   costs one more round, not one per boundary). Repeat until nothing is left to ask, at most
+   (once a state was missing, also the states of the few boundaries before it, so a missing
+   state costs one more round, not one per boundary). Repeat until nothing is left to ask, at most
    `MAX_ROUNDS` times and for `object_store_lookup_wait_s` in all.
 The answer is then the hit computed from what is known (the index, bucket marks included): a
 block never confirmed counts as missing, so a group missing its block at the boundary shortens
@@ -201,6 +201,7 @@ class HybridObjectHits:
             if (gid, i) not in ask.asked and readable(head, hashes, i, i + 1) == i:
                 out.append((gid, i))
 
+        states_missing = any(absent.get(g.group_id) for g in plan.groups if g.kind == "mamba")
         for g in plan.groups:
             if g.kind == "full" or end <= first:
                 continue
@@ -208,7 +209,8 @@ class HybridObjectHits:
             hi = end // s
             for i in range(max(first // s, hi - g.window_blocks), hi):
                 need(gid, i)
-            if g.kind == "mamba":  # the states of the boundaries before, should this one lack
+            if g.kind == "mamba" and states_missing:
+                # A state was missing: ask the boundaries before at once, not one per round.
                 ends = range(end - plan.align, first, -plan.align)
                 for e in list(ends)[: STATE_CANDIDATES - 1]:
                     need(gid, e // s - 1)
