@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,8 @@ def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return sm.jamba_model_dir(tmp_path_factory.mktemp("jamba"))
 
 
-def bucket_env(s3: S3Server, name: str) -> dict[str, str]:
-    env = object_env(s3, f"{name}-{uuid.uuid4().hex[:8]}")
+def bucket_env(s3: S3Server, name: str, endpoint: str | None = None) -> dict[str, str]:
+    env = object_env(s3, name, endpoint)
     env["FLEXKV_CPU_CACHE_GB"] = HOST_GB
     return env
 
@@ -88,7 +89,7 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 BLOCK_SIZES = {"swa": SWA_BS, "qwen3next": QWEN_BS, "jamba": JAMBA_BS, "gemma4": G4_HASH_BS}
 WINDOW_OR_STATE = {"swa": 1, "qwen3next": 0, "jamba": 0, "gemma4": 0}  # a group of each
-Spans = list[tuple[int, int]]  # per KV cache group: its blocks [lo, hi) a hit loads
+Spans = Sequence[tuple[int, int]]  # per KV cache group: its blocks [lo, hi) a hit loads
 
 
 def engine(kind: str, model_dir: str, kv_role: str) -> vh.Engine:
@@ -138,14 +139,64 @@ def wait_uploaded(e: vh.Engine, kind: str) -> int:
     return int(mgr.stats()["object_write_behind_blocks"])
 
 
-def delete_from_bucket(s3: S3Server, env: dict[str, str], e: vh.Engine, key: bytes) -> None:
-    """Delete a logical key's block object and its one-key manifest, as GC or a lost upload
-    leaves a bucket (rank 0's storage key)."""
-    prefix = env["FLEXKV_OBJECT_STORE_URL"].split("/", 3)[3]
-    name = side(e)._info.namespace.for_rank(0, 0).storage_key(key).hex()
+@dataclass
+class Produced:
+    """What a producer engine left: its bucket (env), output, digests of its blocks, request."""
+
+    env: dict[str, str]
+    outputs: list[int]
+    written: int
+    uploaded: int  # blocks written behind to the bucket
+    bits: dict[str, str]
+    request: Any
+    info: Any  # the scheduler side's EngineInfo: groups and namespaces
+
+    @property
+    def prefix(self) -> str:
+        return self.env["FLEXKV_OBJECT_STORE_URL"].split("/", 3)[3]
+
+
+def produce(
+    s3: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    model_dir: str,
+    prompt: list[int],
+    spans: Spans = (),
+    digest_at: int = 0,
+    before: list[int] | None = None,
+) -> Produced:
+    """A producer engine on a new bucket prefix (set in the environment) computes `before`
+    (if any), then `prompt` ("P"), and writes every stored block behind to the bucket; the
+    digests of `spans` once `digest_at` tokens of P are computed."""
+    env = bucket_env(s3, f"{kind}-{uuid.uuid4().hex[:8]}")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    e = engine(kind, model_dir, "kv_producer")
+    if before is not None:
+        e.add(request(kind, "before", before))
+        e.run()
+    p = e.add(request(kind, "P", prompt))
+    bits: dict[str, str] = {}
+    if spans:
+        e.run_until(lambda: p.num_computed_tokens >= digest_at)
+        bits = group_digests(e, "P", spans)
+    e.run()
+    uploaded = wait_uploaded(e, kind)
+    info = side(e)._info
+    e.shutdown()
+    written = e.workers[0].model.written["P"]
+    return Produced(env, e.outputs["P"], written, uploaded, bits, p, info)
+
+
+def delete_from_bucket(s3: S3Server, made: Produced, group: int, block: int) -> None:
+    """Delete a group's block (of the producer's request) and its one-key manifest, as GC or
+    a lost upload leaves a bucket (rank 0's storage key)."""
+    key = made.info.groups[group].namespace.key(made.request.block_hashes[block])
+    name = made.info.namespace.for_rank(0, 0).storage_key(key).hex()
     client = s3.client()
     for kind in ("b", "m"):
-        path = f"{prefix}/{kind}/{name}"
+        path = f"{made.prefix}/{kind}/{name}"
         client.head_object(Bucket=s3.bucket, Key=path)  # it was uploaded (raises if not)
         client.delete_object(Bucket=s3.bucket, Key=path)
 
@@ -210,33 +261,21 @@ def assert_clean(got: dict[str, Any]) -> None:
 def test_a_consumer_process_hits_a_sliding_window_model_from_the_bucket(
     s3: S3Server, swa_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = bucket_env(s3, "swa")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(31, SWA_BLOCKS * SWA_BS)
-    producer = engine("swa", swa_dir, "kv_producer")
-    p = producer.add(request("swa", "P", prompt))
-    producer.run_until(lambda: p.num_computed_tokens >= len(prompt))
     spans = [(0, SWA_BLOCKS), (SWA_BLOCKS - WINDOW_BLOCKS, SWA_BLOCKS)]
-    expected_bits = group_digests(producer, "P", spans)
-    producer.run()
-    uploaded = wait_uploaded(producer, "swa")
-    assert uploaded >= SWA_BLOCKS + WINDOW_BLOCKS  # both groups' blocks went up
-    expected = producer.outputs["P"]
-    producer.shutdown()
-    proc = subprocess.run(
-        [sys.executable, "-c", CONSUMER, str(HERE), json.dumps(["swa", swa_dir, prompt, spans])],
-        env={**os.environ, **env},
-        capture_output=True,
+    made = produce(s3, monkeypatch, "swa", swa_dir, prompt, spans, digest_at=len(prompt))
+    assert made.uploaded >= SWA_BLOCKS + WINDOW_BLOCKS  # both groups' blocks went up
+    args = json.dumps(["swa", swa_dir, prompt, spans])
+    out = subprocess.check_output(
+        [sys.executable, "-c", CONSUMER, str(HERE), args],
+        env={**os.environ, **made.env},
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    got = json.loads(line[len("RESULT ") :])
+    got = json.loads(out.split("RESULT ", 1)[1])
     assert_clean(got)
-    assert got["outputs"] == expected
-    assert got["bits"] == expected_bits  # every group's loaded blocks, bit for bit
+    assert got["outputs"] == made.outputs
+    assert got["bits"] == made.bits  # every group's loaded blocks, bit for bit
     assert got["written"] == 1 + 2  # the whole prompt hit: its last token, then two decodes
     assert got["checked"] >= len(prompt) - 1
     # Full attention loads the whole hit from the bucket, the sliding window only the window.
@@ -248,24 +287,15 @@ def test_a_consumer_process_hits_a_sliding_window_model_from_the_bucket(
 def test_a_sliding_block_missing_from_the_bucket_shortens_the_hit(
     s3: S3Server, swa_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = bucket_env(s3, "swa-missing")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(32, SWA_BLOCKS * SWA_BS)
-    producer = engine("swa", swa_dir, "kv_producer")
-    p = producer.add(request("swa", "P", prompt))
-    producer.run()
-    wait_uploaded(producer, "swa")
-    expected = producer.outputs["P"]
+    made = produce(s3, monkeypatch, "swa", swa_dir, prompt)
     # The sliding group's block 17 is gone: a hit ending at 18, 19 or 20 blocks would need it
     # in its window; the longest one every group can restore ends at 17.
     gone = 17
-    key = side(producer)._info.groups[1].namespace.key(p.block_hashes[gone])
-    delete_from_bucket(s3, env, producer, key)
-    producer.shutdown()
+    delete_from_bucket(s3, made, 1, gone)
     got = consume("swa", swa_dir, prompt, [(0, gone), (gone - WINDOW_BLOCKS, gone)])
     assert_clean(got)
-    assert got["outputs"] == expected
+    assert got["outputs"] == made.outputs
     assert got["written"] == (SWA_BLOCKS - gone) * SWA_BS + 2
     assert got["stats"]["group0_load_blocks"] == gone
     assert got["stats"]["group1_load_blocks"] == WINDOW_BLOCKS
@@ -275,24 +305,16 @@ def test_a_sliding_block_missing_from_the_bucket_shortens_the_hit(
 def test_jamba_consumer_restores_the_exact_state_from_the_bucket(
     s3: S3Server, jamba_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for k, v in bucket_env(s3, "jamba").items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(33, JAMBA_PROMPT)
-    producer = engine("jamba", jamba_dir, "kv_producer")
-    a = producer.add(request("jamba", "P", prompt))
-    # The step that computes token 960 writes the state vLLM hands off for that boundary.
-    producer.run_until(lambda: a.num_computed_tokens >= JAMBA_HIT * JAMBA_BS)
     spans = [(JAMBA_HIT - 1, JAMBA_HIT), (0, JAMBA_HIT)]
-    expected_bits = group_digests(producer, "P", spans)
-    producer.run()
-    wait_uploaded(producer, "jamba")
-    assert totals(producer)["group0_store_blocks"] >= 1  # the state went up
-    expected = producer.outputs["P"]
-    producer.shutdown()
+    # The step that computes token 960 writes the state vLLM hands off for that boundary.
+    made = produce(
+        s3, monkeypatch, "jamba", jamba_dir, prompt, spans, digest_at=JAMBA_HIT * JAMBA_BS
+    )
     got = consume("jamba", jamba_dir, prompt, spans)
     assert_clean(got)
-    assert got["bits"] == expected_bits  # the state after block 9, and attention 0..9
-    assert got["outputs"] == expected
+    assert got["bits"] == made.bits  # the state after block 9, and attention 0..9
+    assert got["outputs"] == made.outputs
     assert got["written"] == JAMBA_PROMPT - JAMBA_HIT * JAMBA_BS + 2
     assert got["checked"] >= JAMBA_HIT * JAMBA_BS + 1
     assert got["stats"]["group0_load_blocks"] == 1
@@ -303,27 +325,18 @@ def test_jamba_consumer_restores_the_exact_state_from_the_bucket(
 def test_a_state_missing_from_the_bucket_shortens_the_hit_to_every_groups_boundary(
     s3: S3Server, qwen_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = bucket_env(s3, "qwen-missing")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(34, QWEN_PROMPT)
-    producer = engine("qwen3next", qwen_dir, "kv_producer")
-    producer.add(request("qwen3next", "A1", prompt[: QWEN_SHORT * QWEN_BS + 5]))  # states at 384
-    producer.run()
-    a2 = producer.add(request("qwen3next", "A2", prompt))  # and at 640
-    producer.run()
-    assert producer.workers[0].model.written["A2"] < QWEN_PROMPT  # resumed from A1's states
-    wait_uploaded(producer, "qwen3next")
-    expected = producer.outputs["A2"]
+    # States at 384 (a shorter prompt's checkpoint), then at 640.
+    shorter = prompt[: QWEN_SHORT * QWEN_BS + 5]
+    made = produce(s3, monkeypatch, "qwen3next", qwen_dir, prompt, before=shorter)
+    assert made.written < QWEN_PROMPT  # it resumed from the shorter prompt's states
     # Group 1's state at 640 is gone from the bucket; groups 0 and 2 keep theirs, attention
     # keeps every block: the hit ends at 384, the last boundary where all three have a state.
-    key = side(producer)._info.groups[1].namespace.key(a2.block_hashes[QWEN_HIT - 1])
-    delete_from_bucket(s3, env, producer, key)
-    producer.shutdown()
+    delete_from_bucket(s3, made, 1, QWEN_HIT - 1)
     state = (QWEN_SHORT - 1, QWEN_SHORT)
     got = consume("qwen3next", qwen_dir, prompt, [state, state, state, (0, QWEN_SHORT)])
     assert_clean(got)
-    assert got["outputs"] == expected
+    assert got["outputs"] == made.outputs
     assert got["written"] == QWEN_PROMPT - QWEN_SHORT * QWEN_BS + 2
     for g in (0, 1, 2):
         assert got["stats"][f"group{g}_load_blocks"] == 1
@@ -334,23 +347,14 @@ def test_a_state_missing_from_the_bucket_shortens_the_hit_to_every_groups_bounda
 def test_per_group_block_sizes_hit_from_the_bucket(
     s3: S3Server, gemma4_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for k, v in bucket_env(s3, "gemma4").items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(35, G4_PROMPT)
-    producer = engine("gemma4", gemma4_dir, "kv_producer")
-    p = producer.add(request("gemma4", "P", prompt))
-    producer.run_until(lambda: p.num_computed_tokens >= len(prompt))
     # The window (127 tokens) before 320 lies in sliding-window blocks 6..9 (32 tokens each).
     spans = [(6, G4_PROMPT // G4_SWA_BS), (0, G4_PROMPT // G4_HASH_BS)]
-    expected_bits = group_digests(producer, "P", spans)
-    producer.run()
-    wait_uploaded(producer, "gemma4")
-    expected = producer.outputs["P"]
-    producer.shutdown()
+    made = produce(s3, monkeypatch, "gemma4", gemma4_dir, prompt, spans, digest_at=len(prompt))
     got = consume("gemma4", gemma4_dir, prompt, spans)
     assert_clean(got)
-    assert got["bits"] == expected_bits
-    assert got["outputs"] == expected
+    assert got["bits"] == made.bits
+    assert got["outputs"] == made.outputs
     assert got["written"] == 1 + 2  # the whole prompt hit: its last token, then two decodes
     assert got["stats"]["group0_load_blocks"] == 4  # only the window's blocks
     assert got["stats"]["group1_load_blocks"] == G4_PROMPT // G4_HASH_BS
@@ -360,24 +364,13 @@ def test_per_group_block_sizes_hit_from_the_bucket(
 def test_a_slow_bucket_is_a_bounded_miss_for_a_hybrid_model(
     s3: S3Server, jamba_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = bucket_env(s3, "jamba-slow")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     prompt = vh.prompt_tokens(36, JAMBA_PROMPT)
-    producer = engine("jamba", jamba_dir, "kv_producer")
-    producer.add(request("jamba", "P", prompt))
-    producer.run()
-    wait_uploaded(producer, "jamba")
-    expected = producer.outputs["P"]
-    producer.shutdown()
+    made = produce(s3, monkeypatch, "jamba", jamba_dir, prompt)
     # Slow once the consumer opened the bucket: its lookups run past the 1 s wait.
     proxy = CountingProxy(s3.ports["s3"])
     try:
-        for k, v in object_env(
-            s3, env["FLEXKV_OBJECT_STORE_URL"].split("/", 3)[3], proxy.endpoint
-        ).items():
+        for k, v in bucket_env(s3, made.prefix, proxy.endpoint).items():
             monkeypatch.setenv(k, v)
-        monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", HOST_GB)
         monkeypatch.setenv("FLEXKV_OBJECT_STORE_LOOKUP_WAIT_S", "1.0")
 
         def slow() -> None:
@@ -386,7 +379,7 @@ def test_a_slow_bucket_is_a_bounded_miss_for_a_hybrid_model(
         got = consume("jamba", jamba_dir, prompt, [], before=slow)
     finally:
         proxy.close()
-    assert got["finished"] and got["outputs"] == expected and not got["mismatches"]
+    assert got["finished"] and got["outputs"] == made.outputs and not got["mismatches"]
     assert not got["loaded"] and got["failed"] == 0
     assert got["mgr"].get("load_object_blocks", 0) == 0
     assert got["written"] == JAMBA_PROMPT + 2  # computed in full
