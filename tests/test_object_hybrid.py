@@ -201,6 +201,16 @@ def delete_from_bucket(s3: S3Server, made: Produced, group: int, block: int) -> 
         client.delete_object(Bucket=s3.bucket, Key=path)
 
 
+def collect(s3: S3Server, made: Produced) -> dict[str, int]:
+    """One GC pass over the producer's prefix that deletes every block no live manifest lists
+    (grace 0): what a sliding-window or state block's one-key manifest must survive."""
+    tier = s3.object_tier(made.prefix)
+    try:
+        return dict(tier.gc(ttl_s=3600.0, grace_s=0.0))
+    finally:
+        tier.close()
+
+
 def group_digests(e: vh.Engine, req_id: str, spans: Spans) -> dict[str, str]:
     """Digests of each group's blocks [lo, hi) (`spans[g]`) of the request."""
     return {str(g): digest(hh.group_bits(e, req_id, g, lo, hi)) for g, (lo, hi) in enumerate(spans)}
@@ -265,6 +275,8 @@ def test_a_consumer_process_hits_a_sliding_window_model_from_the_bucket(
     spans = [(0, SWA_BLOCKS), (SWA_BLOCKS - WINDOW_BLOCKS, SWA_BLOCKS)]
     made = produce(s3, monkeypatch, "swa", swa_dir, prompt, spans, digest_at=len(prompt))
     assert made.uploaded >= SWA_BLOCKS + WINDOW_BLOCKS  # both groups' blocks went up
+    report = collect(s3, made)  # every block is listed by a live manifest: none collected
+    assert report["blocks"] == made.uploaded and report["blocks_deleted"] == 0
     args = json.dumps(["swa", swa_dir, prompt, spans])
     out = subprocess.check_output(
         [sys.executable, "-c", CONSUMER, str(HERE), args],
@@ -311,6 +323,7 @@ def test_jamba_consumer_restores_the_exact_state_from_the_bucket(
     made = produce(
         s3, monkeypatch, "jamba", jamba_dir, prompt, spans, digest_at=JAMBA_HIT * JAMBA_BS
     )
+    assert collect(s3, made)["blocks_deleted"] == 0  # the state's one-key manifest keeps it
     got = consume("jamba", jamba_dir, prompt, spans)
     assert_clean(got)
     assert got["bits"] == made.bits  # the state after block 9, and attention 0..9
