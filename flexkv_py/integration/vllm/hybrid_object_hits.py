@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.index.namespace import PREFIX_LEN
+from flexkv_py.integration.vllm.scheduler_side_object import ObjectHits
 from flexkv_py.tiers.object_lookups import PendingLookups
 from flexkv_py.tiers.object_open import open_object_tier
 
@@ -236,3 +237,13 @@ class HybridObjectHits:
         self._probes.close()
         self._probe_pool.shutdown(wait=True, cancel_futures=True)
         self._tier.close()
+
+
+def open_object_hits(
+    config: FlexKVConfig, info: EngineInfo, manager: CacheManager, hybrid: HybridPlan | None
+) -> ObjectHits | HybridObjectHits | None:
+    """The scheduler's bucket lookups: a single-group model's (scheduler_side_object.py) or a
+    hybrid model's; None without a usable object tier."""
+    if hybrid is None:
+        return ObjectHits.open(config, info, manager)
+    return HybridObjectHits.open(config, info, manager, hybrid)
