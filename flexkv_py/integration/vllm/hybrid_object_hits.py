@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from flexkv_py.tiers.object_tier import ObjectTier
 
 MAX_ROUNDS = 4  # rounds of single-block questions per request lookup
-STATE_CANDIDATES = 8  # boundaries asked per state group and round (the hit's, then before it)
+STATE_CANDIDATES = 8  # boundaries asked per state group once a state was missing
 PROBE_WIDTH = 8  # single-block lookups at once
 
 
