@@ -89,17 +89,39 @@ class HybridPlan:
     def __len__(self) -> int:
         return sum(len(rk) for rk in self._keys)
 
+    def limit(self, request: Any) -> int:
+        """Hash blocks a hit of the request may cover (hybrid_hit.hit_limit)."""
+        return hit_limit(
+            request.num_tokens, len(request.block_hashes), self._bs, self._state_groups
+        )
+
+    @property
+    def align(self) -> int:
+        return self._align
+
+    def group_hashes(self, request: Any, variant: bytes) -> list[tuple[bytes, Sequence[bytes]]]:
+        """(index head, block hashes at the group's block size) per group: what a
+        `HashPrefixFn` is asked with."""
+        views = self._group_requests(request)
+        return [
+            (rk.head(variant), request.block_hashes if v is request else v.block_hashes)
+            for rk, v in zip(self._keys, views, strict=True)
+        ]
+
+    def group_keys(self, request: Any, variant: bytes) -> list[list[bytes]]:
+        """Every group's keys of the request's blocks (the memo's lists: do not change them)."""
+        views = self._group_requests(request)
+        return [rk.keys(v, variant) for rk, v in zip(self._keys, views, strict=True)]
+
     def hit(self, request: Any, first: int, variant: bytes, readable: HashPrefixFn) -> int:
         """Blocks past `first` every group can restore."""
-        hashes = request.block_hashes
-        limit = hit_limit(request.num_tokens, len(hashes), self._bs, self._state_groups)
-        heads = [rk.head(variant) for rk in self._keys]
-        views = self._group_requests(request)
-        per_group = [hashes if v is request else v.block_hashes for v in views]
+        per_group = self.group_hashes(request, variant)
 
         def group_readable(gid: int, start: int, stop: int) -> int:
-            return readable(heads[gid], per_group[gid], start, stop)
+            head, hashes = per_group[gid]
+            return readable(head, hashes, start, stop)
 
+        limit = self.limit(request)
         end = longest_hybrid_hit(self.groups, first, limit, group_readable, self._align)
         return max(0, end - first)
 
@@ -155,22 +177,34 @@ class HybridPlan:
         states: Sequence[Target] = (),
         *,
         final: bool = False,
-    ) -> tuple[list[bytes], list[int], set[int]]:
-        """(keys, GPU block ids, ids vLLM may hand out again while the request runs) of the
-        blocks [start, stop) each group still holds (out-of-window blocks are null: vLLM freed
-        them), and of the Mamba boundary `states` (keyed by the hash of the block ending there)."""
+    ) -> tuple[list[bytes], list[int], set[int], list[bytes | None]]:
+        """(keys, GPU block ids, ids vLLM may hand out again while the request runs, chain
+        parents) of the blocks [start, stop) each group still holds (out-of-window blocks are
+        null: vLLM freed them), and of the Mamba boundary `states` (keyed by the hash of the
+        block ending there).
+
+        Parents: a full-attention block's is its group's previous block (the chain the object
+        tier writes manifests for, so a lookup of the group's keys finds it). A sliding-window
+        or state block has none: it is a chain of one, its own one-key manifest names it (one
+        request finds it, and GC keeps it while lookups use it), as a sparse window or state
+        chain could never be named by a reader that does not know which blocks were stored."""
         positional = store_targets(
             self.groups, tables, start, stop, interval=self._sliding_interval, final=final
         )
         targets = [*positional, *states]
         hashes = request.block_hashes
-        # Block i of a group of `scale` hash blocks is keyed by the hash ending at its end.
-        keys = [
-            self.groups[g].namespace.key(hashes[(i + 1) * self.groups[g].scale - 1], variant)
+
+        def key(g: int, i: int) -> bytes:
+            # Block i of a group of `scale` hash blocks is keyed by the hash ending at its end.
+            return self.groups[g].namespace.key(hashes[(i + 1) * self.groups[g].scale - 1], variant)
+
+        keys = [key(g, i) for g, i, _ in targets]
+        parents = [
+            key(g, i - 1) if i > 0 and self.groups[g].kind == "full" else None
             for g, i, _ in targets
         ]
         reused = {b for g, _, b in targets if self.groups[g].kind != "full"}
-        return keys, [b for _, _, b in targets], reused
+        return keys, [b for _, _, b in targets], reused, parents
 
     def planned_store(self, job: Any, reused: set[int], stats: FlexKVConnectorStats) -> None:
         """A store job was made: fence its sliding-window and state blocks, count its blocks

@@ -28,6 +28,7 @@ from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import BlockOrigins, event_groups, to_vllm_events
 from flexkv_py.integration.vllm.group_plans import allocated_block_ids
 from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
+from flexkv_py.integration.vllm.hybrid_object_hits import open_object_hits
 from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.load_planning import LoadPlanner
@@ -40,7 +41,6 @@ from flexkv_py.integration.vllm.node_inventory import NodeInventory
 from flexkv_py.integration.vllm.request_keys import RequestKeys
 from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
-from flexkv_py.integration.vllm.scheduler_side_object import ObjectHits
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 from flexkv_py.integration.vllm.store_planning import StorePlanner
 from flexkv_py.tiers.object_counters import Increments
@@ -113,7 +113,7 @@ class SchedulerSide:
         self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
-        self._objects = ObjectHits.open(config, info, self._mgr)
+        self._objects = open_object_hits(config, info, self._mgr, self._hybrid)
         self._object_increments = Increments()
 
     # ---------------------------------------------------------------- lookup / load
@@ -235,7 +235,9 @@ class SchedulerSide:
         if plan is None:
             return
         keys, gpu_ids, start, full = plan.keys, plan.gpu_ids, plan.start, plan.stop
-        parents = None if plan.first_parent is None else [plan.first_parent, *keys[:-1]]
+        parents = plan.parents
+        if parents is None and plan.first_parent is not None:
+            parents = [plan.first_parent, *keys[:-1]]
         job = self._mgr.prepare_store(keys, gpu_ids, parents=parents) if keys else None
         if job is None:
             return

@@ -28,6 +28,8 @@ class StorePlan:
     # Chain parent of keys[0] (the key of block start - 1), so the index links this store to
     # the prefix before it (prefix-aware eviction); None: the chain starts here, or hybrid.
     first_parent: bytes | None = None
+    # Every key's chain parent (hybrid: per group, hybrid_plan.store); None: from first_parent.
+    parents: list[bytes | None] | None = None
 
 
 class StorePlanner:
@@ -68,12 +70,12 @@ class StorePlanner:
         full = state.planned_blocks = max(start, full)
         tables = block_ids or self._tables(req.request_id)
         if hybrid is not None:
-            keys, gpu_ids, reused = hybrid.store(
+            keys, gpu_ids, reused, parents = hybrid.store(
                 req, variant, tables, start, full, states, final=final
             )
             if not keys:
                 return None
-            return StorePlan(start, full, keys, gpu_ids, reused)
+            return StorePlan(start, full, keys, gpu_ids, reused, parents=parents)
         gpu_ids = list(tables[0][start:full])
         hashes = req.block_hashes[start:full]
         if len(gpu_ids) != len(hashes):
