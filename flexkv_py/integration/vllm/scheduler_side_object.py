@@ -84,10 +84,11 @@ class ObjectHits:
         count = local
         answered = request_id in self._prefetch  # the bucket's count was acted on before
         if local < len(keys):
-            count = self._pending.poll(request_id, keys)
-            if count is None:
+            answer = self._pending.poll(request_id, keys)
+            if answer is None:
                 self.asked += 1
                 return None
+            count = answer
             if count > local and not answered:
                 # Once: a copy a prefetch found bad was forgotten, and stays forgotten.
                 self._mgr.note_object_hits(keys, local, count)
