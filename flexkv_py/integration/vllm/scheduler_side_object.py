@@ -16,8 +16,8 @@ prefetch could not take) the load stages them from the bucket itself, as without
 
 The scheduler opens its own lookup-only tier on the same bucket prefix and keys (rank 0's, as
 the scheduler's namespace): `memory://` is per process, so it shares nothing with the workers
-here (use it in-process only). Hybrid models (several KV cache groups) do not ask the bucket
-yet: their hit is every group's, and only attention chains have manifests.
+here (use it in-process only). Hybrid models (several KV cache groups) ask the bucket through
+`hybrid_object_hits.HybridObjectHits` instead (every group's hit; no prefetch yet).
 """
 
 from __future__ import annotations
