@@ -10,23 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flexkv_py.coordinator.eviction import HostEviction
-from flexkv_py.coordinator.jobs import (
-    CORRUPT,
-    IO_ERROR,
-    IO_TIMEOUT,
-    NOT_FOUND,
-    JobResult,
-    LoadJob,
-)
+from flexkv_py.coordinator.jobs import JobResult, LoadJob
 from flexkv_py.coordinator.manager_state import LoadPlan
 from flexkv_py.index.entry import IndexStateError, Located, Victim
 from flexkv_py.index.tier_names import Tier
-
-# Lower-tier read failures that mean "this copy is gone or bad": the index forgets the copy.
-# A timed-out read (a stuck device, see late_io.py) too: kept, every lookup would promise it
-# again and every retry fail at once on fenced slots, a loop of load errors; forgotten, the
-# block is recomputed and stored again.
-COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
 
 
 class LoadPlanner(HostEviction):
@@ -217,11 +204,7 @@ class LoadPlanner(HostEviction):
             if src is not Tier.HOST:
                 if plan.promoted[i] and self.index.commit_host_fill(key, reason is None):
                     self._event("stored", key, Tier.HOST)
-                if reason in COPY_LOST:
-                    # Never trust this copy again (not found, corrupt or unreadable).
-                    if self.index.set_present([key], src, False):
-                        self._event("removed", key, src)
-                    self._stats[f"{src.value}_read_{reason}_blocks"] += 1
+                self._forget_lost_copy(key, src, reason)
             self.index.unpin([key])
             if reason is None:
                 self._stats[f"load_{src.value}_blocks"] += 1

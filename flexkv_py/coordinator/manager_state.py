@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flexkv_py.config import FlexKVConfig
-from flexkv_py.coordinator.jobs import Job
+from flexkv_py.coordinator.jobs import CORRUPT, IO_ERROR, IO_TIMEOUT, NOT_FOUND, Job
 from flexkv_py.coordinator.kv_events import EventQueue, Kind, KVEvent
 from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
@@ -43,6 +43,13 @@ def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: 
         len(config.ssd_cache_dir),
         slot_nbytes_for(page_bytes),
     )
+
+
+# Lower-tier read failures that mean "this copy is gone or bad": the index forgets the copy.
+# A timed-out read (a stuck device, see late_io.py) too: kept, every lookup would promise it
+# again and every retry fail at once on fenced slots, a loop of load errors; forgotten, the
+# block is recomputed and stored again.
+COPY_LOST = frozenset({NOT_FOUND, CORRUPT, IO_ERROR, IO_TIMEOUT})
 
 
 @dataclass
@@ -148,6 +155,14 @@ class ManagerState:
             out = tuple(self._drain_admitted)
             self._drain_admitted.clear()
             return out
+
+    def _forget_lost_copy(self, key: bytes, tier: Tier, reason: str | None) -> None:
+        """A read of `key` from lower tier `tier` failed for `reason`: if the copy is gone or
+        bad (COPY_LOST), never trust it again (forgotten, announced, counted)."""
+        if reason in COPY_LOST:
+            if self.index.set_present([key], tier, False):
+                self._event("removed", key, tier)
+            self._stats[f"{tier.value}_read_{reason}_blocks"] += 1
 
     def _event(self, kind: Kind, key: bytes, tier: Tier) -> None:
         self._events.add(kind, (key,), tier)

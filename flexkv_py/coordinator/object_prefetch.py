@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import JobResult, LoadJob
-from flexkv_py.coordinator.loads import COPY_LOST
 from flexkv_py.coordinator.write_behind_object import ObjectWriteBehind
 from flexkv_py.index.entry import IndexStateError
 from flexkv_py.index.tier_names import Tier
@@ -89,10 +88,7 @@ class ObjectPrefetch(ObjectWriteBehind):
             reason = result.failed.get(key)
             if self.index.commit_host_fill(key, reason is None):
                 self._event("stored", key, Tier.HOST)
-            if reason in COPY_LOST:
-                if self.index.set_present([key], Tier.OBJECT, False):
-                    self._event("removed", key, Tier.OBJECT)
-                self._stats[f"object_read_{reason}_blocks"] += 1
+            self._forget_lost_copy(key, Tier.OBJECT, reason)
             self.index.unpin([key])
             self._stats[
                 "object_prefetch_blocks" if reason is None else "object_prefetch_failed_blocks"

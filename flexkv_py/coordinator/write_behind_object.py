@@ -31,7 +31,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from flexkv_py.coordinator.jobs import JobResult, LoadJob, SpillJob
-from flexkv_py.coordinator.loads import COPY_LOST
 from flexkv_py.coordinator.write_behind import WriteBehind
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import TIER_BIT
@@ -254,10 +253,8 @@ class ObjectWriteBehind(WriteBehind):
             self.index.unpin([key])
             self.index.release_slots([slot])
             self._stats["object_write_behind_stage_failed_blocks"] += 1
-            if tier is not None and reason in COPY_LOST:
-                if self.index.set_present([key], tier, False):
-                    self._event("removed", key, tier)
-                self._stats[f"{tier.value}_read_{reason}_blocks"] += 1
+            if tier is not None:
+                self._forget_lost_copy(key, tier, reason)
         if keys:
             self._upload_job(keys, slots, frozenset(staged))
 

@@ -32,10 +32,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.index.namespace import PREFIX_LEN
-from flexkv_py.integration.vllm.scheduler_side_object import ObjectHits
-from flexkv_py.tiers.object_counters import tier_totals
+from flexkv_py.integration.vllm.scheduler_side_object import (
+    ObjectHits,
+    lookup_totals,
+    open_lookup_tier,
+)
 from flexkv_py.tiers.object_lookups import PendingLookups
-from flexkv_py.tiers.object_open import open_object_tier
 
 if TYPE_CHECKING:
     from flexkv_py.config import FlexKVConfig
@@ -86,9 +88,7 @@ class HybridObjectHits:
     ) -> HybridObjectHits | None:
         """The lookups of this config, or None (no object tier, or a bucket that cannot be
         used: then the scheduler never promises an object hit)."""
-        if not config.object_enabled:
-            return None
-        tier, _why = open_object_tier(config, info.namespace, collect=False)
+        tier = open_lookup_tier(config, info)
         if tier is None:
             return None
         return cls(tier, manager, plan, config.object_store_lookup_wait_s)
@@ -227,11 +227,7 @@ class HybridObjectHits:
 
     def totals(self) -> dict[str, int]:
         """Running totals for the connector's stats (as `ObjectHits.totals`)."""
-        return {
-            "object_lookups_asked_later": self.asked,
-            "object_lookups_gave_up": self.gave_up,
-            **tier_totals(self._tier.stats(), "object_lookup"),
-        }
+        return lookup_totals(self.asked, self.gave_up, self._tier)
 
     def forget(self, request_id: Hashable) -> None:
         ask = self._asks.pop(request_id, None)

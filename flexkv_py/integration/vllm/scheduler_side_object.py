@@ -41,6 +41,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def open_lookup_tier(config: FlexKVConfig, info: EngineInfo) -> ObjectTier | None:
+    """The scheduler's lookup-only tier on the bucket, or None (no object tier, or a bucket that
+    cannot be used: then the scheduler never promises an object hit)."""
+    if not config.object_enabled:
+        return None
+    tier, _why = open_object_tier(config, info.namespace, collect=False)
+    return tier
+
+
+def lookup_totals(asked: int, gave_up: int, tier: ObjectTier) -> dict[str, int]:
+    """The scheduler's bucket-lookup counters, as running totals (tiers/object_counters.py)."""
+    return {
+        "object_lookups_asked_later": asked,
+        "object_lookups_gave_up": gave_up,
+        **tier_totals(tier.stats(), "object_lookup"),
+    }
+
+
 class ObjectHits:
     def __init__(self, tier: ObjectTier, manager: CacheManager, max_wait_s: float) -> None:
         self._tier = tier
@@ -58,9 +76,7 @@ class ObjectHits:
     ) -> ObjectHits | None:
         """The lookups of this config, or None (no object tier, a hybrid model, or a bucket
         that cannot be used: then the scheduler never promises an object hit)."""
-        if not config.object_enabled or info.hybrid:
-            return None
-        tier, _why = open_object_tier(config, info.namespace, collect=False)
+        tier = None if info.hybrid else open_lookup_tier(config, info)
         if tier is None:
             return None
         return cls(tier, manager, config.object_store_lookup_wait_s)
@@ -123,11 +139,7 @@ class ObjectHits:
 
     def totals(self) -> dict[str, int]:
         """Running totals for the connector's stats (tiers/object_counters.py)."""
-        return {
-            "object_lookups_asked_later": self.asked,
-            "object_lookups_gave_up": self.gave_up,
-            **tier_totals(self._tier.stats(), "object_lookup"),
-        }
+        return lookup_totals(self.asked, self.gave_up, self._tier)
 
     def forget(self, request_id: Hashable) -> None:
         self._pending.forget(request_id)
