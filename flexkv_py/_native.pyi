@@ -333,7 +333,9 @@ class ObjectTier:
     ) -> dict[str, int]:
         """One collection pass: manifests unused for `ttl_s` (and not an ancestor of a used one)
         go, then blocks no live manifest lists and older than `grace_s`; over `budget_bytes`,
-        the least recently used chain tails go first. Returns the counts."""
+        the least recently used chain tails go first; manifests older than `grace_s` that name
+        a block or parent gone (and their descendants) go too (`manifests_dangling`). Returns the
+        counts."""
     def inspect(self) -> dict[str, int]:
         """Objects and bytes of the prefix by kind: blocks, manifests, touches, claims, lease,
         other."""

@@ -15,7 +15,12 @@
 //! - before deleting, GC lists the manifests and touches again and keeps whatever was written
 //!   or used meanwhile (and its ancestors). Deletions go deepest manifest first, blocks last.
 //!   A use that lands between that second listing and a delete is a miss later (the load of
-//!   a deleted block fails and is recomputed), never wrong KV.
+//!   a deleted block fails and is recomputed), never wrong KV;
+//! - so is a manifest a writer writes in that window over blocks it found stored (it
+//!   reuses them, they are not fresh): the pass still deletes them. The next pass finds such a
+//!   manifest (older than `grace`, naming a block or parent that is gone) and deletes it and its
+//!   descendants (`gc_plan::dangling`): a broken chain costs misses until then, never a hit
+//!   that every load fails forever.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -24,6 +29,7 @@ use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 use object_store::ObjectMeta;
 
+use super::gc_plan::{closure, dangling, fit_budget};
 use super::manifest::Manifest;
 use super::ops::Ctx;
 use super::ObjectTier;
@@ -43,6 +49,7 @@ pub struct GcReport {
     pub manifests_live: u64,
     pub manifests_deleted: u64,
     pub manifests_rescued: u64,
+    pub manifests_dangling: u64,
     pub blocks: u64,
     pub blocks_deleted: u64,
     pub block_bytes: u64,
@@ -144,8 +151,13 @@ impl ObjectTier {
         report.manifests = first.manifests.len() as u64;
         report.blocks = blocks.len() as u64;
         report.block_bytes = blocks.values().map(|m| m.size).sum();
-        let ttl = opts.ttl.as_millis() as i64;
-        let roots: Vec<String> = bodies.keys().filter(|n| now - last_use(n, &first) < ttl).cloned().collect();
+        let (ttl, grace) = (opts.ttl.as_millis() as i64, opts.grace.as_millis() as i64);
+        let broken = dangling(&bodies, &first.manifests, &blocks, now, grace);
+        let roots: Vec<String> = bodies
+            .keys()
+            .filter(|n| !broken.contains(*n) && now - last_use(n, &first) < ttl)
+            .cloned()
+            .collect();
         let mut live = closure(&bodies, roots);
         if let Some(budget) = opts.budget_bytes {
             let uses: HashMap<String, i64> = live.iter().map(|n| (n.clone(), last_use(n, &first))).collect();
@@ -163,7 +175,14 @@ impl ObjectTier {
         let (late, unreadable) = self.read_manifests(ctx, unread).await;
         refuse_unread(unreadable)?;
         bodies.extend(late);
-        let rescued = closure(&bodies, fresh);
+        let mut rescued = closure(&bodies, fresh);
+        // A broken manifest only touched since stays broken; one written again is judged anew
+        // by the next pass.
+        let own = |n: &str, l: &Listing| l.manifests.get(n).map(|m| m.last_modified);
+        let still_broken: HashSet<&String> =
+            broken.iter().filter(|n| own(n, &second).map_or(true, |t| Some(t) == own(n, &first))).collect();
+        rescued.retain(|n| !still_broken.contains(n));
+        report.manifests_dangling = still_broken.len() as u64;
         report.manifests_rescued = rescued.difference(&live).count() as u64;
         live.extend(rescued);
         report.manifests_live = live.len() as u64;
@@ -174,11 +193,10 @@ impl ObjectTier {
             .manifests
             .keys()
             .filter(|n| !live.contains(*n))
-            .filter(|n| bodies.contains_key(*n) || now - last_use(n, &second) > opts.grace.as_millis() as i64)
+            .filter(|n| bodies.contains_key(*n) || now - last_use(n, &second) > grace)
             .map(|n| (bodies.get(n).map_or(u64::MAX, |m| m.start), n.clone()))
             .collect();
         doomed.sort_by(|a, b| b.cmp(a));
-        let grace = opts.grace.as_millis() as i64;
         let dead_blocks: Vec<(&String, &ObjectMeta)> = blocks
             .iter()
             .filter(|(n, m)| !referenced.contains(*n) && now - m.last_modified.timestamp_millis() > grace)
@@ -293,71 +311,3 @@ impl ObjectTier {
 }
 
 const LEASE: &str = "gc-lease";
-
-/// `roots` and every ancestor of them reachable through parent links.
-fn closure(bodies: &HashMap<String, Manifest>, roots: Vec<String>) -> HashSet<String> {
-    let mut live = HashSet::new();
-    for root in roots {
-        let mut at = Some(root);
-        while let Some(name) = at.take() {
-            if !live.insert(name.clone()) {
-                break;
-            }
-            at = bodies.get(&name).filter(|m| !m.parent.is_empty()).map(|m| hex(&m.parent));
-        }
-    }
-    live
-}
-
-/// Drop live manifests, least recently used chain tails first, until the blocks they list fit.
-fn fit_budget(
-    bodies: &HashMap<String, Manifest>,
-    live: &mut HashSet<String>,
-    uses: &HashMap<String, i64>,
-    blocks: &HashMap<String, ObjectMeta>,
-    budget: u64,
-) {
-    let size = |k: &String| blocks.get(k).map_or(0, |m| m.size);
-    let mut refs: HashMap<String, u32> = HashMap::new();
-    for m in live.iter().filter_map(|n| bodies.get(n)) {
-        for k in &m.keys {
-            *refs.entry(hex(k)).or_default() += 1;
-        }
-    }
-    let mut bytes: u64 = refs.keys().map(size).sum();
-    if bytes <= budget {
-        return;
-    }
-    // A manifest's effective use: its own or any live descendant's, whichever is later.
-    let mut eff: HashMap<String, i64> = uses.clone();
-    for (name, &t) in uses {
-        let mut at = bodies.get(name).filter(|m| !m.parent.is_empty()).map(|m| hex(&m.parent));
-        while let Some(p) = at.take() {
-            let e = eff.entry(p.clone()).or_insert(t);
-            *e = (*e).max(t);
-            at = bodies.get(&p).filter(|m| !m.parent.is_empty()).map(|m| hex(&m.parent));
-        }
-    }
-    let mut order: Vec<(i64, std::cmp::Reverse<u64>, String)> = live
-        .iter()
-        .filter_map(|n| {
-            bodies.get(n).map(|m| (eff.get(n).copied().unwrap_or(0), std::cmp::Reverse(m.start), n.clone()))
-        })
-        .collect();
-    order.sort();
-    for (_, _, name) in order {
-        if bytes <= budget {
-            break;
-        }
-        live.remove(&name);
-        for k in bodies.get(&name).map(|m| &m.keys[..]).unwrap_or(&[]) {
-            let key = hex(k);
-            if let Some(r) = refs.get_mut(&key) {
-                *r -= 1;
-                if *r == 0 {
-                    bytes = bytes.saturating_sub(size(&key));
-                }
-            }
-        }
-    }
-}

@@ -12,6 +12,7 @@ pub mod codec;
 pub mod config;
 mod fan_out;
 pub mod gc;
+mod gc_plan;
 mod known;
 pub mod manifest;
 mod ops;

@@ -157,6 +157,7 @@ impl PyObjectTier {
             ("manifests_live", r.manifests_live),
             ("manifests_deleted", r.manifests_deleted),
             ("manifests_rescued", r.manifests_rescued),
+            ("manifests_dangling", r.manifests_dangling),
             ("blocks", r.blocks),
             ("blocks_deleted", r.blocks_deleted),
             ("block_bytes", r.block_bytes),
