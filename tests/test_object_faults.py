@@ -118,7 +118,7 @@ def test_slow_replies_time_out_per_block(s3: S3Server) -> None:
         results = reader.submit_get(list(zip([k for k, _ in stored], outs, strict=True))).wait(30)
         elapsed = time.monotonic() - start
         assert [r.status for r in results] == ["io_error"] * 4, results
-        assert elapsed < 8.0, f"{elapsed:.1f}s: the per-request timeout did not fire"
+        assert elapsed < 15.0, f"{elapsed:.1f}s: the per-request timeout did not fire"  # replies: 20 s
         assert all(o == bytearray(BLOCK) for o in outs)
         assert reader.stats()["io_errors"] == 4
     finally:
@@ -177,7 +177,7 @@ def test_check_names_a_dead_server_and_passes_again(s3: S3Server) -> None:
     start = time.monotonic()
     with pytest.raises(_native.ConfigError) as info:
         tier.check()
-    assert time.monotonic() - start < 2 * 1.0 + 1.0 + 5.0
+    assert time.monotonic() - start < 2 * 1.0 + 1.0 + 12.0
     message = str(info.value)
     assert "did not answer" in message and s3.endpoint in message, message
     assert s3.secret_access_key not in message

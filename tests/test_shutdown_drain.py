@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("connector_form")
 
 BS = 16
 BUDGET_S = 0.5
-MARGIN_S = 3.0  # scheduling noise on a busy test machine; the device is 60x slower
+MARGIN_S = 10.0  # scheduling noise on a busy 2-core test machine; the device is 60x slower
 
 
 @pytest.fixture(autouse=True)
