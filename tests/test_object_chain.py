@@ -66,14 +66,26 @@ def test_lookups_cost_a_few_requests_per_chain(s3: S3Server, proxy: CountingProx
     requests, body = proxy.snapshot()
     assert requests == {"GET": 1, "PUT": 1}, requests  # the end manifest, and its touch
     assert body.get("PUT", 0) == 0
-    # A prefix that ends inside a segment, and a longer prompt: bounded, well under 0.1/block.
+    # A prefix that ends inside a segment, and a longer prompt: bounded, at most 0.1/block.
+    # Searches (end manifest, segment manifests, blocks by HEAD), the end manifest that could
+    # vouch for the answer, then one round confirming the blocks the search skipped, a touch.
     for probe, want in ((keys[:700], 700), (keys + chain("b", 500), len(keys))):
         fresh = tier(s3, prefix, proxy.endpoint)
         proxy.reset()
         assert fresh.lookup_chain(probe) == want
         cost = total(proxy.snapshot()[0])
-        assert cost <= 1 + 5 + 6 + 1, cost
+        assert cost <= 1 + 5 + 6 + 1 + (SEGMENT - 1) + 1, cost
         assert cost / want <= 0.1
+        assert fresh.stats()["chain_confirm_cuts"] == 0
+    # The turn before ended where this lookup's search ends: its end manifest vouches, so the
+    # blocks need no confirming.
+    turn = chain("t", 3 * SEGMENT + 20)
+    assert store(writer, turn) == ["ok"] * len(turn)
+    fresh = tier(s3, prefix, proxy.endpoint)
+    proxy.reset()
+    assert fresh.lookup_chain(turn + chain("t2", 50)) == len(turn)
+    assert total(proxy.snapshot()[0]) <= 1 + 3 + 6 + 1 + 1
+    assert fresh.stats()["chain_confirm_heads"] == 0
     # A new prompt: a bounded number of requests, whatever its length.
     fresh = tier(s3, prefix, proxy.endpoint)
     proxy.reset()
@@ -108,3 +120,30 @@ def test_later_writers_send_no_body(s3: S3Server, proxy: CountingProxy) -> None:
     got = third.submit_get(list(zip(keys, outs, strict=True))).wait(60)
     assert all(r.ok for r in got)
     assert all(o == k * 4 for o, k in zip(outs, keys, strict=True))
+
+
+def test_a_segment_with_a_block_missing_below_stored_ones_matches_only_up_to_the_gap(
+    s3: S3Server, proxy: CountingProxy
+) -> None:
+    """A segment's blocks go up at once, in any order, before its manifest: a lookup racing a
+    writer sees later blocks of the segment before earlier ones (as it would a put with a gap
+    or a writer that died mid-segment). The HEAD search alone answered past the gap: loads then
+    failed where it said hit. The answer stops at the gap and every block below it loads."""
+    prefix = f"chain-gap-{uuid.uuid4().hex[:8]}"
+    keys = chain("g", SEGMENT + 40)
+    writer = tier(s3, prefix, s3.endpoint)
+    assert store(writer, keys) == ["ok"] * len(keys)
+    # The state mid-upload: the second segment's end manifest not written yet, one block of it
+    # not landed yet while later ones have.
+    gap = SEGMENT + 10
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"{prefix}/m/{keys[-1].hex()}")
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"{prefix}/b/{keys[gap].hex()}")
+    reader = tier(s3, prefix, proxy.endpoint)
+    longer = keys + chain("g2", 30)  # the writer's end manifest is not this chain's
+    assert reader.lookup_chain(longer) == gap
+    stats = reader.stats()
+    assert stats["chain_confirm_cuts"] == 1 and stats["chain_confirm_heads"] > 0, stats
+    outs = [bytearray(len(k) * 4) for k in keys[:gap]]
+    got = reader.submit_get(list(zip(keys[:gap], outs, strict=True))).wait(60)
+    assert all(r.ok for r in got)
+    assert all(o == k * 4 for o, k in zip(outs, keys, strict=False))

@@ -4,9 +4,12 @@
 //! A lookup of `n` keys asks, in order: the manifest of the chain's end (the prompt seen
 //! before: 1 request), then a binary search over the full segments' manifests, then a binary
 //! search by HEAD over the blocks of the first segment without a manifest (a chain that
-//! ended inside it stored them under an end manifest this lookup cannot name). A new prompt
-//! pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests. The searches assume a
-//! chain's stored blocks form a prefix (writers store a chain's blocks before its
+//! ended inside it stored them under an end manifest this lookup cannot name), then one round
+//! of HEADs confirming the blocks below that search's answer it did not ask about (a racing
+//! writer's uploads land in any order), unless a chain's end manifest at the answer vouches. A new prompt pays at most
+//! `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests in sequence, plus up to `SEGMENT - 1`
+//! HEADs at once for a hit that ends inside a segment. The manifest search assumes a
+//! chain's stored segments form a prefix (writers store a chain's blocks before its
 //! manifests, GC deletes deepest first); where a fault broke that, the load of a missing
 //! block fails and is recomputed — every read is verified, so never wrong KV.
 
@@ -98,11 +101,16 @@ async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
     found.by_manifest = lo * SEGMENT;
     found.deepest = lo.checked_sub(1).map(|s| (s + 1) * SEGMENT - 1);
     // Blocks of the next segment: the largest stored position, by HEAD.
-    let (mut have, mut limit) = (found.matched, n.min(found.matched + SEGMENT));
+    let start = found.matched;
+    let (mut have, mut limit) = (start, n.min(start + SEGMENT));
+    let mut seen = Vec::new();
     while have < limit {
         let mid = (have + limit).div_ceil(2) - 1; // test position mid
         match ctx.exists(object_path(prefix, &keys[mid])).await {
-            Ok(true) => have = mid + 1,
+            Ok(true) => {
+                seen.push(mid);
+                have = mid + 1;
+            }
             Ok(false) => limit = mid,
             Err(msg) => {
                 bump(&ctx.stats.io_errors, 1);
@@ -111,8 +119,46 @@ async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
             }
         }
     }
-    found.matched = have;
+    found.matched = confirmed_prefix(ctx, prefix, keys, start, have, &seen).await;
     found
+}
+
+/// The search above assumes the segment's stored blocks form a prefix, which a writer's
+/// uploads in flight break (a segment's blocks go up at once, in any order, before its
+/// manifest): the end manifest of a chain that ended at the answer vouches for it (1 GET);
+/// failing that, positions `start..have` it did not ask about are asked now, at once, and the
+/// answer ends at the first one missing (or failing). Up to `SEGMENT - 1` HEADs in one round
+/// for a hit inside a segment; nothing for a miss or a hit that ends on a manifest.
+async fn confirmed_prefix(
+    ctx: &Ctx,
+    prefix: &Path,
+    keys: &[Vec<u8>],
+    start: usize,
+    have: usize,
+    seen: &[usize],
+) -> usize {
+    let unasked: Vec<usize> = (start..have).filter(|p| !seen.contains(p)).collect();
+    if unasked.is_empty() {
+        return have;
+    }
+    // A chain that ended there (the turn before this one) vouches with its end manifest.
+    if has_manifest(ctx, prefix, keys, have - 1).await == Ok(true) {
+        return have;
+    }
+    bump(&ctx.stats.chain_confirm_heads, unasked.len() as u64);
+    let missing: Vec<usize> = stream::iter(unasked)
+        .map(|p| async move { (p, ctx.exists(object_path(prefix, &keys[p])).await) })
+        .buffer_unordered(SEGMENT)
+        .filter_map(|(p, r)| futures::future::ready(matches!(r, Ok(false) | Err(_)).then_some(p)))
+        .collect()
+        .await;
+    match missing.into_iter().min() {
+        Some(first) => {
+            bump(&ctx.stats.chain_confirm_cuts, 1);
+            first
+        }
+        None => have,
+    }
 }
 
 impl ObjectTier {

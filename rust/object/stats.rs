@@ -35,6 +35,8 @@ counters!(
     timeouts,
     runtime_builds,
     chain_lookups,
+    chain_confirm_heads,
+    chain_confirm_cuts,
     manifest_puts,
     claims_won,
     claims_lost,
