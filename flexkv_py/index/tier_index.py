@@ -45,15 +45,16 @@ from collections.abc import Iterable, Sequence
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.lower_room import LowerRoom
+from flexkv_py.index.host_fills import HostFills
 from flexkv_py.index.tier_names import Tier
 
 __all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-class TierIndex(LowerRoom):
+class TierIndex(HostFills):
     """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads,
-    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom).
+    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom, host
+    fills begun and committed in batches: HostFills).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
     held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
@@ -142,80 +143,7 @@ class TierIndex(LowerRoom):
         with self._lock:
             self._slots.give_back(slots)
 
-    # --- host copy lifecycle ---
-    def begin_host_fill(
-        self, key: bytes, slot: int, *, count_access: bool = True, parent: bytes | None = None
-    ) -> None:
-        """A job starts writing the key's page into `slot` (from allocate_slots); pins the key.
-        `parent`: the block before it in its chain (kept cached while this one is)."""
-        self.begin_host_fills((key,), (slot,), count_access=count_access, parents=(parent,))
-
-    def begin_host_fills(
-        self,
-        keys: Sequence[bytes],
-        slots: Sequence[int],
-        *,
-        count_access: bool = True,
-        parents: Sequence[bytes | None] | None = None,
-    ) -> None:
-        """`begin_host_fill` for many keys under one lock (a store's blocks); `parents[i]`:
-        key i's chain parent or None (default: no links)."""
-        with self._lock:
-            entries, remove = self._entries, self._policy.remove
-            if parents is None:
-                parents = (None,) * len(keys)
-            elif len(parents) != len(keys):
-                raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
-            for key, slot, parent in zip(keys, slots, parents, strict=True):
-                e = entries.get(key)
-                if e is None:
-                    e = self._add(key)
-                    if not e.lower:  # not a cold block warming: cached for the first time
-                        self._born(e, parent if parent != key else None)
-                elif e.host_slot is not None or e.stale:
-                    raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
-                e.host_slot = slot
-                e.host_ready = False
-                if count_access:
-                    e.hits += 1
-                e.pins += 1
-                remove(key)  # pinned: not evictable (what _refresh does here)
-                if parent is not None and parent != key and self.keep_chains:
-                    self._link(e, parent)
-
-    def commit_host_fill(self, key: bytes, ok: bool) -> bool:
-        """End a fill and unpin; a failed fill frees its slot. True if the copy is readable."""
-        return bool(self.commit_host_fills((key,), (ok,)))
-
-    def commit_host_fills(self, keys: Sequence[bytes], oks: Sequence[bool]) -> list[bytes]:
-        """`commit_host_fill` for many keys under one lock (a store's blocks). Returns the keys
-        whose host copy is readable now (not those that failed or were reset meanwhile)."""
-        readable: list[bytes] = []
-        with self._lock:
-            entries, policy = self._entries, self._policy
-            for key, ok in zip(keys, oks, strict=True):
-                e = entries.get(key)
-                # A releasing slot (evicted while pinned) is not a fill: committing it would
-                # make the index promise host bytes that are being given up.
-                if e is None or e.host_slot is None or e.host_ready or e.releasing:
-                    raise IndexStateError(f"key {key.hex()} has no host fill in flight")
-                e.pins -= 1
-                if ok:
-                    e.host_ready = True
-                    if not e.stale:
-                        readable.append(key)
-                    if e.pins == 0 and not (e.stale or e.evicting):
-                        # The common case (a stored block): it becomes evictable, nothing else.
-                        if key not in policy and (e.lower or key not in self._children):
-                            policy.add(key, e.hits)
-                        continue
-                else:
-                    self._slots.give(e.host_slot)
-                    e.host_slot = None
-                    self._unlink(e)
-                self._settle(key, e)
-        return readable
-
+    # --- host copy lifecycle: begin/commit_host_fill(s) in host_fills.py ---
     def begin_evict(self) -> Victim | None:
         """Choose the next evictable host copy per policy; it stops being readable from host."""
         with self._lock:

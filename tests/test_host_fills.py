@@ -1,0 +1,111 @@
+"""The batch path of host fills (index/host_fills.py) leaves the index exactly as the general
+per-key path does: entries, head map, chain counts, kid counts, policy order, cold sets, ghost
+counts, then the same victims in the same order."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from flexkv_py.index import IndexStateError, Tier, TierIndex
+from flexkv_py.index.head_map import HEAD_LEN
+
+HEADS = (b"A" * HEAD_LEN, b"B" * HEAD_LEN)
+
+
+def _key(rng: random.Random, head: bytes = HEADS[0]) -> bytes:
+    return head + rng.randbytes(16)
+
+
+def _state(idx: TierIndex) -> dict[str, Any]:
+    cold = idx._cold
+    return {
+        "entries": dict(idx._entries),
+        "by_head": {h: dict(sub) for h, sub in idx._by_head.items()},
+        "children": dict(idx._children),
+        "kids": dict(idx._kids),
+        "policy": list(idx._policy.newest()),
+        "ghost": list(idx._ghost.items()),
+        "cold": sorted(cold.keys()),
+        "cold_masks": {k: cold.mask(k) for k in cold.keys()},
+        "cold_kids": {k: cold.kids_of(k) for k in cold.keys()},
+        "free": list(idx._slots.free),
+        "warm_on": dict(idx._warm_on),
+    }
+
+
+def _history(seed: int) -> tuple[TierIndex, TierIndex, list[bytes], list[bytes], list[bytes]]:
+    """Two indexes with the same random past: ready chains, cold blocks (some with kids), and
+    dropped keys whose hits the ghost map remembers."""
+    rng = random.Random(seed)
+    pair = (TierIndex(4096), TierIndex(4096))
+    ready = [_key(rng) for _ in range(40)]
+    cold = [_key(rng) for _ in range(30)]
+    gone = [_key(rng) for _ in range(20)]
+    for idx in pair:
+        idx.begin_host_fills(gone, idx.allocate_slots(len(gone)))
+        idx.commit_host_fills(gone, [True] * len(gone))
+        idx.touch(gone[:7])
+        for _ in gone:  # every one of them dropped; the ghost map keeps their hits
+            victim = idx.begin_evict()
+            assert victim is not None
+            idx.finish_evict(victim.key)
+        assert idx.begin_evict() is None
+        idx.begin_host_fills(ready, idx.allocate_slots(len(ready)), parents=[None, *ready[:-1]])
+        idx.commit_host_fills(ready, [True] * len(ready))
+        idx.set_present(cold, Tier.SSD, True)
+        idx.set_present(cold[:5], Tier.OBJECT, True)
+        idx.link_parents(dict(zip(cold[1:10], cold[:9], strict=True)))
+    assert pair[0]._ghost and pair[0]._kids and not any(k in pair[0]._entries for k in gone)
+    assert _state(pair[0]) == _state(pair[1])
+    return pair[0], pair[1], ready, cold, gone
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batch_fills_match_the_general_path(seed: int) -> None:
+    batch_idx, general_idx, ready, cold, gone = _history(seed)
+    rng = random.Random(1000 + seed)
+    fresh = [_key(rng, rng.choice(HEADS)) for _ in range(60)]
+    pool = fresh + rng.sample(cold, 12) + rng.sample(gone, 8)
+    rng.shuffle(pool)
+    keys = pool[:50]
+    outside = [None, *ready, *cold, _key(rng)]  # parents: cached, cold, unknown or none
+    parents = [
+        keys[i - 1] if i and rng.random() < 0.7 else rng.choice(outside) for i in range(len(keys))
+    ]
+    count_access = bool(seed % 2)
+    slots = batch_idx.allocate_slots(len(keys))
+    assert general_idx.allocate_slots(len(keys)) == slots
+    batch_idx.begin_host_fills(keys, slots, parents=parents, count_access=count_access)
+    with general_idx._lock:  # the per-key path the batch path stands in for
+        for key, slot, parent in zip(keys, slots, parents, strict=True):
+            general_idx._begin_fill(key, slot, parent, count_access)
+    assert any(batch_idx._cold_live)  # cold blocks were among the keys
+    assert _state(batch_idx) == _state(general_idx)
+    oks = [rng.random() < 0.9 for _ in keys]
+    assert batch_idx.commit_host_fills(keys, oks) == general_idx.commit_host_fills(keys, oks)
+    assert _state(batch_idx) == _state(general_idx)
+    for idx in (batch_idx, general_idx):  # the same victims, in the same order
+        order = []
+        while (victim := idx.begin_evict()) is not None:
+            idx.finish_evict(victim.key)
+            order.append(victim.key)
+        idx.order = order  # type: ignore[attr-defined]
+    assert batch_idx.order == general_idx.order  # type: ignore[attr-defined]
+    assert _state(batch_idx) == _state(general_idx)
+
+
+def test_a_bad_batch_changes_nothing() -> None:
+    batch_idx, _, ready, _, _ = _history(0)
+    rng = random.Random(7)
+    before = _state(batch_idx)
+    fresh = [_key(rng) for _ in range(4)]
+    with pytest.raises(IndexStateError, match="host copy"):
+        batch_idx.begin_host_fills([*fresh, ready[3]], [4000, 4001, 4002, 4003, 4004])
+    with pytest.raises(IndexStateError, match="twice"):
+        batch_idx.begin_host_fills([*fresh, fresh[0]], [4000, 4001, 4002, 4003, 4004])
+    with pytest.raises(ValueError, match="slots"):
+        batch_idx.begin_host_fills(fresh, [4000])
+    assert _state(batch_idx) == before
