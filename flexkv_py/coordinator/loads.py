@@ -43,20 +43,18 @@ class LoadPlanner(HostEviction):
         if not keys:
             return None
         with self._lock:
-            acquired = self.index.acquire(keys[:end], count_hits=True)
-            host = Tier.HOST
-            if len(acquired) == end and end < len(keys):
-                if all(a.tier is host for a in acquired):
+            if end < len(keys):
+                # The common case: every block of the part is in host memory (no per-block
+                # `Located`: the slots come back as they are).
+                slots = self.index.acquire_host(keys[:end], count_hits=True)
+                if slots is not None:
                     self._note_admitted(keys[:end], stored=False)
                     ids = None if gpu_block_ids is None else gpu_block_ids[:end]
                     return self._new_load_job(
-                        keys[:end],
-                        ids,
-                        [a.host_slot for a in acquired],  # type: ignore[misc]
-                        (host,) * end,
-                        [False] * end,
-                        [],
+                        keys[:end], ids, slots, (Tier.HOST,) * end, [False] * end, []
                     )
+            acquired = self.index.acquire(keys[:end], count_hits=True)
+            if len(acquired) == end and end < len(keys):
                 acquired += self.index.acquire(keys[end:], count_hits=True)
             return self._plan_load(keys, gpu_block_ids, acquired)
 

@@ -42,6 +42,7 @@ per block. `_add` / `_get` warm a cold block (a load pins it, a write to another
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
@@ -89,6 +90,24 @@ class TierIndex(HostFills):
                     e.hits += 1
                 remove(key)
         return out
+
+    def acquire_host(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[int] | None:
+        """`acquire` when every key is readable from host memory (a load of host blocks): their
+        slots, pinned, with no `Located` per block. None, pinning nothing, if any key is not
+        (the caller asks `acquire`)."""
+        with self._lock:
+            maybe = list(map(self._entries.get, keys))
+            for e in maybe:
+                if e is None or not e.host_ready or e.stale:
+                    return None
+            got = cast("list[Entry]", maybe)
+            remove = self._policy.remove
+            for key, e in zip(keys, got, strict=True):
+                e.pins += 1
+                if count_hits:
+                    e.hits += 1
+                remove(key)
+            return [e.host_slot for e in got]  # type: ignore[misc]
 
     # --- access ---
     def touch(self, keys: Iterable[bytes]) -> None:
@@ -221,6 +240,19 @@ class TierIndex(HostFills):
                 return self._cold.on(key, tier)
             return bool(e.lower & TIER_BIT[tier]) and not e.stale
 
+    def lacking_on(self, keys: Iterable[bytes], tier: Tier) -> list[bytes]:
+        """The keys with no readable copy on `tier` (`readable_on` false), under one lock: a
+        store's blocks the write-behind still owes that tier."""
+        bit = TIER_BIT[tier]
+        with self._lock:
+            get, on = self._entries.get, self._cold.on
+            out = []
+            for key in keys:
+                e = get(key)
+                if not (on(key, tier) if e is None else e.lower & bit and not e.stale):
+                    out.append(key)
+            return out
+
     def commit_write(self, key: bytes, tier: Tier, ok: bool) -> None:
         bit = TIER_BIT[tier]
         with self._lock:
@@ -268,7 +300,7 @@ class TierIndex(HostFills):
                     self._on_moved(before, e.lower | e.pending)
                     changed.append(key)
                     self._settle(key, e)
-            if present:
+            if present and cold:  # none: no set turns live (a miss would ask it)
                 changed += self._cold.add_on(cold, tier)
             else:
                 for k in dict.fromkeys(cold):
