@@ -109,3 +109,63 @@ def test_a_bad_batch_changes_nothing() -> None:
     with pytest.raises(ValueError, match="slots"):
         batch_idx.begin_host_fills(fresh, [4000])
     assert _state(batch_idx) == before
+
+
+@pytest.mark.parametrize("first", ["none", "ready", "cold", "cold_object", "unknown"])
+@pytest.mark.parametrize("count_access", [True, False])
+def test_a_chain_of_new_blocks_in_one_step_matches_the_general_path(
+    first: str, count_access: bool
+) -> None:
+    """The store's usual batch (a chain of new blocks, dropped ones among them) goes through
+    `_new_chain` whole, and ends as the per-key path would, through commit and eviction."""
+    batch_idx, general_idx, ready, cold, gone = _history(3)
+    rng = random.Random(5)
+    keys = [_key(rng) for _ in range(30)]
+    keys[4:4] = gone[:6]  # dropped blocks (ghost hits) stored again
+    parent0 = {
+        "none": None,
+        "ready": ready[-1],
+        "cold": cold[20],
+        "cold_object": cold[2],
+        "unknown": _key(rng),
+    }[first]
+    parents = [parent0, *keys[:-1]]
+    slots = batch_idx.allocate_slots(len(keys))
+    assert general_idx.allocate_slots(len(keys)) == slots
+    with batch_idx._lock:
+        cold_mask = batch_idx._cold_among(keys)
+        assert batch_idx._new_chain(keys, slots, parents, cold_mask, count_access)
+    with general_idx._lock:
+        for key, slot, parent in zip(keys, slots, parents, strict=True):
+            general_idx._begin_fill(key, slot, parent, count_access)
+    assert _state(batch_idx) == _state(general_idx)
+    oks = [i % 7 != 3 for i in range(len(keys))]
+    assert batch_idx.commit_host_fills(keys, oks) == general_idx.commit_host_fills(keys, oks)
+    assert _state(batch_idx) == _state(general_idx)
+    orders = []
+    for idx in (batch_idx, general_idx):
+        order = []
+        while (victim := idx.begin_evict()) is not None:
+            idx.finish_evict(victim.key)
+            order.append(victim.key)
+        orders.append(order)
+    assert orders[0] == orders[1] and len(orders[0]) > len(keys)
+    assert _state(batch_idx) == _state(general_idx)
+
+
+def test_batches_the_chain_step_does_not_take_change_nothing_there() -> None:
+    """Not a chain, a known key, a duplicate: `_new_chain` declines and leaves no trace."""
+    batch_idx, _, ready, cold, _ = _history(4)
+    rng = random.Random(9)
+    keys = [_key(rng) for _ in range(8)]
+    before = _state(batch_idx)
+    with batch_idx._lock:
+        for ks, ps in (
+            (keys, [None, *keys[:-2], None]),  # the last key starts a chain of its own
+            ([*keys[:-1], ready[0]], [None, *keys[:-1]]),  # a cached key
+            ([*keys[:-1], cold[0]], [None, *keys[:-1]]),  # a cold key
+            ([*keys[:-1], keys[0]], [None, *keys[:-1]]),  # a key twice
+        ):
+            mask = batch_idx._cold_among(ks)
+            assert not batch_idx._new_chain(ks, list(range(8)), ps, mask, True)
+    assert _state(batch_idx) == before

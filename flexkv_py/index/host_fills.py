@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
+from itertools import repeat
 
 from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.entry import Entry, IndexStateError
@@ -21,9 +22,10 @@ from flexkv_py.index.lower_room import LowerRoom
 
 # A new fill's entry is built positionally (a store makes one per block; keywords cost ~50 %
 # more): the order below must be Entry's, checked once at import.
-_FILLING_FIELDS = ("host_slot", "host_ready", "evicting", "releasing", "lower", "pending", "pins")
-if tuple(f.name for f in fields(Entry))[: len(_FILLING_FIELDS) + 1] != (*_FILLING_FIELDS, "hits"):
-    raise ImportError("Entry's fields changed: update host_fills._filling_entry")
+_FIELDS = ("host_slot", "host_ready", "evicting", "releasing", "lower", "pending", "pins", "hits")
+_CHAIN_FIELDS = (*_FIELDS, "stale", "parent", "up")
+if tuple(f.name for f in fields(Entry)) != _CHAIN_FIELDS:
+    raise ImportError("Entry's fields changed: update host_fills._filling_entry / _new_chain")
 
 
 def _filling_entry(slot: int, hits: int) -> Entry:
@@ -104,6 +106,8 @@ class HostFills(LowerRoom):
         `_add` + `_born` + `_link` do for a block with no lower-tier copy, no kids and no
         place in the policy (it had no entry), inlined; the others go through `_begin_fill`.
         All checks come first, so a bad batch changes nothing."""
+        if self._new_chain(keys, slots, parents, cold, count_access):
+            return
         entries = self._entries
         for key in keys:
             e = entries.get(key)
@@ -146,6 +150,78 @@ class HostFills(LowerRoom):
                         if pe is None or not pe.lower:
                             policy_remove(parent)
             born = key
+
+    def _new_chain(
+        self,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        parents: Sequence[bytes | None],
+        cold: bytes | None,
+        count_access: bool,
+    ) -> bool:
+        """A store's usual batch, whole, without a Python step per key: a chain (key i's parent
+        is key i-1) of distinct keys of one head, none cached or cold, whose own names are in
+        no count. Their entries are made by one `map` and filed by `dict.update`s; only the
+        first key's parent (outside the batch) is linked one by one. False (nothing changed)
+        for any other batch."""
+        n = len(keys)
+        entries, children, kids = self._entries, self._children, self._kids
+        if n < 2 or (cold is not None and any(cold)) or not entries.keys().isdisjoint(keys):
+            return False
+        keys = list(keys)
+        inner = keys[:-1]
+        first = parents[0]
+        if list(parents[1:]) != inner or first in keys or len(set(keys)) != n:
+            return False
+        head = keys[0][:HEAD_LEN]
+        if min(map(len, keys)) <= HEAD_LEN or any(k[:HEAD_LEN] != head for k in keys):
+            return False
+        ups = list(map(key_digest, inner))  # keys[1:]'s parents' names
+        if len(set(ups)) != len(ups) or not kids.keys().isdisjoint(ups):
+            return False
+        link = self.keep_chains
+        if link and not children.keys().isdisjoint(inner):
+            return False
+        bump, ghost = int(count_access), self._ghost
+        hits = [h + bump for h in map(ghost.pop, keys, repeat(0))] if ghost else repeat(bump)
+        first_up = None
+        if first is not None and (first in entries or self._cold.has(first)):
+            first_up = key_digest(first)
+        new = list(
+            map(
+                Entry,
+                slots,
+                repeat(False),
+                repeat(False),
+                repeat(False),
+                repeat(0),
+                repeat(0),
+                repeat(1),
+                hits,
+                repeat(False),
+                [first, *inner] if link else repeat(None),
+                [first_up, *ups],
+            )
+        )
+        entries.update(zip(keys, new, strict=True))
+        sub = self._by_head.get(head)
+        if sub is None:
+            sub = self._by_head[head] = {}
+        sub.update(zip((k[HEAD_LEN:] for k in keys), new, strict=True))
+        kids.update(zip(ups, repeat(1)))
+        if first_up is not None:  # what `_born` does for the first key
+            if first in entries:
+                kids[first_up] = kids.get(first_up, 0) + 1
+            else:
+                self._kid_added(first_up)
+        if link:
+            children.update(zip(inner, repeat(1)))
+            if first is not None:  # what `_link` does for the first key
+                children[first] = children.get(first, 0) + 1
+                pe = entries.get(first)
+                if pe is None or not pe.lower:
+                    self._policy.remove(first)
+        return True
 
     def commit_host_fill(self, key: bytes, ok: bool) -> bool:
         """End a fill and unpin; a failed fill frees its slot. True if the copy is readable."""
