@@ -23,8 +23,8 @@ from typing_extensions import Buffer
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHandle
-from flexkv_py.coordinator.host_side import HostSlots, build_host_side
-from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.host_side import HostSlots, build_host_side, write_pages
+from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob
 from flexkv_py.coordinator.manager import CacheManager
 from flexkv_py.coordinator.pipeline import pipeline_parts
 from flexkv_py.index.namespace import Namespace
@@ -252,7 +252,7 @@ class CacheEngine:
                     fill = None
                     if pages is not None:
                         by_key = {keys[i]: pages[i] for i in part}
-                        fill = functools.partial(self._write_pages, job, by_key)
+                        fill = functools.partial(write_pages, self.pool, job, by_key)
                     handles.append(self.executor.submit(job, fill))
                     if len(handles) > 1:  # its completion overlaps the copy just submitted
                         finish(handles.pop(0))
@@ -269,16 +269,6 @@ class CacheEngine:
             statuses[keys[i]] = NO_SLOT
         finish_ours()
         return BlockOutcome(tuple(map(statuses.get, keys, itertools.repeat(CACHED, len(keys)))))
-
-    def _write_pages(self, job: StoreJob, pages: Mapping[bytes, Buffer]) -> None:
-        tensor = self.pool.tensor  # type: ignore[attr-defined]
-        for key, slot in zip(job.keys, job.host_slots, strict=True):
-            data = memoryview(pages[key]).cast("B")
-            if len(data) > self.pool.slot_nbytes:
-                raise ValueError(f"page of {len(data)} bytes exceeds the slot size")
-            row = tensor[slot].numpy()
-            row[: len(data)] = data
-            row[len(data) :] = 0  # zero padding: equal pages stay byte-equal (SSD dedup)
 
     def submit_load(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
