@@ -232,7 +232,7 @@ class HostFills(LowerRoom):
         whose host copy is readable now (not those that failed or were reset meanwhile)."""
         readable: list[bytes] = []
         with self._lock:
-            entries, policy = self._entries, self._policy
+            entries, add, children = self._entries, self._policy.add, self._children
             for key, ok in zip(keys, oks, strict=True):
                 e = entries.get(key)
                 # A releasing slot (evicted while pinned) is not a fill: committing it would
@@ -245,9 +245,10 @@ class HostFills(LowerRoom):
                     if not e.stale:
                         readable.append(key)
                     if e.pins == 0 and not (e.stale or e.evicting):
-                        # The common case (a stored block): it becomes evictable, nothing else.
-                        if key not in policy and (e.lower or key not in self._children):
-                            policy.add(key, e.hits)
+                        # The common case (a stored block): it becomes evictable, nothing else
+                        # (a pinned key is in no policy, so no membership test first).
+                        if e.lower or key not in children:
+                            add(key, e.hits)
                         continue
                 else:
                     self._slots.give(e.host_slot)

@@ -130,7 +130,7 @@ class TierIndex(HostFills):
 
     def unpin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
-            entries = self._entries
+            entries, add, children = self._entries, self._policy.add, self._children
             for key in keys:
                 e = entries.get(key)
                 if e is None:
@@ -139,9 +139,10 @@ class TierIndex(HostFills):
                     raise IndexStateError(f"unpin of unpinned key {key.hex()}")
                 e.pins -= 1
                 if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
-                    # The common case (a loaded host block): it only becomes evictable again.
-                    if key not in self._policy and (e.lower or key not in self._children):
-                        self._policy.add(key, e.hits)
+                    # The common case (a loaded host block): it only becomes evictable again
+                    # (a pinned key is in no policy, so no membership test first).
+                    if e.lower or key not in children:
+                        add(key, e.hits)
                 else:
                     self._settle(key, e)
 
