@@ -169,3 +169,32 @@ def test_batches_the_chain_step_does_not_take_change_nothing_there() -> None:
             mask = batch_idx._cold_among(ks)
             assert not batch_idx._new_chain(ks, list(range(8)), ps, mask, True)
     assert _state(batch_idx) == before
+
+
+def test_acquire_host_pins_all_or_nothing_as_acquire_would() -> None:
+    """A load of host blocks: `acquire_host` pins them as `acquire` does (same slots, pins,
+    hits, policy); with one block not in host memory (cold, filling, unknown) it pins nothing."""
+    one, other, ready, cold, _ = _history(6)
+    keys = ready[5:25]
+    slots = one.acquire_host(keys, count_hits=True)
+    located = other.acquire(keys, count_hits=True)
+    assert slots == [loc.host_slot for loc in located] and None not in slots
+    assert _state(one) == _state(other)
+    rng = random.Random(11)
+    filling = _key(rng)
+    one.begin_host_fills([filling], one.allocate_slots(1))
+    for odd in (cold[3], filling, _key(rng)):
+        before = _state(one)
+        assert one.acquire_host([*ready[:4], odd, ready[30]]) is None
+        assert _state(one) == before
+
+
+def test_lacking_on_is_readable_on_negated_per_key() -> None:
+    idx, _, ready, cold, gone = _history(8)
+    rng = random.Random(2)
+    idx.set_present(ready[:10], Tier.SSD, True)  # host blocks with an SSD copy too
+    keys = [*ready[5:15], *cold[:8], *gone[:3], _key(rng), b"short"]
+    for tier in (Tier.SSD, Tier.OBJECT):
+        want = [k for k in keys if not idx.readable_on(k, tier)]
+        assert idx.lacking_on(keys, tier) == want
+        assert 0 < len(want) < len(keys)
