@@ -101,12 +101,11 @@ class TierIndex(HostFills):
                 if e is None or not e.host_ready or e.stale:
                     return None
             got = cast("list[Entry]", maybe)
-            remove = self._policy.remove
-            for key, e in zip(keys, got, strict=True):
+            for e in got:
                 e.pins += 1
                 if count_hits:
                     e.hits += 1
-                remove(key)
+            self._policy.remove_many(keys)
             return [e.host_slot for e in got]  # type: ignore[misc]
 
     # --- access ---
