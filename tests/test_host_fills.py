@@ -11,6 +11,7 @@ import pytest
 
 from flexkv_py.index import IndexStateError, Tier, TierIndex
 from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.host_fills import FillBatch
 
 HEADS = (b"A" * HEAD_LEN, b"B" * HEAD_LEN)
 
@@ -134,7 +135,7 @@ def test_a_chain_of_new_blocks_in_one_step_matches_the_general_path(
     assert general_idx.allocate_slots(len(keys)) == slots
     with batch_idx._lock:
         cold_mask = batch_idx._cold_among(keys)
-        assert batch_idx._new_chain(keys, slots, parents, cold_mask, count_access)
+        assert batch_idx._new_chain(FillBatch(keys, slots, parents, cold_mask, count_access))
     with general_idx._lock:
         for key, slot, parent in zip(keys, slots, parents, strict=True):
             general_idx._begin_fill(key, slot, parent, count_access)
@@ -167,7 +168,7 @@ def test_batches_the_chain_step_does_not_take_change_nothing_there() -> None:
             ([*keys[:-1], keys[0]], [None, *keys[:-1]]),  # a key twice
         ):
             mask = batch_idx._cold_among(ks)
-            assert not batch_idx._new_chain(ks, list(range(8)), ps, mask, True)
+            assert not batch_idx._new_chain(FillBatch(ks, list(range(8)), ps, mask, True))
     assert _state(batch_idx) == before
 
 

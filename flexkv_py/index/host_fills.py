@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 from itertools import repeat
+from typing import NamedTuple
 
 from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.entry import Entry, IndexStateError
@@ -26,6 +27,17 @@ _FIELDS = ("host_slot", "host_ready", "evicting", "releasing", "lower", "pending
 _CHAIN_FIELDS = (*_FIELDS, "stale", "parent", "up")
 if tuple(f.name for f in fields(Entry)) != _CHAIN_FIELDS:
     raise ImportError("Entry's fields changed: update host_fills._filling_entry / _new_chain")
+
+
+class FillBatch(NamedTuple):
+    """One `begin_host_fills` call: its keys, slots, chain parents, per-key cold flags (None:
+    none is cold) and whether the store counts as an access."""
+
+    keys: Sequence[bytes]
+    slots: Sequence[int]
+    parents: Sequence[bytes | None]
+    cold: bytes | None
+    count_access: bool
 
 
 def _filling_entry(slot: int, hits: int) -> Entry:
@@ -58,7 +70,7 @@ class HostFills(LowerRoom):
         if len(slots) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
         with self._lock:
-            self._new_fills(keys, slots, parents, self._cold_among(keys), count_access)
+            self._new_fills(FillBatch(keys, slots, parents, self._cold_among(keys), count_access))
 
     def _begin_fill(self, key: bytes, slot: int, parent: bytes | None, count_access: bool) -> None:
         """The general path of one key (lock held): a cold block warming, or a known key."""
@@ -94,20 +106,14 @@ class HostFills(LowerRoom):
             return masks[0]
         return bytes(map(any, zip(*masks, strict=True)))
 
-    def _new_fills(
-        self,
-        keys: Sequence[bytes],
-        slots: Sequence[int],
-        parents: Sequence[bytes | None],
-        cold: bytes | None,
-        count_access: bool,
-    ) -> None:
+    def _new_fills(self, batch: FillBatch) -> None:
         """Begin the fills (lock held). A key never cached gets its entry in one step: what
         `_add` + `_born` + `_link` do for a block with no lower-tier copy, no kids and no
         place in the policy (it had no entry), inlined; the others go through `_begin_fill`.
         All checks come first, so a bad batch changes nothing."""
-        if self._new_chain(keys, slots, parents, cold, count_access):
+        if self._new_chain(batch):
             return
+        keys, slots, parents, cold, count_access = batch
         entries = self._entries
         for key in keys:
             e = entries.get(key)
@@ -151,19 +157,13 @@ class HostFills(LowerRoom):
                             policy_remove(parent)
             born = key
 
-    def _new_chain(
-        self,
-        keys: Sequence[bytes],
-        slots: Sequence[int],
-        parents: Sequence[bytes | None],
-        cold: bytes | None,
-        count_access: bool,
-    ) -> bool:
+    def _new_chain(self, batch: FillBatch) -> bool:
         """A store's usual batch, whole, without a Python step per key: a chain (key i's parent
         is key i-1) of distinct keys of one head, none cached or cold, whose own names are in
         no count. Their entries are made by one `map` and filed by `dict.update`s; only the
         first key's parent (outside the batch) is linked one by one. False (nothing changed)
         for any other batch."""
+        keys, slots, parents, cold, count_access = batch
         n = len(keys)
         entries, children, kids = self._entries, self._children, self._kids
         if n < 2 or (cold is not None and any(cold)) or not entries.keys().isdisjoint(keys):
