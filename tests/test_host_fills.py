@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from flexkv_py.index import IndexStateError, Tier, TierIndex
+from flexkv_py.index import IndexStateError, Tier, TierIndex, host_fills
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.host_fills import FillBatch
+from flexkv_py.index.host_fills import POSITIONAL, FillBatch
 
 HEADS = (b"A" * HEAD_LEN, b"B" * HEAD_LEN)
 
@@ -199,3 +199,26 @@ def test_lacking_on_is_readable_on_negated_per_key() -> None:
         want = [k for k in keys if not idx.readable_on(k, tier)]
         assert idx.lacking_on(keys, tier) == want
         assert 0 < len(want) < len(keys)
+
+
+def test_entries_are_built_the_fast_way() -> None:
+    """Entry's fields are in the order the batch paths build them positionally (otherwise they
+    fall back to keywords and no chain step: right, but slower)."""
+    assert POSITIONAL
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keyword_entries_give_the_same_state(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback for a changed Entry (keywords, no chain step) ends in the same state."""
+    monkeypatch.setattr(host_fills, "POSITIONAL", False)
+    test_batch_fills_match_the_general_path(seed)
+    batch_idx, general_idx, _, _, _ = _history(seed)
+    rng = random.Random(500 + seed)
+    keys = [_key(rng) for _ in range(20)]
+    slots = batch_idx.allocate_slots(20)
+    general_idx.allocate_slots(20)
+    batch_idx.begin_host_fills(keys, slots, parents=[None, *keys[:-1]])
+    with general_idx._lock:
+        for key, slot, parent in zip(keys, slots, [None, *keys[:-1]], strict=True):
+            general_idx._begin_fill(key, slot, parent, True)
+    assert _state(batch_idx) == _state(general_idx)

@@ -25,8 +25,9 @@ from flexkv_py.index.lower_room import LowerRoom
 # more): the order below must be Entry's, checked once at import.
 _FIELDS = ("host_slot", "host_ready", "evicting", "releasing", "lower", "pending", "pins", "hits")
 _CHAIN_FIELDS = (*_FIELDS, "stale", "parent", "up")
-if tuple(f.name for f in fields(Entry)) != _CHAIN_FIELDS:
-    raise ImportError("Entry's fields changed: update host_fills._filling_entry / _new_chain")
+# Entry's fields changed (a merge): keyword construction and no chain step, slower but right
+# (tests/test_host_fills.py asserts the fast form is in use).
+POSITIONAL = tuple(f.name for f in fields(Entry)) == _CHAIN_FIELDS
 
 
 class FillBatch(NamedTuple):
@@ -42,7 +43,9 @@ class FillBatch(NamedTuple):
 
 def _filling_entry(slot: int, hits: int) -> Entry:
     """The entry of a block never cached whose host fill begins: pinned once, not ready."""
-    return Entry(slot, False, False, False, 0, 0, 1, hits)
+    if POSITIONAL:
+        return Entry(slot, False, False, False, 0, 0, 1, hits)
+    return Entry(host_slot=slot, pins=1, hits=hits)
 
 
 class HostFills(LowerRoom):
@@ -165,6 +168,8 @@ class HostFills(LowerRoom):
         for any other batch."""
         keys, slots, parents, cold, count_access = batch
         n = len(keys)
+        if not POSITIONAL:
+            return False
         entries, children, kids = self._entries, self._children, self._kids
         if n < 2 or (cold is not None and any(cold)) or not entries.keys().isdisjoint(keys):
             return False
