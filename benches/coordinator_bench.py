@@ -143,7 +143,8 @@ def main() -> None:
     caches = make_caches("LBNHC", LAYERS, total, args.heads, args.head_dim, TOKENS, "cpu")
     page = LAYERS * args.heads * TOKENS * 2 * args.head_dim * 2
     base = Path(tempfile.mkdtemp(prefix="flexkv-coord-bench-"))
-    slots_needed = (reps + 3) * (n + 16)  # every rep stores fresh keys: no eviction is timed
+    # Every rep (timed, exposed, profiled) stores fresh keys: no eviction is timed or profiled.
+    slots_needed = (2 * reps + 4) * (n + 16)
     cfg = load_config(
         {"cpu_cache_gb": slots_needed * (page + 4096) / 2**30, "admission": "write_back"},
         env={},

@@ -11,6 +11,7 @@ without a GPU, for tools and tests that have no KV cache.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -22,8 +23,8 @@ from typing_extensions import Buffer
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHandle
-from flexkv_py.coordinator.host_side import HostSlots, build_host_side
-from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.host_side import HostSlots, build_host_side, write_pages
+from flexkv_py.coordinator.jobs import CACHED, MISSING, NO_SLOT, OK, JobResult, LoadJob
 from flexkv_py.coordinator.manager import CacheManager
 from flexkv_py.coordinator.pipeline import pipeline_parts
 from flexkv_py.index.namespace import Namespace
@@ -33,6 +34,8 @@ from flexkv_py.transfer.stream_order import Transfer
 logger = logging.getLogger(__name__)
 
 _NONE = "none"  # load source of a block that was not loadable
+# A load source's name, per block, without the enum's `.value` descriptor call.
+_SOURCE_NAMES: dict[Tier | None, str] = {None: _NONE, **{t: t.value for t in Tier}}
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class BlockOutcome:
 
     @property
     def ok(self) -> bool:
-        return all(s in (OK, CACHED) for s in self.statuses)
+        return {OK, CACHED}.issuperset(self.statuses)  # one C-level pass
 
     def failed_indices(self) -> list[int]:
         return [i for i, s in enumerate(self.statuses) if s not in (OK, CACHED)]
@@ -80,7 +83,7 @@ class EngineHandle:
             if self._handle is not None:
                 failed = self._engine._finish(self._handle, timeout).failed
                 if isinstance(self._handle.job, LoadJob):
-                    tiers = tuple(_NONE if s is None else s.value for s in self._handle.job.sources)
+                    tiers = tuple(map(_SOURCE_NAMES.__getitem__, self._handle.job.sources))
             if not failed and not self._skipped:
                 statuses: tuple[str, ...] = (OK,) * len(self._keys)  # the common case
             else:
@@ -249,30 +252,23 @@ class CacheEngine:
                     fill = None
                     if pages is not None:
                         by_key = {keys[i]: pages[i] for i in part}
-                        fill = functools.partial(self._write_pages, job, by_key)
+                        fill = functools.partial(write_pages, self.pool, job, by_key)
                     handles.append(self.executor.submit(job, fill))
                     if len(handles) > 1:  # its completion overlaps the copy just submitted
                         finish(handles.pop(0))
             # Neither in a job now nor cached by someone else: found no free host slot.
-            todo = [i for i in todo if keys[i] not in in_jobs]
-            known = self.manager.index.known_many([keys[i] for i in todo])
-            todo = [i for i, k in zip(todo, known, strict=True) if not k]
+            if len(in_jobs) == len(todo):  # every block is in a job (the common case)
+                todo = []
+            else:
+                todo = [i for i in todo if keys[i] not in in_jobs]
+                known = self.manager.index.known_many([keys[i] for i in todo])
+                todo = [i for i, k in zip(todo, known, strict=True) if not k]
             if todo and not (self._wait_background("spill") or finish_ours()):
                 break
         for i in todo:
             statuses[keys[i]] = NO_SLOT
         finish_ours()
-        return BlockOutcome(tuple(statuses.get(k, CACHED) for k in keys))
-
-    def _write_pages(self, job: StoreJob, pages: Mapping[bytes, Buffer]) -> None:
-        tensor = self.pool.tensor  # type: ignore[attr-defined]
-        for key, slot in zip(job.keys, job.host_slots, strict=True):
-            data = memoryview(pages[key]).cast("B")
-            if len(data) > self.pool.slot_nbytes:
-                raise ValueError(f"page of {len(data)} bytes exceeds the slot size")
-            row = tensor[slot].numpy()
-            row[: len(data)] = data
-            row[len(data) :] = 0  # zero padding: equal pages stay byte-equal (SSD dedup)
+        return BlockOutcome(tuple(map(statuses.get, keys, itertools.repeat(CACHED, len(keys)))))
 
     def submit_load(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
@@ -304,7 +300,7 @@ class CacheEngine:
                 statuses.extend(failed.get(k, OK) for k in job.keys)
             else:
                 statuses.extend((OK,) * len(job.keys))
-            tiers.extend(_NONE if s is None else s.value for s in job.sources)
+            tiers.extend(map(_SOURCE_NAMES.__getitem__, job.sources))
 
         running: JobHandle | None = None  # the part whose copy runs now
         start = 0

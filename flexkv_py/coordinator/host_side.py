@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from typing_extensions import Buffer
+
 from flexkv_py.config import FlexKVConfig
+from flexkv_py.coordinator.jobs import StoreJob
 from flexkv_py.coordinator.planning import host_pool_in_background, host_slots_for
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
@@ -59,3 +62,16 @@ def build_host_side(
         pool.close()
         raise
     return pool, engine
+
+
+def write_pages(pool: Any, job: StoreJob, pages: Mapping[bytes, Buffer]) -> None:
+    """A host-only store's fill (CacheEngine.store_pages): each job block's page into its slot,
+    zero-padded (equal pages stay byte-equal: SSD dedup)."""
+    tensor = pool.tensor
+    for key, slot in zip(job.keys, job.host_slots, strict=True):
+        data = memoryview(pages[key]).cast("B")
+        if len(data) > pool.slot_nbytes:
+            raise ValueError(f"page of {len(data)} bytes exceeds the slot size")
+        row = tensor[slot].numpy()
+        row[: len(data)] = data
+        row[len(data) :] = 0

@@ -28,6 +28,9 @@ class LoadPlanner(HostEviction):
         if not keys:
             return None
         with self._lock:
+            job = self._host_load(keys, gpu_block_ids)
+            if job is not None:
+                return job
             return self._plan_load(keys, gpu_block_ids, self.index.acquire(keys, count_hits=True))
 
     def prepare_load_part(
@@ -43,22 +46,27 @@ class LoadPlanner(HostEviction):
         if not keys:
             return None
         with self._lock:
+            job = self._host_load(
+                keys[:end], None if gpu_block_ids is None else gpu_block_ids[:end]
+            )
+            if job is not None:
+                return job
             acquired = self.index.acquire(keys[:end], count_hits=True)
-            host = Tier.HOST
             if len(acquired) == end and end < len(keys):
-                if all(a.tier is host for a in acquired):
-                    self._note_admitted(keys[:end], stored=False)
-                    ids = None if gpu_block_ids is None else gpu_block_ids[:end]
-                    return self._new_load_job(
-                        keys[:end],
-                        ids,
-                        [a.host_slot for a in acquired],  # type: ignore[misc]
-                        (host,) * end,
-                        [False] * end,
-                        [],
-                    )
                 acquired += self.index.acquire(keys[end:], count_hits=True)
             return self._plan_load(keys, gpu_block_ids, acquired)
+
+    def _host_load(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+    ) -> LoadJob | None:
+        """The common case (lock held): every block is in host memory, pinned and its slot
+        taken in one index call (no `Located` per block). None, nothing pinned, otherwise."""
+        slots = self.index.acquire_host(keys, count_hits=True)
+        if slots is None:
+            return None
+        n = len(keys)
+        self._note_admitted(keys, stored=False)
+        return self._new_load_job(keys, gpu_block_ids, slots, (Tier.HOST,) * n, [False] * n, [])
 
     def _plan_load(
         self,

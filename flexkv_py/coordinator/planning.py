@@ -52,6 +52,8 @@ def store_rounds(host_slots: Sequence[int]) -> list[list[int]]:
     """A store job's positions in rounds: round r holds each slot's (r+1)-th use, in job order.
     A store larger than the free host slots streams through them (stores.py): a slot is filled,
     written to the lower tier, and filled again by the next round. One round: no slot repeats."""
+    if len(set(host_slots)) == len(host_slots):  # the common case, in C: one round
+        return [list(range(len(host_slots)))] if host_slots else []
     uses: dict[int, int] = {}
     rounds: list[list[int]] = []
     for i, slot in enumerate(host_slots):

@@ -73,6 +73,8 @@ def sub_batches(n: int, block_nbytes: int, batch_bytes: int) -> list[tuple[int, 
 def load_rounds(job: LoadJob) -> list[list[int]]:
     """The positions of a load's lower-tier blocks in rounds (one unless the load streams
     through fewer staging slots than it has such blocks, coordinator/loads.py)."""
+    if job.sources.count(Tier.HOST) == len(job.sources):  # all from host (C-level): none
+        return []
     staged = [i for i, src in enumerate(job.sources) if src is not None and src is not Tier.HOST]
     rounds = store_rounds([job.host_slots[i] for i in staged])
     return [[staged[j] for j in r] for r in rounds]

@@ -29,6 +29,8 @@ def write_through(
 ) -> int:
     """Copy the job's blocks at `positions` (not failed) from their slots to each tier in
     their `write_tiers`, one batch per tier; returns the bytes written."""
+    if not any(job.write_tiers):  # write-back: no block names a tier (one C-level pass)
+        return 0
     todo = [i for i in positions if job.keys[i] not in failed]
     nbytes = 0
     for tier in lower_in_order(set().union(*(job.write_tiers[i] for i in todo))):

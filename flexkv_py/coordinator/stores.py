@@ -47,20 +47,7 @@ class StorePlanner(ObjectWriteBehind):
         elif len(parents) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
         with self._lock:
-            known = self.index.known
-            cached = self.index.known_many(keys)  # one lock for the batch, not one per block
-            todo: list[int] = []
-            seen: set[bytes] = set()
-            for i, key in enumerate(keys):
-                if cached[i] or key in seen:
-                    self._stats["store_skipped_cached"] += 1
-                    continue
-                parent = parents[i]
-                if parent is not None and parent not in seen and not known(parent):
-                    self._stats["store_skipped_orphan"] += 1  # unreachable by a prefix match
-                    continue
-                seen.add(key)
-                todo.append(i)
+            todo, seen = self._store_todo(keys, parents)
             # Parents outside this job are pinned while slots are taken: never their victims.
             outside = list({p: 0 for i in todo if (p := parents[i]) is not None and p not in seen})
             self.index.pin(outside)
@@ -82,8 +69,9 @@ class StorePlanner(ObjectWriteBehind):
                 host_slots = slots  # the common case: one slot per block
             else:
                 host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
-            todo_keys = [keys[i] for i in todo]
-            todo_parents = tuple(parents[i] for i in todo)
+            whole = len(todo) == len(keys)  # every block (the common case): no per-block pick
+            todo_keys = list(keys) if whole else [keys[i] for i in todo]
+            todo_parents = tuple(parents) if whole else tuple(parents[i] for i in todo)
             if todo:
                 self.index.begin_host_fills(
                     todo_keys[passing:], host_slots[passing:], parents=todo_parents[passing:]
@@ -108,7 +96,11 @@ class StorePlanner(ObjectWriteBehind):
                     job_id=next(self._ids),
                     keys=tuple(todo_keys),
                     gpu_block_ids=(
-                        None if gpu_block_ids is None else tuple(gpu_block_ids[i] for i in todo)
+                        None
+                        if gpu_block_ids is None
+                        else tuple(gpu_block_ids)
+                        if whole
+                        else tuple(gpu_block_ids[i] for i in todo)
                     ),
                     host_slots=tuple(host_slots),
                     write_tiers=write_tiers,
@@ -122,6 +114,34 @@ class StorePlanner(ObjectWriteBehind):
                 self._inflight[job.job_id] = job
             self._keep_reserve()
             return job
+
+    def _store_todo(
+        self, keys: Sequence[bytes], parents: Sequence[bytes | None]
+    ) -> tuple[list[int], set[bytes]]:
+        """Positions of the keys to store (lock held): not cached, not repeated, and with a
+        parent in some tier or earlier in the batch (else no prefix match reaches them); and
+        the set of their keys. A chain of new distinct keys is checked in a few C-level
+        passes; only its first parent is asked about."""
+        cached = self.index.known_many(keys)  # one lock for the batch, not one per block
+        n, known = len(keys), self.index.known
+        if not any(cached) and list(parents[1:]) == list(keys[:-1]):
+            seen = set(keys)
+            first = parents[0] if n else None
+            if len(seen) == n and (first is None or known(first)):
+                return list(range(n)), seen
+        todo: list[int] = []
+        seen = set()
+        for i, key in enumerate(keys):
+            if cached[i] or key in seen:
+                self._stats["store_skipped_cached"] += 1
+                continue
+            parent = parents[i]
+            if parent is not None and parent not in seen and not known(parent):
+                self._stats["store_skipped_orphan"] += 1  # unreachable by a prefix match
+                continue
+            seen.add(key)
+            todo.append(i)
+        return todo, seen
 
     def _stream_through(
         self, keys: Sequence[bytes], free: int, parents: Sequence[bytes | None]

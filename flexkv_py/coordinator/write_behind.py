@@ -34,9 +34,8 @@ class WriteBehind(HostEviction):
             return
         tier = self.spill_tier
         assert tier is not None
-        for key in keys:
-            if not self.index.readable_on(key, tier):
-                wb.add(key)
+        for key in self.index.lacking_on(keys, tier):  # one lock for the batch
+            wb.add(key)
 
     def _busy(self) -> bool:
         return bool(self._background) or any(

@@ -61,9 +61,8 @@ class ObjectWriteBehind(WriteBehind):
         queue = self._object_queue
         if queue is None:
             return
-        for key in keys:
-            if not self.index.readable_on(key, Tier.OBJECT):
-                queue.add(key)
+        for key in self.index.lacking_on(keys, Tier.OBJECT):  # one lock for the batch
+            queue.add(key)
 
     def _ancestor_links(self, keys: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
         """Links from the job's blocks up to their roots that the job does not carry: the

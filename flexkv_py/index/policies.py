@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 from flexkv_py.config.admission import AdmissionSpec
 from flexkv_py.errors import ConfigError
@@ -33,6 +33,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def remove(self, key: Hashable) -> bool:
         """Stop tracking `key`; False if it was not tracked."""
+
+    def remove_many(self, keys: Iterable[Hashable]) -> None:
+        """`remove` of each key (a batch of blocks pinned at once)."""
+        for key in keys:
+            self.remove(key)
 
     @abstractmethod
     def pop_victim(self) -> Hashable | None:
@@ -69,6 +74,11 @@ class LRUPolicy(EvictionPolicy):
 
     def remove(self, key: Hashable) -> bool:
         return self._order.pop(key, False) is None
+
+    def remove_many(self, keys: Iterable[Hashable]) -> None:
+        pop = self._order.pop
+        for key in keys:  # no Python call per key
+            pop(key, None)
 
     def pop_victim(self) -> Hashable | None:
         if not self._order:

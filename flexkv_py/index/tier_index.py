@@ -42,18 +42,20 @@ per block. `_add` / `_get` warm a cold block (a load pins it, a write to another
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.lower_room import LowerRoom
+from flexkv_py.index.host_fills import HostFills
 from flexkv_py.index.tier_names import Tier
 
 __all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-class TierIndex(LowerRoom):
+class TierIndex(HostFills):
     """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads,
-    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom).
+    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom, host
+    fills begun and committed in batches: HostFills).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
     held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
@@ -89,6 +91,23 @@ class TierIndex(LowerRoom):
                 remove(key)
         return out
 
+    def acquire_host(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[int] | None:
+        """`acquire` when every key is readable from host memory (a load of host blocks): their
+        slots, pinned, with no `Located` per block. None, pinning nothing, if any key is not
+        (the caller asks `acquire`)."""
+        with self._lock:
+            maybe = list(map(self._entries.get, keys))
+            for e in maybe:
+                if e is None or not e.host_ready or e.stale:
+                    return None
+            got = cast("list[Entry]", maybe)
+            for e in got:
+                e.pins += 1
+                if count_hits:
+                    e.hits += 1
+            self._policy.remove_many(keys)
+            return [e.host_slot for e in got]  # type: ignore[misc]
+
     # --- access ---
     def touch(self, keys: Iterable[bytes]) -> None:
         """Record a hit (raises the access count, refreshes recency)."""
@@ -110,7 +129,7 @@ class TierIndex(LowerRoom):
 
     def unpin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
-            entries = self._entries
+            entries, add, children = self._entries, self._policy.add, self._children
             for key in keys:
                 e = entries.get(key)
                 if e is None:
@@ -119,9 +138,10 @@ class TierIndex(LowerRoom):
                     raise IndexStateError(f"unpin of unpinned key {key.hex()}")
                 e.pins -= 1
                 if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
-                    # The common case (a loaded host block): it only becomes evictable again.
-                    if key not in self._policy and (e.lower or key not in self._children):
-                        self._policy.add(key, e.hits)
+                    # The common case (a loaded host block): it only becomes evictable again
+                    # (a pinned key is in no policy, so no membership test first).
+                    if e.lower or key not in children:
+                        add(key, e.hits)
                 else:
                     self._settle(key, e)
 
@@ -142,80 +162,7 @@ class TierIndex(LowerRoom):
         with self._lock:
             self._slots.give_back(slots)
 
-    # --- host copy lifecycle ---
-    def begin_host_fill(
-        self, key: bytes, slot: int, *, count_access: bool = True, parent: bytes | None = None
-    ) -> None:
-        """A job starts writing the key's page into `slot` (from allocate_slots); pins the key.
-        `parent`: the block before it in its chain (kept cached while this one is)."""
-        self.begin_host_fills((key,), (slot,), count_access=count_access, parents=(parent,))
-
-    def begin_host_fills(
-        self,
-        keys: Sequence[bytes],
-        slots: Sequence[int],
-        *,
-        count_access: bool = True,
-        parents: Sequence[bytes | None] | None = None,
-    ) -> None:
-        """`begin_host_fill` for many keys under one lock (a store's blocks); `parents[i]`:
-        key i's chain parent or None (default: no links)."""
-        with self._lock:
-            entries, remove = self._entries, self._policy.remove
-            if parents is None:
-                parents = (None,) * len(keys)
-            elif len(parents) != len(keys):
-                raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
-            for key, slot, parent in zip(keys, slots, parents, strict=True):
-                e = entries.get(key)
-                if e is None:
-                    e = self._add(key)
-                    if not e.lower:  # not a cold block warming: cached for the first time
-                        self._born(e, parent if parent != key else None)
-                elif e.host_slot is not None or e.stale:
-                    raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
-                e.host_slot = slot
-                e.host_ready = False
-                if count_access:
-                    e.hits += 1
-                e.pins += 1
-                remove(key)  # pinned: not evictable (what _refresh does here)
-                if parent is not None and parent != key and self.keep_chains:
-                    self._link(e, parent)
-
-    def commit_host_fill(self, key: bytes, ok: bool) -> bool:
-        """End a fill and unpin; a failed fill frees its slot. True if the copy is readable."""
-        return bool(self.commit_host_fills((key,), (ok,)))
-
-    def commit_host_fills(self, keys: Sequence[bytes], oks: Sequence[bool]) -> list[bytes]:
-        """`commit_host_fill` for many keys under one lock (a store's blocks). Returns the keys
-        whose host copy is readable now (not those that failed or were reset meanwhile)."""
-        readable: list[bytes] = []
-        with self._lock:
-            entries, policy = self._entries, self._policy
-            for key, ok in zip(keys, oks, strict=True):
-                e = entries.get(key)
-                # A releasing slot (evicted while pinned) is not a fill: committing it would
-                # make the index promise host bytes that are being given up.
-                if e is None or e.host_slot is None or e.host_ready or e.releasing:
-                    raise IndexStateError(f"key {key.hex()} has no host fill in flight")
-                e.pins -= 1
-                if ok:
-                    e.host_ready = True
-                    if not e.stale:
-                        readable.append(key)
-                    if e.pins == 0 and not (e.stale or e.evicting):
-                        # The common case (a stored block): it becomes evictable, nothing else.
-                        if key not in policy and (e.lower or key not in self._children):
-                            policy.add(key, e.hits)
-                        continue
-                else:
-                    self._slots.give(e.host_slot)
-                    e.host_slot = None
-                    self._unlink(e)
-                self._settle(key, e)
-        return readable
-
+    # --- host copy lifecycle: begin/commit_host_fill(s) in host_fills.py ---
     def begin_evict(self) -> Victim | None:
         """Choose the next evictable host copy per policy; it stops being readable from host."""
         with self._lock:
@@ -293,6 +240,19 @@ class TierIndex(LowerRoom):
                 return self._cold.on(key, tier)
             return bool(e.lower & TIER_BIT[tier]) and not e.stale
 
+    def lacking_on(self, keys: Iterable[bytes], tier: Tier) -> list[bytes]:
+        """The keys with no readable copy on `tier` (`readable_on` false), under one lock: a
+        store's blocks the write-behind still owes that tier."""
+        bit = TIER_BIT[tier]
+        with self._lock:
+            get, on = self._entries.get, self._cold.on
+            out = []
+            for key in keys:
+                e = get(key)
+                if not (on(key, tier) if e is None else e.lower & bit and not e.stale):
+                    out.append(key)
+            return out
+
     def commit_write(self, key: bytes, tier: Tier, ok: bool) -> None:
         bit = TIER_BIT[tier]
         with self._lock:
@@ -340,7 +300,7 @@ class TierIndex(LowerRoom):
                     self._on_moved(before, e.lower | e.pending)
                     changed.append(key)
                     self._settle(key, e)
-            if present:
+            if present and cold:  # none: no set turns live (a miss would ask it)
                 changed += self._cold.add_on(cold, tier)
             else:
                 for k in dict.fromkeys(cold):
