@@ -19,6 +19,9 @@ from flexkv_py._native import BlockStore, CorruptBlockError
 MiB = 1 << 20
 V1 = Path(__file__).parent / "data" / "store-v1"  # written by the v1 code, 3 blocks of 8000 B
 V1_KEYS = (b"v1/a", b"v1/b", b"v1/c")
+# Written by the v2 code (16-byte content hashes in the journal), 3 blocks of 8000 B.
+V2 = Path(__file__).parent / "data" / "store-v2"
+V2_KEYS = (b"v2/a", b"v2/b", b"v2/c")
 JOURNAL = "flexkv-journal.log"
 DATA = "flexkv-blocks.dat"
 
@@ -67,6 +70,27 @@ def test_v1_store_opens_or_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptur
     _assert_set_aside(d, 1, original)
     (msg,) = _set_aside_warning(caplog, d)
     assert f"v1; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+
+
+def test_v2_store_opens_or_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "v2"
+    shutil.copytree(V2, d)
+    original = (d / JOURNAL).read_bytes()
+    with caplog.at_level(logging.WARNING), BlockStore(str(d), 16 * MiB) as store:
+        if _native.JOURNAL_FORMAT_VERSION == 2:
+            assert sorted(store.keys()) == sorted(V2_KEYS)
+            for k in V2_KEYS:
+                assert store.read(k) == block(k, 8000)
+            return
+        assert len(store) == 0
+        assert store.put(b"new", block(b"new", 8000)).ok
+    _assert_set_aside(d, 2, original)
+    (msg,) = _set_aside_warning(caplog, d)
+    assert f"v2; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+    # The restart after the set-aside opens the new store as it is.
+    with BlockStore(str(d), 16 * MiB) as store:
+        assert store.keys() == [b"new"]
+        assert store.read(b"new") == block(b"new", 8000)
 
 
 @pytest.mark.parametrize("delta", [-1, +1], ids=["older", "newer"])

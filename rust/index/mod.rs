@@ -1,4 +1,4 @@
-//! The in-memory index: logical key -> content hash -> extent. Keys are kept in eviction
+//! The in-memory index: logical key -> content (tag) -> extent. Keys are kept in eviction
 //! order (LRU or FIFO); content is refcounted by keys and pinned by in-flight reads, and its
 //! extent is released only when both counts reach zero.
 //!
@@ -19,9 +19,11 @@ use contents::ContentArena;
 use keys::KeyArena;
 
 use crate::error::{Result, StoreError};
-use crate::format::journal::Location;
+use crate::format::journal::{ContentTag, Location};
 use crate::format::{round_up_to_page, PAGE};
-use crate::hashing::ContentHash;
+
+/// A content's id in the index: what a key record names and a reader pins.
+pub type ContentId = u32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictionPolicy {
@@ -129,18 +131,22 @@ impl Index {
         self.keys.find(key).is_some()
     }
 
-    pub fn content(&self, hash: &ContentHash) -> Option<ContentEntry> {
-        self.contents.find(hash).map(|id| self.contents.entry(id))
+    /// A stored content tagged `tag`: a dedup candidate, to be confirmed against the full hash
+    /// in its header page before a key is mapped onto it (tags of different blocks clash
+    /// ~2^-64 of the time).
+    pub fn candidate(&self, tag: ContentTag) -> Option<(ContentId, ContentEntry)> {
+        self.contents.find(&tag).map(|id| (id, self.contents.entry(id)))
     }
 
-    /// Where content `hash` lies, if it is known (replay's cheaper `content`).
-    pub fn content_loc(&self, hash: &ContentHash) -> Option<Location> {
-        self.contents.find(hash).map(|id| self.contents.loc(id))
+    /// Content `id`, if it is still live.
+    pub fn content(&self, id: ContentId) -> Option<ContentEntry> {
+        self.contents.is_live(id).then(|| self.contents.entry(id))
     }
 
-    pub fn lookup(&self, key: &[u8]) -> Option<(ContentHash, ContentEntry)> {
+    /// The content `key` maps to: its id (for pins) and what is known of it.
+    pub fn lookup(&self, key: &[u8]) -> Option<(ContentId, ContentEntry)> {
         let c = self.keys.content(self.keys.find(key)?);
-        Some((self.contents.hash(c), self.contents.entry(c)))
+        Some((c, self.contents.entry(c)))
     }
 
     /// Record an access for the eviction order.
@@ -158,37 +164,45 @@ impl Index {
         }
     }
 
-    /// Map `key` to content `hash`. `loc` is used only when the content is new. Returns the
-    /// extent of content that lost its last reference (when `key` was remapped).
-    pub fn insert(&mut self, key: &[u8], hash: ContentHash, loc: &Location) -> Option<FreedExtent> {
-        let known = self.contents.find(&hash);
-        self.insert_at(key, hash, loc, known)
+    /// Map `key` to the content tagged `tag` that lies at `loc`, adding it when no content is
+    /// there yet (the caller owns the extent then). Returns the extent of content that lost
+    /// its last reference (when `key` was remapped).
+    pub fn insert(&mut self, key: &[u8], tag: ContentTag, loc: &Location) -> Option<FreedExtent> {
+        let known = self.contents.find_at(&tag, loc);
+        self.insert_at(key, tag, loc, known)
     }
 
-    /// `insert` once content `hash` was looked up (`known`: its id, if any).
+    /// Map `key` onto the stored content tagged `tag` at `loc` (a confirmed duplicate); None
+    /// when no such content is stored any more (nothing changed).
+    pub fn share(&mut self, key: &[u8], tag: ContentTag, loc: &Location) -> Option<Option<FreedExtent>> {
+        let known = self.contents.find_at(&tag, loc)?;
+        Some(self.insert_at(key, tag, loc, Some(known)))
+    }
+
+    /// `insert` once the content at `loc` was looked up (`known`: its id, if any).
     fn insert_at(
         &mut self,
         key: &[u8],
-        hash: ContentHash,
+        tag: ContentTag,
         loc: &Location,
         known: Option<u32>,
     ) -> Option<FreedExtent> {
         let mut released = None;
         if let Some(id) = self.keys.find(key) {
-            if self.contents.hash(self.keys.content(id)) == hash {
+            if Some(self.keys.content(id)) == known {
                 self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
         }
-        // The remove above released only the old content (not `hash`'s): `known` stays valid.
+        // The remove above released only the old content (not `known`): `known` stays valid.
         let content = match known {
             Some(c) => c,
             None => {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
                 self.content_raw_bytes += loc.raw_len;
                 self.content_stored_bytes += loc.stored_len;
-                self.contents.add(hash, loc)
+                self.contents.add(tag, loc)
             }
         };
         self.contents.add_ref(content);
@@ -197,31 +211,27 @@ impl Index {
         released
     }
 
-    /// Start loading what a `replay_put` of `key` / `hash` will probe (a cache hint).
-    pub fn prefetch(&self, key: &[u8], hash: &ContentHash) {
+    /// Start loading what a `replay_put` of `key` / `tag` will probe (a cache hint).
+    pub fn prefetch(&self, key: &[u8], tag: ContentTag) {
         self.keys.prefetch(key);
-        self.contents.prefetch(hash);
+        self.contents.prefetch(&tag);
     }
 
-    /// Replay's put: `insert` with one content lookup. A content already known elsewhere is
-    /// not mapped (the record is stale); a new one only when `admit` (the allocator taking
-    /// its extent) agrees. None: the record was dropped.
+    /// Replay's put: `insert` with one content lookup. A content already at `loc` is shared;
+    /// a new one is added only when `admit` (the allocator taking its extent: it refuses one
+    /// that overlaps a live extent, i.e. a stale record) agrees. None: the record was dropped.
     pub fn replay_put(
         &mut self,
         key: &[u8],
-        hash: ContentHash,
+        tag: ContentTag,
         loc: &Location,
         admit: impl FnOnce() -> bool,
     ) -> Option<Option<FreedExtent>> {
-        let known = self.contents.find(&hash);
-        if let Some(c) = known {
-            if self.contents.loc(c) != *loc {
-                return None;
-            }
-        } else if !admit() {
+        let known = self.contents.find_at(&tag, loc);
+        if known.is_none() && !admit() {
             return None;
         }
-        Some(self.insert_at(key, hash, loc, known))
+        Some(self.insert_at(key, tag, loc, known))
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<FreedExtent> {
@@ -234,21 +244,24 @@ impl Index {
     }
 
     /// Mark content as damaged (see `ContentEntry::poisoned`).
-    pub fn poison(&mut self, hash: &ContentHash) {
-        if let Some(id) = self.contents.find(hash) {
+    pub fn poison(&mut self, id: ContentId) {
+        if self.contents.is_live(id) {
             self.contents.poison(id);
         }
     }
 
-    /// Pin content for an in-flight read so its extent cannot be reused under the reader.
-    pub fn pin(&mut self, hash: &ContentHash) {
-        if let Some(id) = self.contents.find(hash) {
+    /// Pin content `id` (live: just looked up) for an in-flight read so its extent cannot be
+    /// reused under the reader.
+    pub fn pin(&mut self, id: ContentId) {
+        if self.contents.is_live(id) {
             self.contents.pin(id);
         }
     }
 
-    pub fn unpin(&mut self, hash: &ContentHash) -> Option<FreedExtent> {
-        let id = self.contents.find(hash)?;
+    pub fn unpin(&mut self, id: ContentId) -> Option<FreedExtent> {
+        if !self.contents.is_live(id) {
+            return None;
+        }
         self.contents.unpin(id);
         self.release_if_unused(id)
     }
@@ -269,14 +282,14 @@ impl Index {
         self.keys.front().map(|id| self.keys.key(id))
     }
 
-    /// Keys (rebuilt from the packed arena) with their content hash, coldest to hottest.
-    pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentHash)> + '_ {
-        self.keys.order().map(|id| (self.keys.key(id), self.contents.hash(self.keys.content(id))))
+    /// Keys (rebuilt from the packed arena) with their content id, coldest to hottest.
+    pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
+        self.keys.order().map(|id| (self.keys.key(id), self.keys.content(id)))
     }
 
-    /// Visit every key with its content and its chain parent (if stored), coldest first,
-    /// through reused key buffers.
-    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], &ContentHash, Location, Option<&[u8]>)) {
+    /// Visit every key with its content's tag and location and its chain parent (if stored),
+    /// coldest first, through reused key buffers.
+    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
         let mut key = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
         let mut parent = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
         for id in self.keys.order() {
@@ -286,7 +299,7 @@ impl Index {
                 parent.as_slice()
             });
             let c = self.keys.content(id);
-            f(&key, &self.contents.hash(c), self.contents.loc(c), p);
+            f(&key, self.contents.tag(c), self.contents.loc(c), p);
         }
     }
 
