@@ -124,6 +124,15 @@ impl ContentArena {
         self.records.get(id as usize).is_some_and(|r| r.flags & FREE_MARK == 0)
     }
 
+    /// The seq of content `id`'s write (`loc().seq`, without building the location).
+    pub fn seq(&self, id: u32) -> u64 {
+        let r = &self.records[id as usize];
+        if r.flags & WIDE != 0 {
+            return self.loc(id).seq;
+        }
+        r.seq_lo as u64 | (r.seq_hi as u64) << 32
+    }
+
     pub fn tag(&self, id: u32) -> ContentTag {
         self.records[id as usize].tag
     }

@@ -31,18 +31,24 @@ pub enum EvictionPolicy {
     Lru,
     /// First in, first out: reads do not change the order.
     Fifo,
+    /// The store's owner (the scheduler's index) decides evictions and deletes what it
+    /// evicts: no order is kept (8 bytes less per key). When a put finds no room anyway, a
+    /// clock sweep over the keys picks victims, so a full device still degrades. Listings
+    /// (the restart inventory) come oldest write first, by the content's write seq.
+    Owner,
 }
 
 impl EvictionPolicy {
     /// The names `parse` accepts, exported to Python as `EVICTIONS`.
-    pub const NAMES: &'static [&'static str] = &["lru", "fifo"];
+    pub const NAMES: &'static [&'static str] = &["lru", "fifo", "owner"];
 
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "lru" => Ok(EvictionPolicy::Lru),
             "fifo" => Ok(EvictionPolicy::Fifo),
+            "owner" => Ok(EvictionPolicy::Owner),
             other => Err(StoreError::Config(format!(
-                "eviction: unknown policy {other:?} (expected \"lru\" or \"fifo\")"
+                "eviction: unknown policy {other:?} (expected \"lru\", \"fifo\" or \"owner\")"
             ))),
         }
     }
@@ -78,7 +84,7 @@ pub struct Index {
 impl Index {
     pub fn new(policy: EvictionPolicy) -> Self {
         Index {
-            keys: KeyArena::default(),
+            keys: KeyArena::new(policy != EvictionPolicy::Owner),
             contents: ContentArena::default(),
             policy,
             logical_bytes: 0,
@@ -277,22 +283,49 @@ impl Index {
         Some(freed(&loc))
     }
 
-    /// The next key to evict (front of the order).
-    pub fn victim(&self) -> Option<Vec<u8>> {
-        self.keys.front().map(|id| self.keys.key(id))
+    /// The next key to evict (front of the order; the owner-ordered policy's clock sweep).
+    pub fn victim(&mut self) -> Option<Vec<u8>> {
+        self.keys.victim().map(|id| self.keys.key(id))
+    }
+
+    /// Key ids coldest first: the eviction order, or for the owner-ordered policy (which
+    /// keeps none) the order of the contents' writes.
+    fn order(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        if self.policy != EvictionPolicy::Owner {
+            return self.keys.order();
+        }
+        let mut by_seq: Vec<(u64, u32)> =
+            self.keys.order().map(|id| (self.contents.seq(self.keys.content(id)), id)).collect();
+        by_seq.sort_unstable();
+        Box::new(by_seq.into_iter().map(|(_, id)| id))
     }
 
     /// Keys (rebuilt from the packed arena) with their content id, coldest to hottest.
     pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
-        self.keys.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+        self.order().map(|id| (self.keys.key(id), self.keys.content(id)))
     }
 
     /// Visit every key with its content's tag and location and its chain parent (if stored),
     /// coldest first, through reused key buffers.
-    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
+    pub fn for_each_in_order(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
+        self.visit(self.order(), f)
+    }
+
+    /// `for_each_in_order` in the order a compacted journal needs: the eviction order for LRU
+    /// and FIFO (replay restores it), any order for the owner-ordered policy (no sort under
+    /// the state lock: its listings sort by seq, which the records carry).
+    pub fn for_each(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
+        self.visit(self.keys.order(), f)
+    }
+
+    fn visit(
+        &self,
+        ids: impl Iterator<Item = u32>,
+        mut f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>),
+    ) {
         let mut key = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
         let mut parent = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
-        for id in self.keys.order() {
+        for id in ids {
             self.keys.key_into(id, &mut key);
             let p = self.keys.parent(id).map(|p| {
                 self.keys.key_into(p, &mut parent);

@@ -35,7 +35,7 @@ impl State {
     /// One Put per live key, coldest first (replay restores the order): a compacted journal.
     pub fn live_records(index: &Index) -> Vec<Record> {
         let mut records = Vec::with_capacity(index.len());
-        index.for_each_in_order(|key, tag, loc, parent| {
+        index.for_each(|key, tag, loc, parent| {
             records.push(Record::Put { key: key.to_vec(), tag, loc, parent: parent.map(<[u8]>::to_vec) });
         });
         records
