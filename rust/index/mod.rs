@@ -305,6 +305,11 @@ impl Index {
         self.order().map(|id| (self.keys.key(id), self.keys.content(id)))
     }
 
+    /// `keys_in_order` without the owner-ordered policy's sort (scans under the state lock).
+    pub fn keys_any_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
+        self.keys.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+    }
+
     /// Visit every key with its content's tag and location and its chain parent (if stored),
     /// coldest first, through reused key buffers.
     pub fn for_each_in_order(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {

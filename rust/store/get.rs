@@ -162,7 +162,7 @@ fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentId
         state.index.poison(id);
     }
     let doomed: Vec<Vec<u8>> =
-        state.index.keys_in_order().filter(|(_, c)| current.contains(c)).map(|(k, _)| k).collect();
+        state.index.keys_any_order().filter(|(_, c)| current.contains(c)).map(|(k, _)| k).collect();
     let mut journal = Vec::new();
     for key in &doomed {
         let released = state.index.remove(key);
