@@ -1,6 +1,7 @@
 //! The in-memory index: logical key -> content (tag) -> extent. Keys are kept in eviction
-//! order (LRU or FIFO); content is refcounted by keys and pinned by in-flight reads, and its
-//! extent is released only when both counts reach zero.
+//! order (LRU or FIFO), or in none when the store's owner decides evictions (owner-ordered);
+//! content is refcounted by keys and pinned by in-flight reads, and its extent is released
+//! only when both counts reach zero.
 //!
 //! Memory is the design constraint (a 4 TB tier of 256 KiB blocks is ~16 M keys), so both
 //! sides are packed arenas of fixed-size records behind u32-id hash tables (`keys.rs`,
