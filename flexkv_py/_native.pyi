@@ -117,6 +117,9 @@ class BlockStore:
         """`dirs`: a list, or FlexKV's ';'-separated string. `capacity_bytes` is the physical
         byte budget, split evenly across directories. `read_only=True` opens an existing store
         (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
+        `eviction` also accepts "owner" (in `EVICTIONS`, not a host policy, so not in the
+        Literal): the store keeps no eviction order, its owner deletes what it evicts, a full
+        device evicts by a clock sweep, and `keys()`/`inventory()` list oldest write first.
         `fault_injection` (testing only; also the FLEXKV_FAULT_INJECTION environment variable):
         "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O,
         "<read|write|any>:DELAY<ms>:<N>" delays it, "journal:<EIO|ENOSPC>:<N>" fails every Nth

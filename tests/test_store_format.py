@@ -19,6 +19,9 @@ from flexkv_py._native import BlockStore, CorruptBlockError
 MiB = 1 << 20
 V1 = Path(__file__).parent / "data" / "store-v1"  # written by the v1 code, 3 blocks of 8000 B
 V1_KEYS = (b"v1/a", b"v1/b", b"v1/c")
+# Written by the v2 code (16-byte content hashes in the journal), 3 blocks of 8000 B.
+V2 = Path(__file__).parent / "data" / "store-v2"
+V2_KEYS = (b"v2/a", b"v2/b", b"v2/c")
 JOURNAL = "flexkv-journal.log"
 DATA = "flexkv-blocks.dat"
 
@@ -53,20 +56,32 @@ def _assert_set_aside(directory: Path, version: int, original: bytes) -> None:
     assert (aside / DATA).exists()
 
 
-def test_v1_store_opens_or_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    d = _copy_v1(tmp_path / "v1")
+OLD_STORES = {1: (V1, V1_KEYS), 2: (V2, V2_KEYS)}
+
+
+@pytest.mark.parametrize("version", sorted(OLD_STORES), ids=lambda v: f"v{v}")
+def test_old_store_opens_or_is_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, version: int
+) -> None:
+    fixture, keys = OLD_STORES[version]
+    d = tmp_path / f"v{version}"
+    shutil.copytree(fixture, d)
     original = (d / JOURNAL).read_bytes()
     with caplog.at_level(logging.WARNING), BlockStore(str(d), 16 * MiB) as store:
-        if _native.JOURNAL_FORMAT_VERSION == 1:
-            assert sorted(store.keys()) == sorted(V1_KEYS)
-            for k in V1_KEYS:
+        if _native.JOURNAL_FORMAT_VERSION == version:
+            assert sorted(store.keys()) == sorted(keys)
+            for k in keys:
                 assert store.read(k) == block(k, 8000)
             return
         assert len(store) == 0
         assert store.put(b"new", block(b"new", 8000)).ok
-    _assert_set_aside(d, 1, original)
+    _assert_set_aside(d, version, original)
     (msg,) = _set_aside_warning(caplog, d)
-    assert f"v1; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+    assert f"v{version}; this build reads v{_native.JOURNAL_FORMAT_VERSION}" in msg
+    # The restart after the set-aside opens the new store as it is.
+    with BlockStore(str(d), 16 * MiB) as store:
+        assert store.keys() == [b"new"]
+        assert store.read(b"new") == block(b"new", 8000)
 
 
 @pytest.mark.parametrize("delta", [-1, +1], ids=["older", "newer"])

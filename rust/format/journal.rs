@@ -6,12 +6,27 @@
 //!
 //! v2: a put names the block's parent (the previous block of its prefix chain), so the chains
 //! survive a restart (prefix-aware eviction, the restart announcement).
+//!
+//! v3: a put names its content by an 8-byte tag (the first 8 bytes of the content hash), not
+//! the 16-byte hash: the index keeps only the tag in RAM, and a compaction writes the journal
+//! from RAM. The full hash stays in the block's header page, where every read checks it.
 
 use super::{Reader, MAX_KEY_LEN};
 use crate::hashing::ContentHash;
 
 pub const FILE_MAGIC: &[u8; 8] = b"FLXKVJNL";
-pub const FILE_VERSION: u32 = 2;
+pub const FILE_VERSION: u32 = 3;
+
+/// What the index and the journal know of a block's content: the first 8 bytes of its content
+/// hash. Two different blocks share a tag ~2^-64 of the time per pair, so a tag only *finds* a
+/// dedup candidate; the header page's full hash confirms it (see `store/put`).
+pub type ContentTag = u64;
+
+pub fn content_tag(hash: &ContentHash) -> ContentTag {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&hash[..8]);
+    u64::from_le_bytes(b)
+}
 /// Bytes of the file header: magic, version, hash algo, dir count, store id.
 pub const FILE_HEADER_LEN: usize = 8 + 4 + 1 + 2 + 8;
 
@@ -28,8 +43,9 @@ pub struct Location {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// `key` now maps to content `hash` stored at `loc`; `parent` precedes it in its chain.
-    Put { key: Vec<u8>, hash: ContentHash, loc: Location, parent: Option<Vec<u8>> },
+    /// `key` now maps to the content tagged `tag` stored at `loc`; `parent` precedes it in its
+    /// chain.
+    Put { key: Vec<u8>, tag: ContentTag, loc: Location, parent: Option<Vec<u8>> },
     /// `key` was deleted or evicted.
     Delete { key: Vec<u8> },
     /// The store was closed cleanly at `unix_secs`; nothing may follow except a new session.
@@ -40,7 +56,7 @@ pub enum Record {
 /// without one allocation per record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecordRef<'a> {
-    Put { key: &'a [u8], hash: ContentHash, loc: Location, parent: Option<&'a [u8]> },
+    Put { key: &'a [u8], tag: ContentTag, loc: Location, parent: Option<&'a [u8]> },
     Delete { key: &'a [u8] },
     CleanShutdown { unix_secs: u64 },
 }
@@ -48,9 +64,9 @@ pub enum RecordRef<'a> {
 impl RecordRef<'_> {
     pub fn to_owned(&self) -> Record {
         match self {
-            RecordRef::Put { key, hash, loc, parent } => Record::Put {
+            RecordRef::Put { key, tag, loc, parent } => Record::Put {
                 key: key.to_vec(),
-                hash: *hash,
+                tag: *tag,
                 loc: loc.clone(),
                 parent: parent.map(<[u8]>::to_vec),
             },
@@ -104,10 +120,10 @@ impl Record {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let mut body = Vec::with_capacity(96);
         match self {
-            Record::Put { key, hash, loc, parent } => {
+            Record::Put { key, tag, loc, parent } => {
                 body.push(TAG_PUT);
                 put_key(&mut body, key);
-                body.extend_from_slice(hash);
+                body.extend_from_slice(&tag.to_le_bytes());
                 body.extend_from_slice(&loc.dir.to_le_bytes());
                 body.extend_from_slice(&loc.offset.to_le_bytes());
                 body.extend_from_slice(&loc.stored_len.to_le_bytes());
@@ -140,7 +156,7 @@ impl<'a> RecordRef<'a> {
         let record = match r.u8()? {
             TAG_PUT => {
                 let key = get_key(&mut r)?;
-                let hash = r.hash()?;
+                let tag = r.u64()?;
                 let loc = Location {
                     dir: r.u16()?,
                     offset: r.u64()?,
@@ -154,7 +170,7 @@ impl<'a> RecordRef<'a> {
                     1 => Some(get_key(&mut r)?),
                     _ => return None,
                 };
-                RecordRef::Put { key, hash, loc, parent }
+                RecordRef::Put { key, tag, loc, parent }
             }
             TAG_DELETE => RecordRef::Delete { key: get_key(&mut r)? },
             TAG_CLEAN => RecordRef::CleanShutdown { unix_secs: r.u64()? },
@@ -230,7 +246,7 @@ mod tests {
         prop_oneof![
             (
                 (key.clone(), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..80))),
-                any::<[u8; 16]>(),
+                any::<u64>(),
                 any::<u16>(),
                 any::<u64>(),
                 any::<u64>(),
@@ -239,10 +255,10 @@ mod tests {
                 any::<u64>()
             )
                 .prop_map(
-                    |((key, parent), hash, dir, offset, stored_len, raw_len, compressed, seq)| {
+                    |((key, parent), tag, dir, offset, stored_len, raw_len, compressed, seq)| {
                         Record::Put {
                             key,
-                            hash,
+                            tag,
                             loc: Location { dir, offset, stored_len, raw_len, compressed, seq },
                             parent,
                         }

@@ -1,6 +1,8 @@
-//! The contents of the index, packed: one fixed 32-byte record per stored extent (content
-//! hash, where it lies in 4 KiB pages, its stored length, the write's seq and how many keys map
-//! to it) in a flat arena, found by content hash through an `IdTable`. The raw length is not
+//! The contents of the index, packed: one fixed 24-byte record per stored extent (content
+//! tag, where it lies in 4 KiB pages, its stored length, the write's seq and how many keys map
+//! to it) in a flat arena, found by content tag through an `IdTable`. The tag is the first 8
+//! bytes of the content hash (the full hash is in the extent's header page): two contents may
+//! share one, so a content is named by its id, and found by tag *and* location. The raw length is not
 //! stored per record: it equals the stored length unless the block is compressed, and a
 //! compressed block names it by a u8 into a small table of the store's raw lengths (a store holds
 //! blocks of a few sizes). Readers pin contents only while a read is in flight, so their counts
@@ -12,9 +14,8 @@ use std::collections::HashMap;
 
 use super::arena::{Interned, NIL};
 use super::probe::IdTable;
-use crate::format::journal::Location;
+use crate::format::journal::{ContentTag, Location};
 use crate::format::PAGE;
-use crate::hashing::ContentHash;
 
 const COMPRESSED: u8 = 1;
 const POISONED: u8 = 2;
@@ -33,7 +34,7 @@ const MAX_RAW_LENS: usize = RAW_IS_STORED as usize;
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct ContentRecord {
-    hash: ContentHash,
+    tag: ContentTag,
     /// First page of the extent; on the free list, the next free id.
     page: u32,
     stored_len: u32,
@@ -50,6 +51,7 @@ struct ContentRecord {
 /// What the index knows about one content (a copy: the arena holds it packed).
 #[derive(Clone, Debug)]
 pub struct ContentEntry {
+    pub tag: ContentTag,
     pub loc: Location,
     pub refs: u32,
     pub readers: u32,
@@ -57,8 +59,10 @@ pub struct ContentEntry {
     pub poisoned: bool,
 }
 
-fn hash_content(hash: &ContentHash) -> u32 {
-    xxhash_rust::xxh3::xxh3_64(hash) as u32
+/// A tag's table hash: a multiplicative mix (a tag is already a hash, but tests and tools may
+/// pass small numbers; unmixed, they would all land in one probe run).
+fn hash_content(tag: &ContentTag) -> u32 {
+    (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
 }
 
 #[derive(Default)]
@@ -97,20 +101,40 @@ impl ContentArena {
 
     fn rebuild_table(&mut self, len: usize) {
         let live = self.records.iter().enumerate().filter(|(_, r)| r.flags & FREE_MARK == 0);
-        let ids: Vec<(u32, u32)> = live.map(|(i, r)| (hash_content(&r.hash), i as u32)).collect();
+        let ids: Vec<(u32, u32)> = live.map(|(i, r)| (hash_content(&r.tag), i as u32)).collect();
         self.table.rebuild(len, ids.into_iter());
     }
 
-    pub fn prefetch(&self, hash: &ContentHash) {
-        self.table.prefetch(hash_content(hash));
+    pub fn prefetch(&self, tag: &ContentTag) {
+        self.table.prefetch(hash_content(tag));
     }
 
-    pub fn find(&self, hash: &ContentHash) -> Option<u32> {
-        self.table.find(hash_content(hash), |id| self.records[id as usize].hash == *hash)
+    /// A content tagged `tag` (the first found: a dedup candidate to confirm).
+    pub fn find(&self, tag: &ContentTag) -> Option<u32> {
+        self.table.find(hash_content(tag), |id| self.records[id as usize].tag == *tag)
     }
 
-    pub fn hash(&self, id: u32) -> ContentHash {
-        self.records[id as usize].hash
+    /// The content tagged `tag` that lies at `loc` (seq included): that write's content.
+    pub fn find_at(&self, tag: &ContentTag, loc: &Location) -> Option<u32> {
+        self.table.find(hash_content(tag), |id| self.records[id as usize].tag == *tag && self.loc(id) == *loc)
+    }
+
+    /// Whether `id` names a live content (not a freed record).
+    pub fn is_live(&self, id: u32) -> bool {
+        self.records.get(id as usize).is_some_and(|r| r.flags & FREE_MARK == 0)
+    }
+
+    /// The seq of content `id`'s write (`loc().seq`, without building the location).
+    pub fn seq(&self, id: u32) -> u64 {
+        let r = &self.records[id as usize];
+        if r.flags & WIDE != 0 {
+            return self.loc(id).seq;
+        }
+        r.seq_lo as u64 | (r.seq_hi as u64) << 32
+    }
+
+    pub fn tag(&self, id: u32) -> ContentTag {
+        self.records[id as usize].tag
     }
 
     pub fn loc(&self, id: u32) -> Location {
@@ -137,6 +161,7 @@ impl ContentArena {
     pub fn entry(&self, id: u32) -> ContentEntry {
         let r = &self.records[id as usize];
         ContentEntry {
+            tag: r.tag,
             loc: self.loc(id),
             refs: self.refs(id),
             readers: self.readers(id),
@@ -160,8 +185,8 @@ impl ContentArena {
         self.readers.get(&id).copied().unwrap_or(0)
     }
 
-    /// Add content `hash` (absent) at `loc`, with no keys yet; returns its id.
-    pub fn add(&mut self, hash: ContentHash, loc: &Location) -> u32 {
+    /// Add a content tagged `tag` at `loc` (absent there), with no keys yet; returns its id.
+    pub fn add(&mut self, tag: ContentTag, loc: &Location) -> u32 {
         if self.table.full_for(self.len + 1) {
             self.rebuild_table(self.len + 1 + self.len / 4);
         }
@@ -180,7 +205,7 @@ impl ContentArena {
             None => (0, 0, RAW_IS_STORED, WIDE),
         };
         let record = ContentRecord {
-            hash,
+            tag,
             page,
             stored_len,
             seq_lo: loc.seq as u32,
@@ -193,7 +218,7 @@ impl ContentArena {
         if wide != 0 {
             self.wide.insert(id, loc.clone());
         }
-        self.table.insert_new(hash_content(&hash), id);
+        self.table.insert_new(hash_content(&tag), id);
         self.len += 1;
         id
     }
@@ -241,9 +266,9 @@ impl ContentArena {
     /// Forget content `id` (live); returns where it was.
     pub fn remove(&mut self, id: u32) -> Location {
         let loc = self.loc(id);
-        let hash = self.records[id as usize].hash;
+        let tag = self.records[id as usize].tag;
         let records = &self.records;
-        self.table.remove(hash_content(&hash), id, |i| hash_content(&records[i as usize].hash));
+        self.table.remove(hash_content(&tag), id, |i| hash_content(&records[i as usize].tag));
         self.wide.remove(&id);
         self.readers.remove(&id);
         self.shared.remove(&id);
@@ -259,4 +284,4 @@ impl ContentArena {
 /// `flags` of a record on the free list.
 const FREE_MARK: u8 = 0x80;
 
-const _: () = assert!(std::mem::size_of::<ContentRecord>() == 32);
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 24);

@@ -1,5 +1,8 @@
-//! The keys of the index, packed: one fixed 52-byte record per key in a flat arena, found
-//! through an `IdTable` of u32 ids, kept in eviction order by u32 links.
+//! The keys of the index, packed: one fixed 44-byte record per key in a flat arena, found
+//! through an `IdTable` of u32 ids. An ordered arena (LRU/FIFO) also keeps the keys in
+//! eviction order by u32 links in a side vector (8 bytes per key); an unordered one (the
+//! owner-ordered policy: its owner decides evictions) keeps none and sweeps the arena like a
+//! clock when it must evict on its own.
 //!
 //! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
 //! namespace prefix, variant) and the engine's block hash (32 bytes for sha256). Heads are
@@ -26,10 +29,8 @@ const MAX_HEADS: usize = u16::MAX as usize;
 #[repr(C)]
 struct KeyRecord {
     tail: [u8; TAIL_MAX],
+    /// The content id; on the free list, the next free record.
     content: u32,
-    /// Eviction order (towards the front / the back); the free list reuses `next`.
-    prev: u32,
-    next: u32,
     /// The previous block of this key's prefix chain: its record id (low 28 bits; all ones:
     /// none) and 4 bits of its key's table hash (the top bits), with 8 more in `parent_tag`
     /// (the padding byte), so a parent removed and its record reused by another key matches
@@ -48,16 +49,20 @@ fn parent_tag_of(hash: u32) -> (u32, u8) {
     ((hash >> 8 & 0xF) << 28, hash as u8)
 }
 
-const EMPTY: KeyRecord = KeyRecord {
-    tail: [0; TAIL_MAX],
-    content: NIL,
-    prev: NIL,
-    next: NIL,
-    parent: NIL,
-    head: 0,
-    tail_len: 0,
-    parent_tag: 0,
-};
+/// `tail_len` of a record on the free list.
+const FREE: u8 = u8::MAX - 1;
+
+/// A key's neighbours in the eviction order (towards the front / the back).
+#[derive(Clone, Copy)]
+struct Link {
+    prev: u32,
+    next: u32,
+}
+
+const UNLINKED: Link = Link { prev: NIL, next: NIL };
+
+const EMPTY: KeyRecord =
+    KeyRecord { tail: [0; TAIL_MAX], content: NIL, parent: NIL, head: 0, tail_len: 0, parent_tag: 0 };
 
 fn hash_key(key: &[u8]) -> u32 {
     xxhash_rust::xxh3::xxh3_64(key) as u32
@@ -83,6 +88,11 @@ fn hash_parts(
 #[derive(Default)]
 pub(crate) struct KeyArena {
     records: Vec<KeyRecord>,
+    /// Eviction order, one per record; empty when the arena is unordered.
+    links: Vec<Link>,
+    ordered: bool,
+    /// Where the next clock sweep of an unordered arena starts.
+    sweep: u32,
     free: Option<u32>,
     len: usize,
     table: IdTable,
@@ -95,6 +105,11 @@ pub(crate) struct KeyArena {
 }
 
 impl KeyArena {
+    /// An arena that keeps keys in eviction order (`ordered`) or not.
+    pub fn new(ordered: bool) -> Self {
+        KeyArena { ordered, ..KeyArena::default() }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -105,6 +120,7 @@ impl KeyArena {
         let map_entry = |k: usize, v: usize| k + v + 1;
         let spilled: usize = self.spilled.values().map(|k| k.len().div_ceil(16) * 16 + 16).sum();
         self.records.capacity() * size_of::<KeyRecord>()
+            + self.links.capacity() * size_of::<Link>()
             + self.table.heap_bytes()
             + self.heads.heap_bytes()
             + self.spilled.capacity() * map_entry(4, size_of::<Box<[u8]>>())
@@ -114,6 +130,9 @@ impl KeyArena {
     /// Room for `additional` more keys without growing the arena or the table.
     pub fn reserve(&mut self, additional: usize) {
         super::arena::reserve(&mut self.records, self.len, additional);
+        if self.ordered {
+            super::arena::reserve(&mut self.links, self.len, additional);
+        }
         if self.table.full_for(self.len + additional) {
             self.rebuild_table(self.len + additional);
         }
@@ -121,7 +140,7 @@ impl KeyArena {
 
     fn rebuild_table(&mut self, len: usize) {
         let mut table = IdTable::default();
-        let live: Vec<u32> = self.order().collect();
+        let live: Vec<u32> = self.live_ids().collect();
         table.rebuild(len, live.iter().map(|&id| (self.hash_of(id), id)));
         self.table = table;
     }
@@ -185,7 +204,7 @@ impl KeyArena {
     pub fn parent(&self, id: u32) -> Option<u32> {
         let r = &self.records[id as usize];
         let p = r.parent & PARENT_ID_MASK;
-        if p == PARENT_ID_MASK || !self.records.get(p as usize).is_some_and(|pr| pr.content != NIL) {
+        if p == PARENT_ID_MASK || !self.records.get(p as usize).is_some_and(|pr| pr.tail_len != FREE) {
             return None;
         }
         let (hi, lo) = parent_tag_of(self.hash_of(p));
@@ -221,13 +240,21 @@ impl KeyArena {
             }
             None => r.tail_len = SPILLED,
         }
-        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.next);
+        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.content);
+        if self.ordered && id as usize >= self.links.len() {
+            if self.links.len() == self.links.capacity() {
+                self.links.reserve_exact(self.links.len() / 4 + 16);
+            }
+            self.links.push(UNLINKED);
+        }
         if r.tail_len == SPILLED {
             self.spilled.insert(id, key.into());
         }
         self.table.insert_new(hash_key(key), id);
         self.len += 1;
-        self.link_back(id);
+        if self.ordered {
+            self.link_back(id);
+        }
         id
     }
 
@@ -236,58 +263,74 @@ impl KeyArena {
         let hash = self.hash_of(id);
         let KeyArena { records, heads, spilled, table, .. } = self;
         table.remove(hash, id, |i| hash_parts(records, heads.values(), spilled, i));
-        self.unlink(id);
+        if self.ordered {
+            self.unlink(id);
+        }
         if self.records[id as usize].tail_len == SPILLED {
             self.spilled.remove(&id);
         }
-        self.records[id as usize] = KeyRecord { next: self.free.unwrap_or(NIL), ..EMPTY };
+        self.records[id as usize] = KeyRecord { content: self.free.unwrap_or(NIL), tail_len: FREE, ..EMPTY };
         self.free = Some(id);
         self.len -= 1;
     }
 
     fn link_back(&mut self, id: u32) {
-        let r = &mut self.records[id as usize];
-        r.prev = self.back.unwrap_or(NIL);
-        r.next = NIL;
+        self.links[id as usize] = Link { prev: self.back.unwrap_or(NIL), next: NIL };
         match self.back {
-            Some(b) => self.records[b as usize].next = id,
+            Some(b) => self.links[b as usize].next = id,
             None => self.front = Some(id),
         }
         self.back = Some(id);
     }
 
     fn unlink(&mut self, id: u32) {
-        let KeyRecord { prev, next, .. } = self.records[id as usize];
+        let Link { prev, next } = self.links[id as usize];
         match prev {
             NIL => self.front = (next != NIL).then_some(next),
-            p => self.records[p as usize].next = next,
+            p => self.links[p as usize].next = next,
         }
         match next {
             NIL => self.back = (prev != NIL).then_some(prev),
-            n => self.records[n as usize].prev = prev,
+            n => self.links[n as usize].prev = prev,
         }
     }
 
-    /// Move `id` to the back of the order (hottest).
+    /// Move `id` to the back of the order (hottest); nothing when unordered.
     pub fn move_to_back(&mut self, id: u32) {
-        if self.back != Some(id) {
+        if self.ordered && self.back != Some(id) {
             self.unlink(id);
             self.link_back(id);
         }
     }
 
-    /// The coldest key's id.
-    pub fn front(&self) -> Option<u32> {
-        self.front
+    /// The key to evict: the coldest when ordered, else the next live one of a clock sweep
+    /// over the arena (a last resort: the owner decides evictions).
+    pub fn victim(&mut self) -> Option<u32> {
+        if self.ordered {
+            return self.front;
+        }
+        let n = self.records.len() as u32;
+        let start = self.sweep.min(n);
+        let id = (start..n).chain(0..start).find(|&i| self.records[i as usize].tail_len != FREE)?;
+        self.sweep = id + 1;
+        Some(id)
     }
 
-    /// Ids from coldest to hottest.
-    pub fn order(&self) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(self.front, |&id| {
-            let next = self.records[id as usize].next;
+    /// Live ids in arena order.
+    fn live_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.records.len() as u32).filter(|&i| self.records[i as usize].tail_len != FREE)
+    }
+
+    /// Ids from coldest to hottest when ordered; in arena order when not.
+    pub fn order(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        if !self.ordered {
+            return Box::new(self.live_ids());
+        }
+        Box::new(std::iter::successors(self.front, |&id| {
+            let next = self.links[id as usize].next;
             (next != NIL).then_some(next)
-        })
+        }))
     }
 }
 
-const _: () = assert!(std::mem::size_of::<KeyRecord>() == 52);
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 44);

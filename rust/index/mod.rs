@@ -1,6 +1,7 @@
-//! The in-memory index: logical key -> content hash -> extent. Keys are kept in eviction
-//! order (LRU or FIFO); content is refcounted by keys and pinned by in-flight reads, and its
-//! extent is released only when both counts reach zero.
+//! The in-memory index: logical key -> content (tag) -> extent. Keys are kept in eviction
+//! order (LRU or FIFO), or in none when the store's owner decides evictions (owner-ordered);
+//! content is refcounted by keys and pinned by in-flight reads, and its extent is released
+//! only when both counts reach zero.
 //!
 //! Memory is the design constraint (a 4 TB tier of 256 KiB blocks is ~16 M keys), so both
 //! sides are packed arenas of fixed-size records behind u32-id hash tables (`keys.rs`,
@@ -19,9 +20,11 @@ use contents::ContentArena;
 use keys::KeyArena;
 
 use crate::error::{Result, StoreError};
-use crate::format::journal::Location;
+use crate::format::journal::{ContentTag, Location};
 use crate::format::{round_up_to_page, PAGE};
-use crate::hashing::ContentHash;
+
+/// A content's id in the index: what a key record names and a reader pins.
+pub type ContentId = u32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictionPolicy {
@@ -29,18 +32,24 @@ pub enum EvictionPolicy {
     Lru,
     /// First in, first out: reads do not change the order.
     Fifo,
+    /// The store's owner (the scheduler's index) decides evictions and deletes what it
+    /// evicts: no order is kept (8 bytes less per key). When a put finds no room anyway, a
+    /// clock sweep over the keys picks victims, so a full device still degrades. Listings
+    /// (the restart inventory) come oldest write first, by the content's write seq.
+    Owner,
 }
 
 impl EvictionPolicy {
     /// The names `parse` accepts, exported to Python as `EVICTIONS`.
-    pub const NAMES: &'static [&'static str] = &["lru", "fifo"];
+    pub const NAMES: &'static [&'static str] = &["lru", "fifo", "owner"];
 
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "lru" => Ok(EvictionPolicy::Lru),
             "fifo" => Ok(EvictionPolicy::Fifo),
+            "owner" => Ok(EvictionPolicy::Owner),
             other => Err(StoreError::Config(format!(
-                "eviction: unknown policy {other:?} (expected \"lru\" or \"fifo\")"
+                "eviction: unknown policy {other:?} (expected \"lru\", \"fifo\" or \"owner\")"
             ))),
         }
     }
@@ -76,7 +85,7 @@ pub struct Index {
 impl Index {
     pub fn new(policy: EvictionPolicy) -> Self {
         Index {
-            keys: KeyArena::default(),
+            keys: KeyArena::new(policy != EvictionPolicy::Owner),
             contents: ContentArena::default(),
             policy,
             logical_bytes: 0,
@@ -129,18 +138,22 @@ impl Index {
         self.keys.find(key).is_some()
     }
 
-    pub fn content(&self, hash: &ContentHash) -> Option<ContentEntry> {
-        self.contents.find(hash).map(|id| self.contents.entry(id))
+    /// A stored content tagged `tag`: a dedup candidate, to be confirmed against the full hash
+    /// in its header page before a key is mapped onto it (tags of different blocks clash
+    /// ~2^-64 of the time).
+    pub fn candidate(&self, tag: ContentTag) -> Option<(ContentId, ContentEntry)> {
+        self.contents.find(&tag).map(|id| (id, self.contents.entry(id)))
     }
 
-    /// Where content `hash` lies, if it is known (replay's cheaper `content`).
-    pub fn content_loc(&self, hash: &ContentHash) -> Option<Location> {
-        self.contents.find(hash).map(|id| self.contents.loc(id))
+    /// Content `id`, if it is still live.
+    pub fn content(&self, id: ContentId) -> Option<ContentEntry> {
+        self.contents.is_live(id).then(|| self.contents.entry(id))
     }
 
-    pub fn lookup(&self, key: &[u8]) -> Option<(ContentHash, ContentEntry)> {
+    /// The content `key` maps to: its id (for pins) and what is known of it.
+    pub fn lookup(&self, key: &[u8]) -> Option<(ContentId, ContentEntry)> {
         let c = self.keys.content(self.keys.find(key)?);
-        Some((self.contents.hash(c), self.contents.entry(c)))
+        Some((c, self.contents.entry(c)))
     }
 
     /// Record an access for the eviction order.
@@ -158,37 +171,45 @@ impl Index {
         }
     }
 
-    /// Map `key` to content `hash`. `loc` is used only when the content is new. Returns the
-    /// extent of content that lost its last reference (when `key` was remapped).
-    pub fn insert(&mut self, key: &[u8], hash: ContentHash, loc: &Location) -> Option<FreedExtent> {
-        let known = self.contents.find(&hash);
-        self.insert_at(key, hash, loc, known)
+    /// Map `key` to the content tagged `tag` that lies at `loc`, adding it when no content is
+    /// there yet (the caller owns the extent then). Returns the extent of content that lost
+    /// its last reference (when `key` was remapped).
+    pub fn insert(&mut self, key: &[u8], tag: ContentTag, loc: &Location) -> Option<FreedExtent> {
+        let known = self.contents.find_at(&tag, loc);
+        self.insert_at(key, tag, loc, known)
     }
 
-    /// `insert` once content `hash` was looked up (`known`: its id, if any).
+    /// Map `key` onto the stored content tagged `tag` at `loc` (a confirmed duplicate); None
+    /// when no such content is stored any more (nothing changed).
+    pub fn share(&mut self, key: &[u8], tag: ContentTag, loc: &Location) -> Option<Option<FreedExtent>> {
+        let known = self.contents.find_at(&tag, loc)?;
+        Some(self.insert_at(key, tag, loc, Some(known)))
+    }
+
+    /// `insert` once the content at `loc` was looked up (`known`: its id, if any).
     fn insert_at(
         &mut self,
         key: &[u8],
-        hash: ContentHash,
+        tag: ContentTag,
         loc: &Location,
         known: Option<u32>,
     ) -> Option<FreedExtent> {
         let mut released = None;
         if let Some(id) = self.keys.find(key) {
-            if self.contents.hash(self.keys.content(id)) == hash {
+            if Some(self.keys.content(id)) == known {
                 self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
         }
-        // The remove above released only the old content (not `hash`'s): `known` stays valid.
+        // The remove above released only the old content (not `known`): `known` stays valid.
         let content = match known {
             Some(c) => c,
             None => {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
                 self.content_raw_bytes += loc.raw_len;
                 self.content_stored_bytes += loc.stored_len;
-                self.contents.add(hash, loc)
+                self.contents.add(tag, loc)
             }
         };
         self.contents.add_ref(content);
@@ -197,31 +218,27 @@ impl Index {
         released
     }
 
-    /// Start loading what a `replay_put` of `key` / `hash` will probe (a cache hint).
-    pub fn prefetch(&self, key: &[u8], hash: &ContentHash) {
+    /// Start loading what a `replay_put` of `key` / `tag` will probe (a cache hint).
+    pub fn prefetch(&self, key: &[u8], tag: ContentTag) {
         self.keys.prefetch(key);
-        self.contents.prefetch(hash);
+        self.contents.prefetch(&tag);
     }
 
-    /// Replay's put: `insert` with one content lookup. A content already known elsewhere is
-    /// not mapped (the record is stale); a new one only when `admit` (the allocator taking
-    /// its extent) agrees. None: the record was dropped.
+    /// Replay's put: `insert` with one content lookup. A content already at `loc` is shared;
+    /// a new one is added only when `admit` (the allocator taking its extent: it refuses one
+    /// that overlaps a live extent, i.e. a stale record) agrees. None: the record was dropped.
     pub fn replay_put(
         &mut self,
         key: &[u8],
-        hash: ContentHash,
+        tag: ContentTag,
         loc: &Location,
         admit: impl FnOnce() -> bool,
     ) -> Option<Option<FreedExtent>> {
-        let known = self.contents.find(&hash);
-        if let Some(c) = known {
-            if self.contents.loc(c) != *loc {
-                return None;
-            }
-        } else if !admit() {
+        let known = self.contents.find_at(&tag, loc);
+        if known.is_none() && !admit() {
             return None;
         }
-        Some(self.insert_at(key, hash, loc, known))
+        Some(self.insert_at(key, tag, loc, known))
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<FreedExtent> {
@@ -234,21 +251,24 @@ impl Index {
     }
 
     /// Mark content as damaged (see `ContentEntry::poisoned`).
-    pub fn poison(&mut self, hash: &ContentHash) {
-        if let Some(id) = self.contents.find(hash) {
+    pub fn poison(&mut self, id: ContentId) {
+        if self.contents.is_live(id) {
             self.contents.poison(id);
         }
     }
 
-    /// Pin content for an in-flight read so its extent cannot be reused under the reader.
-    pub fn pin(&mut self, hash: &ContentHash) {
-        if let Some(id) = self.contents.find(hash) {
+    /// Pin content `id` (live: just looked up) for an in-flight read so its extent cannot be
+    /// reused under the reader.
+    pub fn pin(&mut self, id: ContentId) {
+        if self.contents.is_live(id) {
             self.contents.pin(id);
         }
     }
 
-    pub fn unpin(&mut self, hash: &ContentHash) -> Option<FreedExtent> {
-        let id = self.contents.find(hash)?;
+    pub fn unpin(&mut self, id: ContentId) -> Option<FreedExtent> {
+        if !self.contents.is_live(id) {
+            return None;
+        }
         self.contents.unpin(id);
         self.release_if_unused(id)
     }
@@ -264,29 +284,61 @@ impl Index {
         Some(freed(&loc))
     }
 
-    /// The next key to evict (front of the order).
-    pub fn victim(&self) -> Option<Vec<u8>> {
-        self.keys.front().map(|id| self.keys.key(id))
+    /// The next key to evict (front of the order; the owner-ordered policy's clock sweep).
+    pub fn victim(&mut self) -> Option<Vec<u8>> {
+        self.keys.victim().map(|id| self.keys.key(id))
     }
 
-    /// Keys (rebuilt from the packed arena) with their content hash, coldest to hottest.
-    pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentHash)> + '_ {
-        self.keys.order().map(|id| (self.keys.key(id), self.contents.hash(self.keys.content(id))))
+    /// Key ids coldest first: the eviction order, or for the owner-ordered policy (which
+    /// keeps none) the order of the contents' writes.
+    fn order(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        if self.policy != EvictionPolicy::Owner {
+            return self.keys.order();
+        }
+        let mut by_seq: Vec<(u64, u32)> =
+            self.keys.order().map(|id| (self.contents.seq(self.keys.content(id)), id)).collect();
+        by_seq.sort_unstable();
+        Box::new(by_seq.into_iter().map(|(_, id)| id))
     }
 
-    /// Visit every key with its content and its chain parent (if stored), coldest first,
-    /// through reused key buffers.
-    pub fn for_each_in_order(&self, mut f: impl FnMut(&[u8], &ContentHash, Location, Option<&[u8]>)) {
+    /// Keys (rebuilt from the packed arena) with their content id, coldest to hottest.
+    pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
+        self.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+    }
+
+    /// `keys_in_order` without the owner-ordered policy's sort (scans under the state lock).
+    pub fn keys_any_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
+        self.keys.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+    }
+
+    /// Visit every key with its content's tag and location and its chain parent (if stored),
+    /// coldest first, through reused key buffers.
+    pub fn for_each_in_order(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
+        self.visit(self.order(), f)
+    }
+
+    /// `for_each_in_order` in the order a compacted journal needs: the eviction order for LRU
+    /// and FIFO (replay restores it), any order for the owner-ordered policy (no sort under
+    /// the state lock: its listings sort by seq, which the records carry).
+    pub fn for_each(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
+        self.visit(self.keys.order(), f)
+    }
+
+    fn visit(
+        &self,
+        ids: impl Iterator<Item = u32>,
+        mut f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>),
+    ) {
         let mut key = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
         let mut parent = Vec::with_capacity(keys::HEAD_LEN + keys::TAIL_MAX);
-        for id in self.keys.order() {
+        for id in ids {
             self.keys.key_into(id, &mut key);
             let p = self.keys.parent(id).map(|p| {
                 self.keys.key_into(p, &mut parent);
                 parent.as_slice()
             });
             let c = self.keys.content(id);
-            f(&key, &self.contents.hash(c), self.contents.loc(c), p);
+            f(&key, self.contents.tag(c), self.contents.loc(c), p);
         }
     }
 

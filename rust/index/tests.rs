@@ -15,8 +15,10 @@ fn packed_key(h: u8, i: u32) -> Vec<u8> {
 #[test]
 fn dedup_refcounts_free_at_zero() {
     let mut ix = Index::new(EvictionPolicy::Lru);
-    assert_eq!(ix.insert(b"a", [1; 16], &loc(4096, 8192)), None);
-    assert_eq!(ix.insert(b"b", [1; 16], &loc(999, 8192)), None);
+    assert_eq!(ix.insert(b"a", 1, &loc(4096, 8192)), None);
+    // A second key shares the content only at its location (a confirmed duplicate).
+    assert_eq!(ix.share(b"b", 1, &loc(4096, 8192)), Some(None));
+    assert_eq!(ix.share(b"c", 1, &loc(999, 8192)), None);
     assert_eq!(ix.content_count(), 1);
     assert_eq!(ix.logical_bytes(), 16384);
     assert_eq!(ix.physical_bytes(), 3 * 4096);
@@ -29,18 +31,19 @@ fn dedup_refcounts_free_at_zero() {
 #[test]
 fn pinned_content_is_freed_by_the_last_reader() {
     let mut ix = Index::new(EvictionPolicy::Lru);
-    ix.insert(b"a", [2; 16], &loc(8192, 4096));
-    ix.pin(&[2; 16]);
+    ix.insert(b"a", 2, &loc(8192, 4096));
+    let (id, _) = ix.lookup(b"a").unwrap();
+    ix.pin(id);
     assert_eq!(ix.remove(b"a"), None);
-    assert!(ix.unpin(&[2; 16]).is_some());
+    assert!(ix.unpin(id).is_some());
 }
 
 #[test]
 fn lru_and_fifo_orders() {
     for (policy, expect) in [(EvictionPolicy::Lru, b"b"), (EvictionPolicy::Fifo, b"a")] {
         let mut ix = Index::new(policy);
-        ix.insert(b"a", [1; 16], &loc(4096, 4096));
-        ix.insert(b"b", [2; 16], &loc(12288, 4096));
+        ix.insert(b"a", 1, &loc(4096, 4096));
+        ix.insert(b"b", 2, &loc(12288, 4096));
         ix.touch(b"a");
         assert_eq!(ix.victim().unwrap(), expect.to_vec());
     }
@@ -49,11 +52,11 @@ fn lru_and_fifo_orders() {
 #[test]
 fn remap_releases_old_content() {
     let mut ix = Index::new(EvictionPolicy::Lru);
-    ix.insert(b"k", [1; 16], &loc(4096, 4096));
-    let f = ix.insert(b"k", [2; 16], &loc(12288, 4096));
+    ix.insert(b"k", 1, &loc(4096, 4096));
+    let f = ix.insert(b"k", 2, &loc(12288, 4096));
     assert_eq!(f.map(|f| f.first_page), Some(1));
     assert_eq!(ix.len(), 1);
-    assert_eq!(ix.lookup(b"k").unwrap().0, [2; 16]);
+    assert_eq!(ix.lookup(b"k").unwrap().1.tag, 2);
 }
 
 #[test]
@@ -68,9 +71,7 @@ fn packed_and_spilled_keys_come_back_whole_in_order() {
             2 => [&[1; keys::HEAD_LEN][..], &i.to_le_bytes()].concat(),
             _ => format!("odd-{i}").into_bytes(),
         };
-        let mut hash = [0u8; 16];
-        hash[..4].copy_from_slice(&i.to_le_bytes());
-        ix.insert(&key, hash, &loc(4096 * (1 + 2 * i as u64), 100));
+        ix.insert(&key, i as u64, &loc(4096 * (1 + 2 * i as u64), 100));
         expect.push(key);
     }
     // Take every third key out and touch some of the rest: freed records are reused below.
@@ -84,7 +85,7 @@ fn packed_and_spilled_keys_come_back_whole_in_order() {
     ix.touch(&touched);
     expect.push(touched);
     let again = packed_key(3, 9999);
-    ix.insert(&again, [0xEE; 16], &loc(4096 * 1000, 100));
+    ix.insert(&again, 0xEE, &loc(4096 * 1000, 100));
     expect.push(again);
     let got: Vec<Vec<u8>> = ix.keys_in_order().map(|(k, _)| k).collect();
     assert_eq!(got, expect);
@@ -106,11 +107,11 @@ fn wide_locations_round_trip() {
         compressed: true,
         seq: 1 << 40,
     };
-    ix.insert(b"far", [9; 16], &far);
+    ix.insert(b"far", 9, &far);
     assert_eq!(ix.lookup(b"far").unwrap().1.loc, far);
     let late =
         Location { dir: 300, offset: 8192, stored_len: 10, raw_len: 10, compressed: false, seq: 1 << 50 };
-    ix.insert(b"late", [8; 16], &late);
+    ix.insert(b"late", 8, &late);
     assert_eq!(ix.lookup(b"late").unwrap().1.loc, late);
     let near = Location {
         dir: 255,
@@ -120,7 +121,7 @@ fn wide_locations_round_trip() {
         compressed: false,
         seq: (1 << 48) - 1,
     };
-    ix.insert(b"near", [7; 16], &near);
+    ix.insert(b"near", 7, &near);
     assert_eq!(ix.lookup(b"near").unwrap().1.loc, near);
     assert_eq!(ix.remove(b"late").map(|f| f.dir), Some(300));
     assert_eq!(ix.remove(b"far").map(|f| f.first_page), Some((1 << 46) / PAGE as u64));
@@ -143,10 +144,8 @@ fn raw_lengths_round_trip_through_the_length_table_and_past_it() {
     for i in 0..300u64 {
         // 300 distinct raw lengths, then the first ones again; every 7th uncompressed.
         let raw = if i % 7 == 0 { 1000 + i } else { 65536 + i % 290 };
-        let mut hash = [0u8; 16];
-        hash[..8].copy_from_slice(&i.to_le_bytes());
         let key = i.to_le_bytes();
-        ix.insert(&key, hash, &at(i, raw));
+        ix.insert(&key, i, &at(i, raw));
         all.push((key, at(i, raw)));
     }
     for (key, loc) in &all {
@@ -163,10 +162,63 @@ fn connector_keys_cost_under_100_bytes_each() {
     let n = 50_000u32;
     ix.reserve(n as usize);
     for i in 0..n {
-        let mut hash = [0u8; 16];
-        hash[..4].copy_from_slice(&i.to_le_bytes());
-        ix.insert(&packed_key(1, i), hash, &loc(4096 * (1 + 2 * i as u64), 100));
+        ix.insert(&packed_key(1, i), i as u64, &loc(4096 * (1 + 2 * i as u64), 100));
     }
     let per_key = ix.nbytes() as f64 / n as f64;
     assert!(per_key < 100.0, "{per_key:.1} bytes per key");
+}
+
+#[test]
+fn contents_sharing_a_tag_stay_apart_and_are_found_by_location() {
+    // Two different blocks with one tag (a ~2^-64 clash, forced here): each keeps its own
+    // content, found by tag and location; removing one leaves the other whole.
+    let mut ix = Index::new(EvictionPolicy::Lru);
+    ix.insert(b"a", 5, &loc(4096, 4096));
+    ix.insert(b"b", 5, &loc(12288, 4096));
+    assert_eq!(ix.content_count(), 2);
+    assert_eq!(ix.lookup(b"a").unwrap().1.loc, loc(4096, 4096));
+    assert_eq!(ix.lookup(b"b").unwrap().1.loc, loc(12288, 4096));
+    assert_eq!(ix.remove(b"a").map(|f| f.first_page), Some(1));
+    assert_eq!(ix.candidate(5).map(|(_, c)| c.loc), Some(loc(12288, 4096)));
+    assert_eq!(ix.share(b"c", 5, &loc(12288, 4096)), Some(None));
+    assert_eq!(ix.content_count(), 1);
+}
+
+fn loc_seq(offset: u64, seq: u64) -> Location {
+    Location { dir: 0, offset, stored_len: 100, raw_len: 100, compressed: false, seq }
+}
+
+#[test]
+fn owner_ordered_keeps_no_links_lists_by_write_and_sweeps_like_a_clock() {
+    let mut owner = Index::new(EvictionPolicy::Owner);
+    let mut lru = Index::new(EvictionPolicy::Lru);
+    let n = 1000u32;
+    owner.reserve(n as usize);
+    lru.reserve(n as usize);
+    // Inserted out of write order: the listing follows the writes' seqs, not the arena.
+    let seq_of = |i: u32| ((i * 7919) % n) as u64 + 1;
+    for i in 0..n {
+        let at = loc_seq(4096 * (1 + 2 * i as u64), seq_of(i));
+        owner.insert(&packed_key(1, i), i as u64, &at);
+        lru.insert(&packed_key(1, i), i as u64, &at);
+    }
+    assert!(owner.nbytes() + 8 * n as usize <= lru.nbytes(), "{} vs {}", owner.nbytes(), lru.nbytes());
+    owner.touch(&packed_key(1, 3)); // no order to change
+    let listed: Vec<u64> = owner.keys_in_order().map(|(_, c)| owner.content(c).unwrap().loc.seq).collect();
+    assert_eq!(listed, (1..=n as u64).collect::<Vec<_>>());
+    // The sweep visits every key once before it comes back, skipping removed ones.
+    assert!(owner.remove(&packed_key(1, 1)).is_some());
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..n - 1 {
+        let v = owner.victim().unwrap();
+        assert!(seen.insert(v.clone()), "{v:?} twice");
+        assert_ne!(v, packed_key(1, 1));
+    }
+    assert_eq!(owner.victim(), Some(packed_key(1, 0)));
+    // Evicting by sweep empties the index.
+    while let Some(v) = owner.victim() {
+        assert!(owner.remove(&v).is_some());
+    }
+    assert!(owner.is_empty());
+    assert_eq!(owner.physical_bytes(), 0);
 }

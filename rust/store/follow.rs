@@ -68,7 +68,7 @@ impl BlockStore {
         let mut touched: HashMap<Vec<u8>, bool> = HashMap::new();
         let st = &mut *state;
         let valid = visit_all(&tail, |_, record| match record {
-            RecordRef::Put { key, hash, loc, .. } => {
+            RecordRef::Put { key, tag, loc, .. } => {
                 let was = st.index.lookup(key).is_some();
                 touched.entry(key.to_vec()).or_insert(was);
                 let dir = loc.dir as usize;
@@ -78,7 +78,7 @@ impl BlockStore {
                         && loc.offset % PAGE as u64 == 0
                         && allocators[dir].reserve(loc.offset / PAGE as u64, extent_pages(loc.stored_len))
                 };
-                match st.index.replay_put(key, hash, &loc, admit) {
+                match st.index.replay_put(key, tag, &loc, admit) {
                     Some(freed) => Shared::free_extent(st, freed),
                     None => {
                         // Not indexable in this view: an older mapping of the key is stale.

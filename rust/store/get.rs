@@ -1,23 +1,25 @@
 //! The get path. Lock: look up and pin each block's content (so eviction cannot reuse the
 //! extent mid-read). No lock: one vectored read per block (header page + payload, straight
-//! into caller memory when aligned), then verify header and content hash. Lock: unpin, and
-//! drop keys whose content proved corrupt so they are recomputed, never served.
+//! into caller memory when aligned), then verify the header and the content hash. The index
+//! holds only an 8-byte content tag: the header must carry the indexed seq and tag (so it is
+//! the indexed write), and the payload must match the header's full hash. Lock: drop keys
+//! whose content proved corrupt so they are recomputed, never served, and unpin.
 
 use super::batch::{BlockResult, RawBuf, Status};
 use super::stats::Counters;
 use super::Shared;
 use crate::compression::decompress_into;
 use crate::format::header::BlockHeader;
-use crate::format::journal::{Location, Record};
+use crate::format::journal::{content_tag, ContentTag, Location, Record};
 use crate::format::{round_up_to_page, PAGE};
-use crate::hashing::ContentHash;
-use crate::index::extent_pages;
+use crate::index::{extent_pages, ContentId};
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoFailure, IoOp};
 
 struct Pending {
     item: usize,
-    hash: ContentHash,
+    content: ContentId,
+    tag: ContentTag,
     loc: Location,
     header: AlignedBuf,
     /// Set when the payload cannot land in caller memory directly.
@@ -30,7 +32,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
     {
         let mut state = shared.state.lock();
         for (i, (key, buf)) in items.iter().enumerate() {
-            let Some((hash, content)) = state.index.lookup(key) else {
+            let Some((id, content)) = state.index.lookup(key) else {
                 Counters::add(&shared.counters.misses, 1);
                 results[i] = Some(BlockResult::new(Status::NotFound, 0));
                 continue;
@@ -43,9 +45,10 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 ));
                 continue;
             }
-            state.index.pin(&hash);
+            state.index.pin(id);
             state.index.touch(key);
-            pending.push(Pending { item: i, hash, loc, header: AlignedBuf::zeroed(PAGE), bounce: None });
+            let header = AlignedBuf::zeroed(PAGE);
+            pending.push(Pending { item: i, content: id, tag: content.tag, loc, header, bounce: None });
         }
     }
 
@@ -67,7 +70,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
     }
     let mut io_results = shared.devices.run(ops);
 
-    let mut corrupt: Vec<(ContentHash, Location)> = Vec::new();
+    let mut corrupt: Vec<(ContentId, Location)> = Vec::new();
     for (p_idx, p) in pending.iter().enumerate() {
         let buf = items[p.item].1;
         let outcome = match io_results.remove(&p_idx).unwrap_or(Err(IoFailure::Errno(libc::EIO))) {
@@ -88,7 +91,7 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
             Err((status, msg)) => {
                 if status == Status::Corrupt {
                     Counters::add(&shared.counters.corrupt_reads, 1);
-                    corrupt.push((p.hash, p.loc.clone()));
+                    corrupt.push((p.content, p.loc.clone()));
                     tracing::warn!(key = ?String::from_utf8_lossy(&items[p.item].0), reason = %msg, "corrupt block");
                 } else {
                     Counters::add(&shared.counters.io_errors, 1);
@@ -100,12 +103,13 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
 
     {
         let mut state = shared.state.lock();
-        for p in &pending {
-            let released = state.index.unpin(&p.hash);
-            Shared::free_extent(&mut state, released);
-        }
+        // Before the unpins: a pinned content id still names the content that was read.
         if !corrupt.is_empty() && state.journal.is_open() {
             drop_content(shared, &mut state, &corrupt);
+        }
+        for p in &pending {
+            let released = state.index.unpin(p.content);
+            Shared::free_extent(&mut state, released);
         }
     }
     results.into_iter().map(|r| r.unwrap_or_else(|| BlockResult::failed(Status::IoError, "lost"))).collect()
@@ -117,7 +121,7 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
         Ok(h) => h,
         Err(e) => return corrupt(format!("block header unreadable ({e:?})")),
     };
-    if header.content_hash != p.hash
+    if content_tag(&header.content_hash) != p.tag
         || header.raw_len != p.loc.raw_len
         || header.stored_len != p.loc.stored_len
         || header.seq != p.loc.seq
@@ -136,7 +140,7 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
             out.copy_from_slice(stored);
         }
     }
-    if shared.cfg.hash.digest(out) != p.hash {
+    if shared.cfg.hash.digest(out) != header.content_hash {
         return corrupt("content hash mismatch: block bytes are damaged".into());
     }
     Ok(())
@@ -145,20 +149,20 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
 /// Forget every key that maps to damaged content, so no later put dedups against it. Only
 /// content still at the location that was read is dropped (it may have been stored again
 /// elsewhere meanwhile); if a reader still pins it, it stays poisoned until unpinned.
-fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentHash, Location)]) {
-    let current: Vec<ContentHash> = damaged
+fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentId, Location)]) {
+    let current: Vec<ContentId> = damaged
         .iter()
-        .filter(|(h, loc)| state.index.content(h).is_some_and(|c| c.loc == *loc))
-        .map(|(h, _)| *h)
+        .filter(|(id, loc)| state.index.content(*id).is_some_and(|c| c.loc == *loc))
+        .map(|(id, _)| *id)
         .collect();
     if current.is_empty() {
         return;
     }
-    for h in &current {
-        state.index.poison(h);
+    for &id in &current {
+        state.index.poison(id);
     }
     let doomed: Vec<Vec<u8>> =
-        state.index.keys_in_order().filter(|(_, h)| current.contains(h)).map(|(k, _)| k.to_vec()).collect();
+        state.index.keys_any_order().filter(|(_, c)| current.contains(c)).map(|(k, _)| k).collect();
     let mut journal = Vec::new();
     for key in &doomed {
         let released = state.index.remove(key);

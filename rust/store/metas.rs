@@ -13,14 +13,16 @@ use super::config::Durability;
 use super::{Shared, State};
 use crate::device::private::FILE_MODE;
 use crate::format::header::BlockHeader;
+use crate::format::journal::{content_tag, ContentTag};
 use crate::format::PAGE;
-use crate::hashing::ContentHash;
+use crate::index::ContentId;
 use crate::io::aligned::AlignedBuf;
 use crate::io::{iovec, IoOp};
 
 struct Pending {
     item: usize,
-    hash: ContentHash,
+    content: ContentId,
+    tag: ContentTag,
     seq: u64,
     dir: u16,
     offset: u64,
@@ -35,11 +37,19 @@ pub(super) fn read_metas(shared: &Shared, keys: &[Vec<u8>]) -> Vec<Option<Vec<u8
     {
         let mut state = shared.state.lock();
         for (item, key) in keys.iter().enumerate() {
-            let Some((hash, content)) = state.index.lookup(key) else { continue };
-            state.index.pin(&hash);
+            let Some((id, content)) = state.index.lookup(key) else { continue };
+            state.index.pin(id);
             let loc = content.loc;
             let page = AlignedBuf::zeroed(PAGE);
-            pending.push(Pending { item, hash, seq: loc.seq, dir: loc.dir, offset: loc.offset, page });
+            pending.push(Pending {
+                item,
+                content: id,
+                tag: content.tag,
+                seq: loc.seq,
+                dir: loc.dir,
+                offset: loc.offset,
+                page,
+            });
         }
     }
     let ops: Vec<(usize, u16, IoOp)> = pending
@@ -54,7 +64,7 @@ pub(super) fn read_metas(shared: &Shared, keys: &[Vec<u8>]) -> Vec<Option<Vec<u8
             continue;
         }
         let Ok((header, meta)) = BlockHeader::decode_with_meta(p.page.as_slice()) else { continue };
-        if header.content_hash != p.hash || header.seq != p.seq {
+        if content_tag(&header.content_hash) != p.tag || header.seq != p.seq {
             continue;
         }
         if header.key != keys[p.item] {
@@ -72,7 +82,7 @@ pub(super) fn read_metas(shared: &Shared, keys: &[Vec<u8>]) -> Vec<Option<Vec<u8
     }
     let mut state = shared.state.lock();
     for p in &pending {
-        let released = state.index.unpin(&p.hash);
+        let released = state.index.unpin(p.content);
         Shared::free_extent(&mut state, released);
     }
     out

@@ -183,7 +183,7 @@ impl BlockStore {
     }
 
     pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.shared.state.lock().index.keys_in_order().map(|(k, _)| k.to_vec()).collect()
+        self.shared.state.lock().index.keys_in_order().map(|(k, _)| k).collect()
     }
 
     /// Bytes the in-memory index holds (keys, contents, eviction order), for benches.

@@ -43,7 +43,8 @@ fn reopen_bench() {
             seq: i + 1,
         };
         let hash = crate::hashing::HashAlgo::Xxh3_128.digest(&(i + (1 << 40)).to_le_bytes());
-        Record::Put { key: key(i), hash, loc, parent: None }.encode_into(&mut journal);
+        let tag = crate::format::journal::content_tag(&hash);
+        Record::Put { key: key(i), tag, loc, parent: None }.encode_into(&mut journal);
     }
     std::fs::write(&path, &journal).unwrap();
     let timer = Timer::start();

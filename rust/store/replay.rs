@@ -40,8 +40,8 @@ pub fn replay(
     let mut ahead: VecDeque<(u64, RecordRef)> = VecDeque::with_capacity(PREFETCH_AHEAD + 1);
     let mut links: Vec<(&[u8], &[u8])> = Vec::new();
     out.torn = replayed.visit(|pos, record| {
-        if let RecordRef::Put { key, hash, parent, .. } = &record {
-            index.prefetch(key, hash);
+        if let RecordRef::Put { key, tag, parent, .. } = &record {
+            index.prefetch(key, *tag);
             if let Some(p) = parent {
                 links.push((key, p));
             }
@@ -80,7 +80,7 @@ fn apply(
         out.clean_from = None;
     }
     match record {
-        RecordRef::Put { key, hash, loc, .. } => {
+        RecordRef::Put { key, tag, loc, .. } => {
             out.last_clean = None;
             out.next_seq = out.next_seq.max(loc.seq + 1);
             let dir = loc.dir as usize;
@@ -90,7 +90,7 @@ fn apply(
                     && loc.offset % PAGE as u64 == 0
                     && allocators[dir].reserve(loc.offset / PAGE as u64, extent_pages(loc.stored_len))
             };
-            match index.replay_put(key, hash, &loc, admit) {
+            match index.replay_put(key, tag, &loc, admit) {
                 None => out.dropped += 1,
                 Some(Some(f)) => allocators[f.dir as usize].free(f.first_page, f.pages),
                 Some(None) => {}

@@ -35,13 +35,8 @@ impl State {
     /// One Put per live key, coldest first (replay restores the order): a compacted journal.
     pub fn live_records(index: &Index) -> Vec<Record> {
         let mut records = Vec::with_capacity(index.len());
-        index.for_each_in_order(|key, hash, loc, parent| {
-            records.push(Record::Put {
-                key: key.to_vec(),
-                hash: *hash,
-                loc,
-                parent: parent.map(<[u8]>::to_vec),
-            });
+        index.for_each(|key, tag, loc, parent| {
+            records.push(Record::Put { key: key.to_vec(), tag, loc, parent: parent.map(<[u8]>::to_vec) });
         });
         records
     }

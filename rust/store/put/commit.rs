@@ -1,15 +1,14 @@
-//! Put phase 4, under the state lock: index what was written (keeping content another batch
-//! stored meanwhile), map followers onto their leader's content, free what failed, and
-//! journal the new mappings. Only a journaled mapping is acknowledged: if the append fails
+//! Put phase 4, under the state lock: index what was written, map confirmed duplicates and
+//! followers onto the content they share, free what failed, and journal the new mappings.
+//! A block written while another batch stored the same content keeps its own copy: the index
+//! holds tags, not hashes, so only a header read could prove the two equal. Only a journaled mapping is acknowledged: if the append fails
 //! the batch's blocks are withdrawn again.
 
 use super::write::Outcomes;
 use super::{extent_of, extra_of, Plan, PutExtra};
-use crate::format::journal::Location;
-use crate::format::journal::Record;
+use crate::format::journal::{content_tag, ContentTag, Location, Record};
 use crate::format::PAGE;
-use crate::hashing::ContentHash;
-use crate::index::extent_pages;
+use crate::index::{extent_pages, ContentId};
 use crate::store::batch::{BlockResult, RawBuf, Status};
 use crate::store::metas::DedupMetas;
 use crate::store::stats::Counters;
@@ -28,21 +27,30 @@ struct Pending {
 }
 
 impl Pending {
-    /// Map `key` to `hash` at `loc` in the index and queue its journal record.
-    fn map(&mut self, state: &mut State, (i, key, parent, _): Item<'_>, hash: ContentHash, loc: &Location) {
-        let released = state.index.insert(key, hash, loc);
-        Shared::free_extent(state, released);
+    /// Queue the journal record of `key`'s new mapping (made in the index) and link its parent.
+    fn record(&mut self, state: &mut State, (i, key, parent, _): Item<'_>, tag: ContentTag, loc: &Location) {
         state.index.set_parent(key, parent);
         let parent = parent.map(<[u8]>::to_vec);
-        Record::Put { key: key.to_vec(), hash, loc: loc.clone(), parent }.encode_into(&mut self.journal);
+        Record::Put { key: key.to_vec(), tag, loc: loc.clone(), parent }.encode_into(&mut self.journal);
         self.count += 1;
         self.acknowledged.push(i);
     }
 
-    /// `map` onto content another key wrote (its header page names that key).
-    fn map_deduped(&mut self, state: &mut State, item: Item<'_>, hash: ContentHash, loc: &Location) {
+    /// Map `key` to the content it just wrote at `loc`.
+    fn map(&mut self, state: &mut State, item: Item<'_>, tag: ContentTag, loc: &Location) {
+        let released = state.index.insert(item.1, tag, loc);
+        Shared::free_extent(state, released);
+        self.record(state, item, tag, loc);
+    }
+
+    /// Map `key` onto stored content another key wrote (its header page names that key); false
+    /// when that content is gone.
+    fn map_deduped(&mut self, state: &mut State, item: Item<'_>, tag: ContentTag, loc: &Location) -> bool {
+        let Some(released) = state.index.share(item.1, tag, loc) else { return false };
+        Shared::free_extent(state, released);
         self.dedup.add(item.1, item.3);
-        self.map(state, item, hash, loc);
+        self.record(state, item, tag, loc);
+        true
     }
 }
 
@@ -55,7 +63,7 @@ fn written(
     state: &mut State,
     pending: &mut Pending,
     item: Item<'_>,
-    (hash, loc): (&ContentHash, &Location),
+    (tag, loc): (ContentTag, &Location),
     outcome: Result<(), String>,
 ) -> BlockResult {
     if let Err(msg) = outcome {
@@ -63,29 +71,35 @@ fn written(
         Counters::add(&shared.counters.io_errors, 1);
         return BlockResult::failed(Status::IoError, msg);
     }
-    let ours = Some(extent_of(loc));
-    // Another batch may have stored the same content meanwhile: keep theirs.
-    let loc = match state.index.content(hash).map(|c| (c.loc.clone(), c.poisoned)) {
-        Some((_, true)) => {
-            Shared::free_extent(state, ours);
-            return BlockResult::failed(Status::IoError, POISONED);
-        }
-        Some((existing, false)) => {
-            Shared::free_extent(state, ours);
-            pending.map_deduped(state, item, *hash, &existing);
-            existing
-        }
-        None => {
-            pending.map(state, item, *hash, loc);
-            loc.clone()
-        }
-    };
+    pending.map(state, item, tag, loc);
     Counters::add(&shared.counters.puts, 1);
     Counters::add(&shared.counters.bytes_written, extent_pages(loc.stored_len) * PAGE as u64);
     if loc.compressed {
         Counters::add(&shared.counters.compressed_blocks, 1);
     }
     BlockResult::new(Status::Ok, loc.raw_len)
+}
+
+/// The result for a dedup candidate whose header page was read (`outcome`: Ok if it confirmed
+/// the candidate). The candidate is still pinned, so it is live; it may have been poisoned since.
+fn confirmed(
+    shared: &Shared,
+    state: &mut State,
+    pending: &mut Pending,
+    item: Item<'_>,
+    (content, tag, loc): (ContentId, ContentTag, &Location),
+    outcome: Result<(), String>,
+) -> BlockResult {
+    if let Err(msg) = outcome {
+        Counters::add(&shared.counters.io_errors, 1);
+        return BlockResult::failed(Status::IoError, format!("not deduplicated: {msg}"));
+    }
+    let poisoned = state.index.content(content).is_some_and(|c| c.poisoned);
+    if poisoned || !pending.map_deduped(state, item, tag, loc) {
+        return BlockResult::failed(Status::IoError, POISONED);
+    }
+    Counters::add(&shared.counters.deduped, 1);
+    BlockResult::new(Status::Deduped, loc.raw_len)
 }
 
 pub(super) fn commit(
@@ -113,14 +127,33 @@ pub(super) fn commit(
             Plan::Superseded { .. } => BlockResult::new(Status::Ok, 0),
             Plan::Write { hash, loc } => {
                 let outcome = outcomes.remove(&i).unwrap_or(Err("not submitted".into()));
-                written(shared, &mut state, &mut pending, item, (hash, loc), outcome)
+                written(shared, &mut state, &mut pending, item, (content_tag(hash), loc), outcome)
+            }
+            Plan::Confirm { hash, content, loc } => {
+                let outcome = outcomes.remove(&i).unwrap_or(Err("not submitted".into()));
+                let result = confirmed(
+                    shared,
+                    &mut state,
+                    &mut pending,
+                    item,
+                    (*content, content_tag(hash), loc),
+                    outcome,
+                );
+                let released = state.index.unpin(*content);
+                Shared::free_extent(&mut state, released);
+                result
             }
             Plan::Follow { leader, hash } => {
                 let leader_ok =
                     results.get(*leader).and_then(|r| r.as_ref()).is_some_and(|r| r.status == Status::Ok);
-                match state.index.content(hash).map(|c| c.loc.clone()) {
-                    Some(loc) if leader_ok => {
-                        pending.map_deduped(&mut state, item, *hash, &loc);
+                let leader_loc = match &plans[*leader] {
+                    Plan::Write { loc, .. } => Some(loc),
+                    _ => None,
+                };
+                match leader_loc {
+                    Some(loc)
+                        if leader_ok && pending.map_deduped(&mut state, item, content_tag(hash), loc) =>
+                    {
                         Counters::add(&shared.counters.deduped, 1);
                         BlockResult::new(Status::Deduped, loc.raw_len)
                     }

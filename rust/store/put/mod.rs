@@ -2,7 +2,9 @@
 //! 1. encode (no lock, here): content hash and optional compression per block;
 //! 2. `admit` (lock): admission, dedup, allocation with eviction; journal the deletes;
 //! 3. `write` (no lock): one vectored write per block — header page + payload, straight from
-//!    caller memory when it is page-aligned — then fdatasync when durability asks for it;
+//!    caller memory when it is page-aligned — then fdatasync when durability asks for it; and
+//!    one header-page read per dedup candidate (the index finds it by its 8-byte content tag:
+//!    only the full hash in its header confirms it is this block's content);
 //! 4. `commit` (lock): index the written blocks and journal them; only then is a put
 //!    acknowledged. Then the reply (superseded duplicates copy their winner's result).
 
@@ -15,7 +17,7 @@ use super::Shared;
 use crate::format::journal::Location;
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
-use crate::index::{extent_pages, FreedExtent};
+use crate::index::{extent_pages, ContentId, FreedExtent};
 
 /// What a put may carry beside the bytes: the previous block of the key's prefix chain
 /// (journaled, a few bytes in RAM) and opaque metadata (in the header page only, never in RAM).
@@ -35,6 +37,13 @@ enum Plan {
     Done(BlockResult),
     Write {
         hash: ContentHash,
+        loc: Location,
+    },
+    /// A stored content has this block's tag: pinned until its header page's full hash
+    /// confirms (or refutes) that it is this block's content.
+    Confirm {
+        hash: ContentHash,
+        content: ContentId,
         loc: Location,
     },
     /// Same content as an earlier item of this batch that is being written.
@@ -60,7 +69,7 @@ fn extent_of(loc: &Location) -> FreedExtent {
 
 pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Vec<BlockResult> {
     let encoded = encode(shared, items);
-    let plans = admit::plan(shared, items, extras, &encoded);
+    let plans = admit::plan(shared, items, &encoded);
     let outcomes = write::write(shared, items, extras, &encoded, &plans);
     let results = commit::commit(shared, items, extras, &plans, outcomes);
     shared.maybe_compact();

@@ -1,7 +1,10 @@
 //! Put phase 3, without the lock: encode each planned block's header page, build one
 //! vectored write per block (payload straight from caller memory when page-aligned, else via
 //! a bounce buffer), run them on the devices, and fdatasync the touched devices when the
-//! durability mode asks for it. Returns each written item's outcome.
+//! durability mode asks for it. In the same device round, the header page of each dedup
+//! candidate (`Plan::Confirm`) is read: it confirms the candidate only when it is whole, is the
+//! indexed write (seq) and names this block's full content hash. Returns each written or
+//! confirmed item's outcome.
 
 use std::collections::HashMap;
 
@@ -13,6 +16,7 @@ use crate::io::{iovec, IoOp};
 use crate::store::batch::RawBuf;
 use crate::store::{Durability, Shared};
 
+/// Per written item: its write's outcome; per `Confirm` item: Ok when confirmed.
 pub(super) type Outcomes = HashMap<usize, Result<(), String>>;
 
 pub(super) fn write(
@@ -25,7 +29,14 @@ pub(super) fn write(
     let cfg = &shared.cfg;
     let mut owned: Vec<AlignedBuf> = Vec::new();
     let mut ops: Vec<(usize, u16, IoOp)> = Vec::new();
+    let mut candidates: Vec<(usize, AlignedBuf)> = Vec::new();
     for (i, plan) in plans.iter().enumerate() {
+        if let Plan::Confirm { loc, .. } = plan {
+            let page = AlignedBuf::zeroed(PAGE);
+            ops.push((i, loc.dir, IoOp::new(loc.offset, vec![iovec(page.as_ptr(), PAGE)], false)));
+            candidates.push((i, page));
+            continue;
+        }
         let Plan::Write { hash, loc } = plan else { continue };
         let (key, buf) = &items[i];
         let mut header_page = AlignedBuf::zeroed(PAGE);
@@ -59,7 +70,8 @@ pub(super) fn write(
         owned.push(header_page);
         ops.push((i, loc.dir, IoOp::new(loc.offset, iov, true)));
     }
-    let mut touched: Vec<u16> = ops.iter().map(|(_, d, _)| *d).collect();
+    let mut touched: Vec<u16> =
+        ops.iter().filter(|(i, _, _)| matches!(plans[*i], Plan::Write { .. })).map(|(_, d, _)| *d).collect();
     touched.sort_unstable();
     touched.dedup();
     let mut outcomes: Outcomes = shared
@@ -67,16 +79,27 @@ pub(super) fn write(
         .run(ops)
         .into_iter()
         .map(|(i, r)| {
-            let dir = plans.get(i).and_then(|p| match p {
-                Plan::Write { loc, .. } => Some(loc.dir),
-                _ => None,
-            });
+            let (verb, dir) = match plans.get(i) {
+                Some(Plan::Write { loc, .. }) => ("write to", Some(loc.dir)),
+                Some(Plan::Confirm { loc, .. }) => ("header read from", Some(loc.dir)),
+                _ => ("I/O on", None),
+            };
             let path = dir.map(|d| shared.devices.path(d).display().to_string()).unwrap_or_default();
-            (i, r.map_err(|f| format!("write to {path}: {f}")))
+            (i, r.map_err(|f| format!("{verb} {path}: {f}")))
         })
         .collect();
     // The header pages and bounce buffers were only needed until the devices were done.
     drop(owned);
+    for (i, page) in candidates {
+        if let (Some(Ok(())), Plan::Confirm { hash, loc, .. }) = (outcomes.get(&i), &plans[i]) {
+            let same = BlockHeader::decode(page.as_slice())
+                .is_ok_and(|h| h.content_hash == *hash && h.seq == loc.seq);
+            if !same {
+                outcomes
+                    .insert(i, Err("a stored block has this block's content tag, not its content".into()));
+            }
+        }
+    }
     if cfg.durability == Durability::Power {
         for d in touched {
             if let Err(e) = shared.devices.sync_data(d) {
