@@ -9,6 +9,7 @@
 pub mod admission;
 mod arena;
 pub mod block_set;
+mod by_fingerprint;
 mod contents;
 mod keys;
 mod probe;
