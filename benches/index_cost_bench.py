@@ -10,8 +10,8 @@ block + the worker's Rust store index) and reopening a store of 1 M blocks in <=
              the worker by fingerprint, a reset deletes by namespace there; RESULTS 22.drops).
   chains     the real configuration: `ColdBlocks` adopting N SSD blocks as one chain each
              N/64 long (`add_on` + `link`), so the SSD set keeps chain links for prefix-aware
-             eviction: the sets' `nbytes()` (+ the arena's, 0 since 22.drops). `rss_per_block`: the process's
-             RSS delta of the same, a check on the counted bytes.
+             eviction: the sets' `nbytes()` (no arena since 22.drops). `rss_per_block`: the
+             process's RSS delta of the same, a check on the counted bytes.
   tier_index `TierIndex` adopting N SSD-only blocks (`set_present(keys, Tier.SSD, True)`):
              tracemalloc delta (Python objects only: the Rust sets are in `chains`).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on

@@ -77,8 +77,8 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
         """Evictions no write job took (an adoption over capacity): deleted before the rest."""
         drops = self._take_drops()
         for tier in reversed([*dict.fromkeys([*drops.keys, *drops.prints])]):
-            job = DropJob(next(self._ids), drops.keys_on(tier), (tier,), prints=drops.prints_on(tier))
-            self._background.insert(0, job)
+            keys, prints = drops.keys_on(tier), drops.prints_on(tier)
+            self._background.insert(0, DropJob(next(self._ids), keys, (tier,), prints=prints))
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
@@ -226,7 +226,8 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             # Cold blocks are fingerprints here: the workers delete the namespace on the
             # tiers that held some, and their keys are announced from the result.
             forgotten = self.index.take_forgotten()
-            wipe = {t for f in forgotten for t in f.sets} | {CHAIN_TIER for f in forgotten if f.evicted}
+            wipe = {t for f in forgotten for t in f.sets}
+            wipe |= {CHAIN_TIER for f in forgotten if f.evicted}
             wipe -= {Tier.OBJECT, Tier.NODE}  # the fleet's bucket, a sibling's shard: not ours
             if not drop and not wipe:
                 return None

@@ -45,7 +45,14 @@ mod tests {
     use crate::index::EvictionPolicy;
 
     fn loc(i: u64) -> Location {
-        Location { dir: 0, offset: (i + 1) * 8192, stored_len: 4096, raw_len: 4096, seq: i, compressed: false }
+        Location {
+            dir: 0,
+            offset: (i + 1) * 8192,
+            stored_len: 4096,
+            raw_len: 4096,
+            seq: i,
+            compressed: false,
+        }
     }
 
     fn content(i: u64) -> ContentHash {

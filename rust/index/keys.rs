@@ -191,7 +191,9 @@ impl KeyArena {
         let hash = fingerprint_hash(fp);
         let mut found = Vec::new();
         // A probe rebuilds a key only on a tag match of the table's slot (rare past the one).
-        while let Some(id) = self.table.find(hash, |id| !found.contains(&id) && fingerprint(&self.key(id)) == *fp) {
+        while let Some(id) =
+            self.table.find(hash, |id| !found.contains(&id) && fingerprint(&self.key(id)) == *fp)
+        {
             found.push(id);
         }
         found
