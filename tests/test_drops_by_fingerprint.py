@@ -12,11 +12,19 @@ from pathlib import Path
 
 from test_coordinator import _config, _engine, _keys, _ns, _pages
 
-from flexkv_py.coordinator import DropJob, JobResult
+from flexkv_py.coordinator import CacheEngine, DropJob, JobResult
 from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
+
+
+def _store_all(eng: CacheEngine, keys: list[bytes], step: int) -> None:
+    """Store `keys` `step` at a time, then everything owed to the SSD."""
+    for i in range(0, len(keys), step):
+        assert eng.store_pages(keys[i : i + step], _pages(keys[i : i + step])).ok
+    eng.flush()
+    assert eng.flush_write_behind(30.0) == 0
 
 
 def _removed_on_ssd(events: list[KVEvent]) -> set[bytes]:
@@ -54,10 +62,7 @@ def test_a_restart_over_capacity_evicts_by_fingerprint_and_announces_it(tmp_path
     ns = _ns()
     keys = _keys(ns, 30)
     with _engine(_config(tmp_path, 4, 64), ns, 4, free_target=0) as eng:
-        for i in range(0, 30, 3):
-            assert eng.store_pages(keys[i : i + 3], _pages(keys[i : i + 3])).ok
-        eng.flush()
-        assert eng.flush_write_behind(30.0) == 0
+        _store_all(eng, keys, 3)
         stored = set(eng.executor.tiers[Tier.SSD].keys())
     assert len(stored) == 30
     with _engine(_config(tmp_path, 4, 64), ns, 4, free_target=0) as eng:
@@ -82,10 +87,7 @@ def test_a_reset_deletes_the_namespace_on_the_worker_and_announces_its_cold_bloc
     ns = _ns()
     keys = _keys(ns, 20)
     with _engine(_config(tmp_path, 4, 64), ns, 4, free_target=0) as eng:
-        for i in range(0, 20, 4):
-            assert eng.store_pages(keys[i : i + 4], _pages(keys[i : i + 4])).ok
-        eng.flush()
-        assert eng.flush_write_behind(30.0) == 0
+        _store_all(eng, keys, 4)
         ssd = eng.executor.tiers[Tier.SSD]
         on_ssd = set(ssd.keys())
         cold = set(eng.manager.index.cold_keys_among(keys))
@@ -110,10 +112,7 @@ def test_a_fingerprint_clash_on_a_drop_loses_a_copy_never_serves_wrong_kv(tmp_pa
     keys = _keys(ns, 8)
     pages = _pages(keys)
     with _engine(_config(tmp_path, 4, 64), ns, 4, free_target=0) as eng:
-        for i in range(0, 8, 4):
-            assert eng.store_pages(keys[i : i + 4], pages[i : i + 4]).ok
-        eng.flush()
-        assert eng.flush_write_behind(30.0) == 0
+        _store_all(eng, keys, 4)
         index = eng.manager.index
         assert all(index.readable_on(k, Tier.SSD) for k in keys)
         eng.manager.take_events()
