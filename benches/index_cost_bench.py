@@ -6,12 +6,12 @@ block + the worker's Rust store index) and reopening a store of 1 M blocks in <=
 
   plain      the scheduler's cold index as a plain `BlockSet` (24-byte head + 32-byte hash keys):
              `nbytes()` filled at once (a restart's adoption: sized once) and grown 32 keys at a
-             time (stores arriving), plus the 32-byte hash each cold block keeps in the key arena
-             (`ColdBlocks`: full keys for drops and reset).
+             time (stores arriving). No key arena: `ColdBlocks` keeps no full keys (drops go to
+             the worker by fingerprint, a reset deletes by namespace there; RESULTS 22.drops).
   chains     the real configuration: `ColdBlocks` adopting N SSD blocks as one chain each
              N/64 long (`add_on` + `link`), so the SSD set keeps chain links for prefix-aware
-             eviction: the sets' `nbytes()` + the arena's bytes. `rss_per_block`: the process's
-             RSS delta of the same, a check on the counted bytes.
+             eviction: the sets' `nbytes()` (no arena since 22.drops). `rss_per_block`: the
+             process's RSS delta of the same, a check on the counted bytes.
   tier_index `TierIndex` adopting N SSD-only blocks (`set_present(keys, Tier.SSD, True)`):
              tracemalloc delta (Python objects only: the Rust sets are in `chains`).
   store      the Rust `BlockStore` index of N tiny blocks (4-byte distinct payloads, 8 KiB each on
@@ -60,7 +60,7 @@ HEAD = bytes(range(HEAD_LEN))  # namespace prefix (16) + variant (8)
 STORE_TAG = b"\0\0\0\0"  # rank tag in front of every stored key (namespace.SHARD_TAG)
 LOOKUP_SPAN = 8192
 STORE_BATCH = 32  # keys per add_keys when a BlockSet is grown as stores arrive
-HASH_LEN = 32  # bytes of a block hash (sha256): what the key arena keeps per cold block
+HASH_LEN = 32  # bytes of a block hash (sha256)
 CHAINS = 64  # chains the `chains` row's N blocks form
 BLOCK_DISK_BYTES = 8192  # header page + one payload page
 GOAL_BYTES = 100.0
@@ -136,8 +136,8 @@ def bench_blockset(hashes: list[bytes], seconds: float) -> dict[str, float]:
         "grown_nbytes_per_block": grown.nbytes() / n,
         "rss_per_block": (rss1 - rss0) / n,
         "fill_ns_per_key": fill_s / n * 1e9,
-        # The scheduler's plain cold index: the set + each block's hash in the key arena.
-        "per_block": s.nbytes() / n + HASH_LEN,
+        # The scheduler's plain cold index: the set alone (no key arena since 22.drops).
+        "per_block": s.nbytes() / n,
         **lookup_times(lambda q: s.prefix_run(HEAD, q, 0, len(q)), hashes, seconds),
     }
 
@@ -315,7 +315,7 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 
 def report(rows: list[dict[str, Any]], out: Any) -> None:
     p = functools.partial(print, file=out)
-    p("bytes per cached block (scheduler: set + key arena; store: the worker's Rust index)")
+    p("bytes per cached block (scheduler: cold sets, no key arena; store: the worker's Rust index)")
     head: tuple[str, ...] = (
         "blocks",
         "bset.nbytes",

@@ -156,6 +156,13 @@ class BlockStore:
     def block_len(self, key: bytes) -> int | None:
         """Uncompressed length of a stored block, None if absent."""
     def delete(self, key: bytes) -> bool: ...
+    def delete_fingerprints(self, tag: bytes, fingerprints: bytes) -> list[bytes]:
+        """Delete the keys starting with `tag` whose fingerprint (`BlockSet.digest` of the key
+        past its 4-byte rank tag) is in `fingerprints` (8 bytes each, joined); returns them."""
+        ...
+    def delete_prefixed(self, prefixes: Sequence[bytes]) -> list[bytes]:
+        """Delete every key that starts with one of `prefixes`; returns them, coldest first."""
+        ...
     def clear(self) -> int:
         """Delete every key; returns how many were removed."""
     def keys(self) -> list[bytes]: ...

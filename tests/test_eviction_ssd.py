@@ -12,6 +12,7 @@ from test_coordinator import PAGE_BYTES, _config, _engine, _keys, _ns, _pages
 
 from flexkv_py.coordinator import CacheManager, DropJob, JobResult, SpillJob, StoreJob
 from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
+from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.lower_capacity import STORE_PAGE, block_pages, store_capacity_blocks
 from flexkv_py.index.tier_names import Tier
 
@@ -20,14 +21,28 @@ def _manager(tmp_path: Path, host: int, ssd: int) -> CacheManager:
     return CacheManager(_config(tmp_path, host, ssd), _ns(), PAGE_BYTES, num_host_slots=host)
 
 
-def _drain(mgr: CacheManager, drops: list[bytes]) -> None:
+def _resolved(keys: tuple[bytes, ...], prints: bytes, universe: list[bytes]) -> list[bytes]:
+    """The deletes a job carries as a worker resolves them: its keys, and the blocks of
+    `universe` (every key the test stored) that its fingerprints name."""
+    named = {prints[i : i + 8] for i in range(0, len(prints), 8)}
+    assert all(len(p) == 8 for p in named)
+    by_print = {key_digest(k): k for k in universe}
+    assert named <= set(by_print), "a fingerprint names no block the test stored"
+    return [*keys, *(by_print[p] for p in named)]
+
+
+def _drops_of(job: object, universe: list[bytes]) -> list[bytes]:
+    if isinstance(job, DropJob):
+        return _resolved(job.keys, job.prints, universe)
+    drops = job.drop_first  # type: ignore[attr-defined]
+    return _resolved(drops.keys_on(Tier.SSD), drops.prints_on(Tier.SSD), universe)
+
+
+def _drain(mgr: CacheManager, drops: list[bytes], universe: list[bytes]) -> None:
     """Complete every background job as a worker would; collect the deletes they carry."""
     while jobs := mgr.take_jobs():
         for job in jobs:
-            if isinstance(job, DropJob):
-                drops += job.keys
-            else:
-                drops += job.drop_first.get(Tier.SSD, ())
+            drops += _drops_of(job, universe)
             mgr.complete(JobResult(job.job_id, job.kind))
 
 
@@ -36,9 +51,9 @@ def _store(mgr: CacheManager, keys: list[bytes], drops: list[bytes]) -> None:
     for i, key in enumerate(keys):
         job = mgr.prepare_store([key], None, parents=[keys[i - 1] if i else None])
         if job is not None:
-            drops += job.drop_first.get(Tier.SSD, ())
+            drops += _drops_of(job, keys)
             mgr.complete(JobResult(job.job_id, "store"))
-        _drain(mgr, drops)
+        _drain(mgr, drops, keys)
 
 
 def test_capacity_is_the_stores_layout() -> None:
@@ -79,7 +94,8 @@ def test_deletes_travel_with_the_write_that_needs_the_room(tmp_path: Path) -> No
         for j in mgr.take_jobs():
             if isinstance(j, (SpillJob, StoreJob)) and j.drop_first:
                 # The victims are gone from the index before the job is handed out.
-                assert not any(mgr.index.readable_on(k, Tier.SSD) for k in j.drop_first[Tier.SSD])
+                victims = _drops_of(j, keys)
+                assert victims and not any(mgr.index.readable_on(k, Tier.SSD) for k in victims)
             mgr.complete(JobResult(j.job_id, j.kind))
         assert mgr.index.occupancy(Tier.SSD) <= 3
 
@@ -91,7 +107,7 @@ def _adopt(tmp_path: Path, parents: bool) -> tuple[CacheManager, list[bytes], li
     # Head first, as a store's LRU lists a chain it wrote in order: plain LRU evicts the head.
     assert mgr.adopt_ssd_keys([keys], parents=links) == 100
     drops: list[bytes] = []
-    _drain(mgr, drops)
+    _drain(mgr, drops, keys)
     return mgr, keys, drops
 
 
@@ -123,7 +139,8 @@ def test_no_lookup_promises_a_block_the_store_lost(tmp_path: Path) -> None:
                 assert eng.store_pages(keys, pages).ok
                 eng.flush()
                 on_ssd = set(ssd.keys())
-                for k in eng.manager.index.keys():
+                # Every key the index may hold (cold keys are fingerprints, not listable).
+                for k in [k for keys in chains for k in keys]:
                     if eng.manager.index.readable_on(k, Tier.SSD):
                         assert k in on_ssd, (rnd, c)
         stats = eng.stats()["manager"]

@@ -302,29 +302,35 @@ def test_object_tier_runs_through_the_same_transitions() -> None:
     assert idx.take_garbage() == {Tier.SSD: [_k(0)], Tier.OBJECT: [_k(0)]}
 
 
-def test_cold_key_arena_is_compacted_and_lists_each_cold_key_once() -> None:
-    """Cold blocks that warm up and cool again, or leave, leave arena records behind; keys()
-    lists each cold block once, in cooling order, and compaction bounds the records."""
+def test_cold_blocks_keep_no_keys_and_a_reset_keeps_what_it_cleared() -> None:
+    """Cold blocks are fingerprints only: they are recognised among candidates (each once, in
+    the order given), not listed; blocks that warm up and cool again stay recognised once; a
+    reset returns no cold key (the worker deletes by namespace) and keeps the cleared sets,
+    which answer for exactly the blocks that were cold."""
     head = b"H" * 24
     keys = [head + i.to_bytes(32, "big") for i in range(6000)]
     idx = TierIndex(4)
     assert idx.set_present(keys, Tier.SSD, True) == keys
     cold = idx._cold
-    assert cold.keys() == keys and cold._records == 6000
-    used = keys[:3000:2]  # loaded: warm while pinned, cold again (a newer record) after
+    assert cold.keys_among(keys + keys[:5]) == keys and cold.arena_bytes() == 0
+    used = keys[:3000:2]  # loaded: warm while pinned, cold again after
     got = idx.acquire(used[:1])
     assert [g.tier for g in got] == [Tier.SSD] and idx.entry(used[0]) is not None
+    assert used[0] not in cold.keys_among(used[:1])  # warm: an entry, not cold
     idx.unpin(used[:1])
     for key in used[1:]:
         idx.pin([key])
         idx.unpin([key])
     gone = keys[1:3000:2]
     assert idx.set_present(gone, Tier.SSD, False) == gone
-    left = [k for k in keys if k not in set(used) | set(gone)] + used
-    assert cold.keys() == left  # the used ones cooled last
-    assert cold._records <= 1.5 * len(left) + 1  # compacted along the way
+    left = [k for k in keys if k not in set(gone)]
+    assert cold.keys_among(keys) == left and idx.cold_keys_among(gone) == []
     assert idx.lookup(left) == len(left) and idx.lookup(gone[:1]) == 0
-    assert sorted(k for k, _ in idx.reset()) == sorted(left) and not cold.keys()
+    assert idx.reset() == [] and cold.keys_among(keys) == []
+    (forgotten,) = idx.take_forgotten()
+    assert [k for k in keys if forgotten.held(k, Tier.SSD)] == left
+    assert not any(forgotten.held(k, Tier.OBJECT) for k in left)
+    assert idx.take_forgotten() == []
 
 
 def test_concurrent_fill_pin_evict() -> None:
@@ -606,7 +612,14 @@ class TierIndexMachine(RuleBasedStateMachine):
 
     @rule()
     def reset(self) -> None:
+        cold = set(self.idx.cold_keys_among(KEYS))
         removed = {k for k, _ in self.idx.reset()}
+        # Cold blocks are fingerprints: the reset keeps what it cleared (`take_forgotten`)
+        # for the workers' namespace delete to be announced by.
+        forgotten = self.idx.take_forgotten()
+        held = {k for k in KEYS for f in forgotten for t in LOWER_TIERS if f.held(k, t)}
+        assert held == cold and not removed & cold
+        removed |= held
         expect = set()
         for k, e in list(self.m.items()):
             e.stale, e.parent = True, None
@@ -686,7 +699,7 @@ class TierIndexMachine(RuleBasedStateMachine):
             if e.host == "none" and e.pins == 0 and not e.pending and not e.stale and e.lower
             if len(k) > 24
         }
-        assert set(self.idx._cold.keys()) == cold
+        assert set(self.idx._cold.keys_among(KEYS)) == cold  # KEYS: every key the test uses
         assert not cold & set(self.idx._entries)
         for tier in LOWER_TIERS:
             on = {k for k in cold if tier in self.m[k].lower}
@@ -694,7 +707,7 @@ class TierIndexMachine(RuleBasedStateMachine):
 
     @invariant()
     def entries_agree(self) -> None:
-        assert set(self.idx.keys()) == set(self.m)
+        assert set(self.idx.keys()) | set(self.idx.cold_keys_among(KEYS)) == set(self.m)
         for k, e in self.m.items():
             got = self.idx.entry(k)
             assert got is not None

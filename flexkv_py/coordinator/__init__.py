@@ -8,6 +8,7 @@ from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor, JobHand
 from flexkv_py.coordinator.host_side import build_host_side
 from flexkv_py.coordinator.jobs import (
     DropJob,
+    Drops,
     Job,
     JobResult,
     LoadJob,
@@ -22,6 +23,7 @@ __all__ = [
     "CacheEngine",
     "CacheManager",
     "DropJob",
+    "Drops",
     "EngineHandle",
     "ExecutorOptions",
     "Job",

@@ -375,7 +375,8 @@ class CacheEngine:
         drop = self.manager.reset()
         if drop is not None:
             self.executor.submit(drop)
-            self.executor.wait([drop.job_id])
+            for result in self.executor.wait([drop.job_id]):  # the cold blocks it deleted
+                self.manager.complete(result)
 
     def stats(self) -> dict[str, Any]:
         self._pump()

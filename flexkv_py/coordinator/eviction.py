@@ -9,8 +9,11 @@ write is confirmed.
 
 from __future__ import annotations
 
-from flexkv_py.coordinator.jobs import JobResult, LoadJob, SpillJob, StoreJob
+from collections.abc import Mapping, Sequence
+
+from flexkv_py.coordinator.jobs import Drops, JobResult, LoadJob, SpillJob, StoreJob
 from flexkv_py.coordinator.manager_state import ManagerState
+from flexkv_py.index.cold_blocks import DIGEST_LEN
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.tier_names import Tier
 
@@ -63,17 +66,31 @@ class HostEviction(ManagerState):
         self._stats[f"{tier.value}_spill_refused_blocks"] += 1
         return False
 
-    def _take_drops(self) -> dict[Tier, tuple[bytes, ...]]:
+    def _take_drops(self) -> Drops:
         """The lower-tier evictions the index chose since the last call (to make room for
-        writes begun since): the next job deletes them before it writes anything. Announced
-        and counted here."""
-        taken = self.index.take_lower_evictions()
+        writes begun since): the next job deletes them before it writes anything. Counted
+        here; those named by key are announced here, those named by fingerprint (cold blocks)
+        when the job's result names their keys (`_announce_dropped`)."""
+        taken, prints = self.index.take_lower_drops()
         for tier, keys in taken.items():
             for key in keys:
                 self._event("removed", key, tier)
-            self._stats[f"{tier.value}_evicted_blocks"] += len(keys)
-            self._stats[f"{tier.value}_index_evicted_blocks"] += len(keys)
-        return {tier: tuple(keys) for tier, keys in taken.items()}
+        for tier in {*taken, *prints}:
+            n = len(taken.get(tier, ())) + len(prints.get(tier, b"")) // DIGEST_LEN
+            self._stats[f"{tier.value}_evicted_blocks"] += n
+            self._stats[f"{tier.value}_index_evicted_blocks"] += n
+        return Drops({tier: tuple(keys) for tier, keys in taken.items()}, prints)
+
+    def _announce_dropped(self, dropped: Mapping[Tier, Sequence[bytes]]) -> None:
+        """A worker deleted these blocks that the scheduler had named by fingerprint: announce
+        each, unless the index holds it on that tier again (stored anew since; or a
+        fingerprint clash took a block it still holds, which its first load then finds
+        missing and forgets)."""
+        for tier, keys in dropped.items():
+            on = self.index.readable_on
+            gone = [k for k in keys if not on(k, tier)]
+            if gone:
+                self._events_of("removed", gone, tier)
 
     def _drop(self, v: Victim) -> None:
         self.index.finish_evict(v.key)

@@ -190,7 +190,7 @@ class JobExecutor:
         started = time.perf_counter()
         bodies = self._bodies
         if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
-            bodies.delete(job.drop_first)
+            bodies.drop_first(job)
         if isinstance(job, DropJob):
             future: Future[JobResult] = Future()
             future.set_result(self._guard(job, started, lambda: bodies.drop(job, started)))

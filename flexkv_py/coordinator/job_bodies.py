@@ -18,12 +18,14 @@ streamed store's rounds) is in store_write_through.py.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from flexkv_py.coordinator.counters import Counters
+from flexkv_py.coordinator.drop_bodies import DropBodies
 from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.jobs import (
     CORRUPT,
@@ -32,7 +34,6 @@ from flexkv_py.coordinator.jobs import (
     MISSING,
     NOT_FOUND,
     TRANSFER_ERROR,
-    DropJob,
     JobResult,
     LoadJob,
     SpillJob,
@@ -65,7 +66,7 @@ class SlotMemory(Protocol):
     def slot_address(self, slot: int) -> int: ...
 
 
-class JobBodies:
+class JobBodies(DropBodies):
     # Sub-batches of a staged load (staged_load.py); tests make them small.
     read_batch_bytes = READ_BATCH_BYTES
     reads_in_flight = READS_IN_FLIGHT
@@ -86,6 +87,8 @@ class JobBodies:
         self.reads = reads
         self.stats = stats
         self.copies = StoreCopies(transfer, reads, stats)
+        self._dropped: dict[int, dict[Tier, tuple[bytes, ...]]] = {}
+        self._dropped_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lower-tier I/O
     def tier_batch(
@@ -226,15 +229,6 @@ class JobBodies:
             failed.update(dict.fromkeys(skipped, IO_TIMEOUT))
         return failed
 
-    def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
-        """What each tier dropped on its own since the last job asked."""
-        out: dict[Tier, tuple[bytes, ...]] = {}
-        for tier, lower in self.tiers.items():
-            keys = tuple(lower.drain_evicted())
-            if keys:
-                out[tier] = keys
-        return out
-
     # ------------------------------------------------------------------ store
     def store(
         self,
@@ -278,6 +272,7 @@ class JobBodies:
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
+            dropped=self._took(job.job_id),
         )
 
     # ------------------------------------------------------------------ load
@@ -319,6 +314,7 @@ class JobBodies:
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
+            dropped=self._took(job.job_id),
         )
 
     def _stage_round(
@@ -349,14 +345,7 @@ class JobBodies:
             nbytes += (len(staged) - len(tier_failed)) * self.pool.slot_nbytes
         return nbytes
 
-    # ------------------------------------------------------------------ spill / drop
-    def delete(self, drops: Mapping[Tier, Sequence[bytes]]) -> None:
-        """Delete blocks per tier (a DropJob, or a job's `drop_first`: room for its writes)."""
-        for tier, keys in drops.items():
-            lower = self.tiers.get(tier)
-            if lower is not None and keys:
-                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(keys))
-
+    # ------------------------------------------------------------------ spill
     def spill(self, job: SpillJob, started: float) -> JobResult:
         failed = self.tier_batch(job.tier, True, job.keys, job.host_slots, job)
         return JobResult(
@@ -366,10 +355,5 @@ class JobBodies:
             evicted=self.evicted(),
             nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
             seconds=time.perf_counter() - started,
-        )
-
-    def drop(self, job: DropJob, started: float) -> JobResult:
-        self.delete(dict.fromkeys(job.tiers, job.keys))
-        return JobResult(
-            job.job_id, "drop", evicted=self.evicted(), seconds=time.perf_counter() - started
+            dropped=self._took(job.job_id),
         )

@@ -60,6 +60,29 @@ WRITE_NONE: tuple[Tier, ...] = ()
 
 
 @dataclass(frozen=True)
+class Drops:
+    """Lower-tier deletes the index chose to make room, done before any write of the job that
+    carries them. Blocks the scheduler knows by key (`keys`) and cold blocks it knows only by
+    fingerprint (`prints`: per tier, joined 8-byte `BlockSet.digest`s of logical keys; the
+    worker's store resolves them to its keys and the job's result names what it deleted)."""
+
+    keys: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
+    prints: dict[Tier, bytes] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(self.keys.values()) or any(self.prints.values())
+
+    def keys_on(self, tier: Tier) -> tuple[bytes, ...]:
+        return self.keys.get(tier, ())
+
+    def prints_on(self, tier: Tier) -> bytes:
+        return self.prints.get(tier, b"")
+
+
+NO_DROPS = Drops()
+
+
+@dataclass(frozen=True)
 class StoreJob:
     """GPU blocks -> host slots; then host slot -> each tier in `write_tiers[i]` (write-through).
     With `spill_keys`, those blocks are first written from their slots to `spill_tier` (their
@@ -88,7 +111,7 @@ class StoreJob:
     parents: tuple[bytes | None, ...] = ()
     metas: tuple[bytes | None, ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
-    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
+    drop_first: Drops = NO_DROPS
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
@@ -115,7 +138,7 @@ class LoadJob:
     spill_parents: tuple[bytes | None, ...] = ()
     spill_metas: tuple[bytes | None, ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
-    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
+    drop_first: Drops = NO_DROPS
 
     @property
     def all_from_host(self) -> bool:
@@ -142,12 +165,16 @@ class SpillJob:
     # block's whole chain to write its manifests (coordinator/write_behind_object.py).
     chain_links: tuple[tuple[bytes, bytes | None], ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
-    drop_first: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
+    drop_first: Drops = NO_DROPS
 
 
 @dataclass(frozen=True)
 class DropJob:
-    """Delete blocks from lower tiers (reset, copies written after a reset, orphans)."""
+    """Delete blocks from lower tiers (reset, copies written after a reset, orphans, evictions
+    no write took). `prints`: cold blocks named by fingerprint (joined 8-byte digests, as
+    `Drops.prints`), deleted from every tier in `tiers`. `namespace`: also every block of this
+    rank's namespace there (a reset: the scheduler does not know its cold blocks' keys). The
+    result's `dropped` names what the fingerprints and the namespace delete removed."""
 
     job_id: int
     keys: tuple[bytes, ...]
@@ -155,6 +182,8 @@ class DropJob:
     kind: JobKind = "drop"
     gpu_block_ids: None = None
     host_slots: tuple[int, ...] = ()
+    prints: bytes = b""
+    namespace: bool = False
 
 
 Job = StoreJob | LoadJob | SpillJob | DropJob
@@ -198,6 +227,8 @@ class JobResult:
     write_failed: per tier, store write-through copies that were not made (the host copy is
         fine).
     evicted: per tier, logical keys that tier evicted for capacity while the job ran.
+    dropped: per tier, logical keys the job deleted that the scheduler named by fingerprint or
+        by namespace (`Drops.prints`, `DropJob.prints` / `namespace`): it announces them.
     spill_failed: a job's `spill_keys` that did not reach its tier (for SpillJob: `failed`).
     """
 
@@ -210,6 +241,7 @@ class JobResult:
     spill_failed: frozenset[bytes] = frozenset()
     nbytes: int = 0
     seconds: float = 0.0
+    dropped: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -232,7 +264,10 @@ class JobResult:
         failed: dict[bytes, str] = {}
         evicted: dict[Tier, dict[bytes, None]] = {}
         write_failed: dict[Tier, set[bytes]] = {}
+        dropped: dict[Tier, dict[bytes, None]] = {}  # every rank resolves the same blocks
         for r in results:
+            for tier, keys in r.dropped.items():
+                dropped.setdefault(tier, {}).update(dict.fromkeys(keys))
             for k, reason in r.failed.items():
                 failed.setdefault(k, reason)
             for tier, keys in r.evicted.items():
@@ -249,4 +284,5 @@ class JobResult:
             spill_failed=frozenset().union(*(r.spill_failed for r in results)),
             nbytes=sum(r.nbytes for r in results),
             seconds=max(r.seconds for r in results),
+            dropped={t: tuple(k) for t, k in dropped.items()},
         )

@@ -23,6 +23,7 @@ from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
 from flexkv_py.coordinator.object_prefetch import ObjectPrefetch
 from flexkv_py.coordinator.stores import StorePlanner
+from flexkv_py.index.cold_blocks import CHAIN_TIER
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 __all__ = ["CacheManager", "KVEvent"]
@@ -75,16 +76,21 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
     def _drop_evicted(self) -> None:
         """Evictions no write job took (an adoption over capacity): deleted before the rest."""
         drops = self._take_drops()
-        for tier, keys in reversed(drops.items()):
-            self._background.insert(0, DropJob(next(self._ids), keys, (tier,)))
+        for tier in reversed([*dict.fromkeys([*drops.keys, *drops.prints])]):
+            keys, prints = drops.keys_on(tier), drops.prints_on(tier)
+            self._background.insert(0, DropJob(next(self._ids), keys, (tier,), prints=prints))
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
         with self._lock:
             job = self._inflight.pop(result.job_id, None)
+            if result.kind == "drop" and job is None:  # deletes are not tracked in flight
+                self._complete_drop(result)
+                return
             if job is None:
                 logger.warning("result for unknown or finished job %d ignored", result.job_id)
                 return
+            self._announce_dropped(result.dropped)  # cold victims of its `drop_first`
             if isinstance(job, StoreJob):
                 self._complete_chained(job, result)
                 self._complete_store(job, result)
@@ -108,6 +114,18 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             for tier, garbage in self.index.take_garbage().items():
                 self._background.append(DropJob(next(self._ids), tuple(garbage), (tier,)))
             self._keep_reserve()
+
+    def _complete_drop(self, result: JobResult) -> None:
+        """A DropJob's result: announce the blocks it deleted by fingerprint, and of a reset's
+        namespace delete those the index held cold when it was reset."""
+        forgotten = self._reset_forgotten.pop(result.job_id, None)
+        if forgotten is None:
+            self._announce_dropped(result.dropped)
+            return
+        for tier, keys in result.dropped.items():
+            held = [k for k in keys if any(f.held(k, tier) for f in forgotten)]
+            # Newest first, as the reset announces its warm blocks.
+            self._announce_dropped({tier: held[::-1]})
 
     # ------------------------------------------------------------------ inventory / reset
     def adopt_ssd_keys(
@@ -205,10 +223,19 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
                     tiers |= on
                     drop.append(key)
             self._stats["resets"] += 1
-            if not drop:
+            # Cold blocks are fingerprints here: the workers delete the namespace on the
+            # tiers that held some, and their keys are announced from the result.
+            forgotten = self.index.take_forgotten()
+            wipe = {t for f in forgotten for t in f.sets}
+            wipe |= {CHAIN_TIER for f in forgotten if f.evicted}
+            wipe -= {Tier.OBJECT, Tier.NODE}  # the fleet's bucket, a sibling's shard: not ours
+            if not drop and not wipe:
                 return None
-            drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers)
-            return DropJob(next(self._ids), tuple(drop), drop_tiers)
+            drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers | wipe)
+            job = DropJob(next(self._ids), tuple(drop), drop_tiers, namespace=bool(wipe))
+            if wipe:
+                self._reset_forgotten[job.job_id] = forgotten
+            return job
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from flexkv_py.coordinator.jobs import CORRUPT, IO_ERROR, IO_TIMEOUT, NOT_FOUND,
 from flexkv_py.coordinator.kv_events import EventQueue, Kind, KVEvent
 from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
+from flexkv_py.index.cold_blocks import Forgotten
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.lower_capacity import store_capacity_blocks
 from flexkv_py.index.namespace import Namespace
@@ -120,6 +121,8 @@ class ManagerState:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._inflight: dict[int, Job] = {}
+        # A reset's DropJob -> what it cleared of the cold blocks (which deleted keys were ours).
+        self._reset_forgotten: dict[int, list[Forgotten]] = {}
         self._load_plans: dict[int, LoadPlan] = {}
         self._spilling = 0  # slots held by in-flight spills
         self._spill_batch: list[Victim] = []

@@ -7,21 +7,23 @@ block is warm (an `Entry` in the index, lower-tier bits in `Entry.lower`) or col
 both; the index moves a block between the two as it gains or loses a host copy, a pin or a
 pending write.
 
-Full keys. A digest cannot be turned back into a key, but two paths need the keys of cold blocks:
-reset (the worker deletes every copy by key, and KV events carry block hashes) and the listing
-for diagnostics. So each cold block's hash is also appended, once, to a per-head byte arena
-(hash length bytes per block, no per-block object); records of blocks that left are dropped
-lazily: `keys()` filters by the sets, and the arena is compacted when it holds 1.5x the live
-blocks. Worst case ~22 + 48 B per cold block, about 54 B on average (66 B on the chain tier).
+No full keys. A digest cannot be turned back into a key, and nothing here needs one: the
+worker's store resolves a fingerprint to its own keys (its key table is hashed by the same 8
+bytes, rust/index/by_fingerprint.rs). So an eviction hands out fingerprints (`take_evicted`,
+sent in the next job's `Drops`), the worker deletes the keys they name and returns them, and
+the manager announces those (`removed` KV events, one job later than the decision). A reset
+deletes the namespace on the worker; the sets it cleared are kept (`take_forgotten`) until
+that delete reports its keys, so exactly the blocks the index held are announced. A clash
+(~2^-64 per pair) can drop one block too many on the worker: a lost copy, recomputed when a
+load finds it missing, never wrong KV. Keys of cold blocks cannot be listed (`keys_among`
+answers for given candidates).
 
 Capacity eviction is the index's (tier_index.py): it chooses the spill tier's victims here and
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
 block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: its 8-byte
-digest (a clash, ~2^-64 per pair, could only change the eviction order). Evicted
-digests are turned back into full keys (a DropJob needs them) by one scan of the arena in Rust
-per batch of victims (`find_records`).
+digest (a clash, ~2^-64 per pair, could only change the eviction order).
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
@@ -29,37 +31,59 @@ short keys) are never cold: the index keeps them as entries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from flexkv_py._native import BlockSet
 from flexkv_py.index.entry import TIER_BIT
 from flexkv_py.index.head_map import HEAD_LEN
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
-_COMPACT_RATIO = 1.5
-_COMPACT_MIN = 4096
 # The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
 CHAIN_TIER = Tier.SSD
+DIGEST_LEN = 8
 digest_of = BlockSet.digest
 # key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the key's
 # digest itself, so a chain link costs 12 bytes in the set.
 key_digest = BlockSet.parent_name
 
 
+@dataclass
+class Forgotten:
+    """What a reset cleared: the sets of the blocks that were cold, and the fingerprints of
+    evictions not yet sent. It answers which of the keys the worker's namespace delete
+    reports the index held (those are announced), then it is dropped."""
+
+    sets: dict[Tier, BlockSet] = field(default_factory=dict)
+    evicted: frozenset[bytes] = frozenset()
+
+    def held(self, key: bytes, tier: Tier) -> bool:
+        s = self.sets.get(tier)
+        return (s is not None and key in s) or (
+            tier is CHAIN_TIER and bool(self.evicted) and key_digest(key) in self.evicted
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.evicted) or any(len(s) for s in self.sets.values())
+
+
 class ColdBlocks:
     def __init__(self) -> None:
+        # Sets that ever held a block since the last clear: a lookup's miss asks only these
+        # (usually the SSD tier's alone), not every tier.
+        self._live: list[BlockSet] = []
+        self._new_sets()
+        # Joined fingerprints of chain-tier blocks evicted and not yet handed out.
+        self._evicted = bytearray()
+        self._forgotten: list[Forgotten] = []
+
+    def _new_sets(self) -> None:
         self._sets: list[tuple[int, BlockSet]] = [
             (TIER_BIT[t], BlockSet(chains=t is CHAIN_TIER)) for t in LOWER_TIERS
         ]
         self._by_tier = {t: s for t, (_, s) in zip(LOWER_TIERS, self._sets, strict=True)}
         self._chain_bit = TIER_BIT[CHAIN_TIER]
         self._chains = self._by_tier[CHAIN_TIER]
-        # Sets that ever held a block since the last clear: a lookup's miss asks only these
-        # (usually the SSD tier's alone), not every tier.
-        self._live: list[BlockSet] = []
-        # (head, hash length) -> concatenated hashes of blocks that became cold (maybe left).
-        self._arena: dict[tuple[bytes, int], bytearray] = {}
-        self._records = 0
 
     # --- queries
     def mask(self, key: bytes) -> int:
@@ -77,6 +101,11 @@ class ColdBlocks:
 
     def on(self, key: bytes, tier: Tier) -> bool:
         return len(key) > HEAD_LEN and key in self._by_tier[tier]
+
+    def keys_among(self, candidates: Iterable[bytes]) -> list[bytes]:
+        """The candidates that are cold (each once, in the order given): cold keys cannot be
+        listed, only recognised."""
+        return [k for k in dict.fromkeys(candidates) if self.has(k)]
 
     def run(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
         """Index of the first of hashes[start:stop] that no tier holds cold (stop if none)."""
@@ -101,25 +130,8 @@ class ColdBlocks:
         return sum(s.nbytes() for _, s in self._sets)
 
     def arena_bytes(self) -> int:
-        """Bytes of the key arena (Python bytearrays, over-allocation not counted)."""
-        return sum(len(a) for a in self._arena.values())
-
-    def _live_hashes(self, head: bytes, n: int, arena: bytearray) -> list[bytes]:
-        """The arena's hashes whose blocks are still cold, each once (its latest record: the
-        order blocks cooled), found with one present_mask per set, not a call per record."""
-        hashes = [bytes(arena[off : off + n]) for off in range(0, len(arena), n)]
-        masks = [s.present_mask(head, hashes, 0, len(hashes)) for s in self._live]
-        present = masks[0] if len(masks) == 1 else bytes(map(any, zip(*masks, strict=True)))
-        kept = [h for h, p in zip(hashes, present, strict=True) if p] if masks else []
-        return list(reversed(dict.fromkeys(reversed(kept))))
-
-    def keys(self) -> list[bytes]:
-        """Every cold key (each once), in the order the blocks became cold."""
-        return [
-            head + h
-            for (head, n), arena in self._arena.items()
-            for h in self._live_hashes(head, n, arena)
-        ]
+        """Bytes of full keys kept for cold blocks: none (the worker resolves fingerprints)."""
+        return 0
 
     # --- changes
     def add(self, key: bytes, mask: int, up: bytes | None = None, kids: int = 0) -> bool:
@@ -133,8 +145,6 @@ class ColdBlocks:
                 else:
                     s.add_key(key)
                 self._mark_live(s)
-        self._record(key)
-        self._maybe_compact()
         return bool(mask & self._chain_bit)
 
     def touch(self, key: bytes) -> bool:
@@ -168,23 +178,21 @@ class ColdBlocks:
         """Chain links between cold blocks of the chain tier (a restart's adoption)."""
         return self._chains.link_keys(children, parents)
 
-    def evict(self, n: int) -> tuple[list[bytes], list[bytes]]:
+    def evict(self, n: int) -> tuple[int, list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
-        (a parent whose last cold child went is a tail at once). Returns the evicted keys and
-        the parent names of theirs that are not in the set (warm: the caller's counts).
-        Blocks also cold on another tier stay there."""
+        (a parent whose last cold child went is a tail at once). Their fingerprints wait for
+        `take_evicted`. Returns how many were evicted and the parent names of theirs that are
+        not in the set (warm: the caller's counts). Blocks also cold on another tier stay
+        there."""
         popped = self._chains.pop_tails(n)
-        if not popped:
-            return [], []
-        digests = [d for d, _ in popped]
-        ups = [u for _, u in popped if u is not None]
-        keys: list[bytes] = []
-        for (head, hlen), arena in self._arena.items():
-            found = BlockSet.find_records(head, bytes(arena), hlen, digests)
-            keys.extend(head + bytes(arena[i * hlen : (i + 1) * hlen]) for i in found)
-        keys = list(dict.fromkeys(keys))
-        self._maybe_compact()
-        return keys, ups
+        for d, _ in popped:
+            self._evicted += d
+        return len(popped), [u for _, u in popped if u is not None]
+
+    def take_evicted(self) -> bytes:
+        """The joined 8-byte fingerprints of the chain tier's evictions since the last call."""
+        out, self._evicted = bytes(self._evicted), bytearray()
+        return out
 
     def add_on(self, keys: list[bytes], tier: Tier) -> list[bytes]:
         """Mark keys cold on `tier` (none of them warm, all longer than a head); returns those
@@ -192,8 +200,7 @@ class ColdBlocks:
         per head, not per key."""
         s = self._by_tier[tier]
         self._mark_live(s)
-        others = [o for o in self._live if o is not s]
-        if not others and not len(s):
+        if not len(s):
             return self._add_to_empty(s, keys)
         groups: dict[bytes, list[bytes]] = {}
         for key in dict.fromkeys(keys):
@@ -205,49 +212,17 @@ class ColdBlocks:
         changed: list[bytes] = []
         for head, group in groups.items():
             hashes = [k[HEAD_LEN:] for k in group]
-            n = len(hashes)
-            before = s.present_mask(head, hashes, 0, n)
-            elsewhere = bytearray(n)
-            for o in others:
-                elsewhere = bytearray(
-                    a | b
-                    for a, b in zip(elsewhere, o.present_mask(head, hashes, 0, n), strict=True)
-                )
+            before = s.present_mask(head, hashes, 0, len(hashes))
             s.add_keys(group)
-            new = [i for i, was in enumerate(before) if not was]
-            changed.extend(group[i] for i in new)
-            self._record_hashes(head, [hashes[i] for i in new if not elsewhere[i]])
-        self._maybe_compact()
+            changed.extend(k for k, was in zip(group, before, strict=True) if not was)
         return changed
 
     def _add_to_empty(self, s: BlockSet, keys: list[bytes]) -> list[bytes]:
-        """`add_on` when no set holds a block (a restart's adoption): every distinct key is new,
-        so one batch call adds them and their hashes go to the arena in one join per head."""
+        """`add_on` to an empty set (a restart's adoption): every distinct key is new, so one
+        batch call adds them."""
         s.reserve(len(keys))  # one allocation, no regrowth while millions go in
         if s.add_keys(keys) != len(keys):
             keys = list(dict.fromkeys(keys))  # duplicates given (all new all the same)
-        if not keys:
-            return keys
-        head = keys[0][:HEAD_LEN]
-        stride = len(keys[0])
-        n, count = stride - HEAD_LEN, len(keys)
-        blob = b"".join(keys)
-        # One head, one hash length (the usual restart): checked and split by strided slices
-        # of the joined keys, a few C-level passes instead of a Python step per key.
-        if len(blob) == stride * count and all(
-            blob[j::stride] == head[j : j + 1] * count for j in range(HEAD_LEN)
-        ):
-            hashes = bytearray(n * count)
-            for j in range(n):
-                hashes[j::n] = blob[HEAD_LEN + j :: stride]
-            arena = self._arena.get((head, n))
-            if arena is None:
-                arena = self._arena[(head, n)] = bytearray()
-            arena += hashes
-            self._records += count
-        else:
-            for key in keys:
-                self._record(key)
         return keys
 
     def discard_on(self, key: bytes, tier: Tier) -> tuple[bool, bytes | None]:
@@ -257,12 +232,8 @@ class ColdBlocks:
         s = self._by_tier[tier]
         if s is self._chains:
             got = s.take_chained(key)
-            gone, up = got is not None, None if got is None else got[0]
-        else:
-            gone, up = s.discard_key(key), None
-        if gone:
-            self._maybe_compact()
-        return gone, up
+            return got is not None, None if got is None else got[0]
+        return s.discard_key(key), None
 
     def take(self, key: bytes) -> tuple[int, bytes | None, int]:
         """Remove `key` from every set (it becomes warm): (the mask it had, its parent's
@@ -286,46 +257,27 @@ class ColdBlocks:
         return self._live
 
     def clear(self) -> None:
+        """Forget every cold block (a reset). The cleared sets and unsent evictions are kept
+        for `take_forgotten`: the worker deletes by namespace and reports keys, and these say
+        which of them the index held."""
+        gone = Forgotten(
+            {t: s for t, s in self._by_tier.items() if len(s)},
+            frozenset(self._split(self.take_evicted())),
+        )
+        if gone:
+            self._forgotten.append(gone)
         self._live.clear()
-        for _, s in self._sets:
-            s.clear()
-        self._arena.clear()
-        self._records = 0
+        self._new_sets()
+
+    def take_forgotten(self) -> list[Forgotten]:
+        """What the resets since the last call cleared (see `clear`)."""
+        out, self._forgotten = self._forgotten, []
+        return out
+
+    @staticmethod
+    def _split(joined: bytes) -> list[bytes]:
+        return [joined[i : i + DIGEST_LEN] for i in range(0, len(joined), DIGEST_LEN)]
 
     def _mark_live(self, s: BlockSet) -> None:
         if s not in self._live:
             self._live.append(s)
-
-    def _record(self, key: bytes) -> None:
-        head, h = key[:HEAD_LEN], key[HEAD_LEN:]
-        arena = self._arena.get((head, len(h)))
-        if arena is None:
-            arena = self._arena[(head, len(h))] = bytearray()
-        arena += h
-        self._records += 1
-
-    def _record_hashes(self, head: bytes, hashes: list[bytes]) -> None:
-        by_len: dict[int, list[bytes]] = {}
-        for h in hashes:
-            by_len.setdefault(len(h), []).append(h)
-        for n, same in by_len.items():
-            arena = self._arena.get((head, n))
-            if arena is None:
-                arena = self._arena[(head, n)] = bytearray()
-            arena += b"".join(same)
-            self._records += len(same)
-
-    def _maybe_compact(self) -> None:
-        if self._records <= _COMPACT_MIN:
-            return
-        live = sum(len(s) for _, s in self._sets)
-        if self._records <= _COMPACT_RATIO * live:
-            return
-        self._records = 0
-        for group, arena in list(self._arena.items()):
-            still = self._live_hashes(group[0], group[1], arena)
-            if still:
-                self._arena[group] = bytearray(b"".join(still))
-                self._records += len(still)
-            else:
-                del self._arena[group]

@@ -34,8 +34,8 @@ from flexkv_py.index.head_map import HEAD_LEN
 from flexkv_py.index.index_reads import IndexReads
 from flexkv_py.index.tier_names import Tier
 
-# A full tier evicts at least 1/EVICT_BATCH of its capacity at once: evicted digests become keys
-# by one scan of the cold keys per batch, so a batch must be large for the scan to amortize.
+# A full tier evicts at least 1/EVICT_BATCH of its capacity at once: one drop per batch of
+# victims, not one per write.
 EVICT_BATCH = 256
 
 ColdState = tuple[int, bytes | None, int]  # ColdBlocks.take: mask, parent name, kids
@@ -104,8 +104,9 @@ class IndexCore(IndexReads):
         write-through): it only takes free room, since making room would drop a block that
         lives nowhere else for a second copy. Otherwise (a block leaving host) victims are,
         first, the lower copies of idle blocks that stay in host, newest first (they stay
-        there longest); then cold chain tails. The victims' keys wait in `_lower_evicted` for
-        the manager to send their deletes."""
+        there longest); then cold chain tails. The victims wait for the manager to send their
+        deletes: copies by key in `_lower_evicted`, cold tails by fingerprint in the cold
+        blocks (`take_lower_drops`)."""
         cap = self._capacity.get(tier)
         if cap is None:
             return True
@@ -132,10 +133,11 @@ class IndexCore(IndexReads):
             self._refresh(key, e)  # only a host copy now: chain rules apply to it again
         over -= len(copies)
         if over > 0 and tier is CHAIN_TIER:
-            keys, ups = self._cold.evict(max(over, cap // EVICT_BATCH))
+            # Cold victims leave as fingerprints (`ColdBlocks.take_evicted`): the worker
+            # resolves them to its keys.
+            _, ups = self._cold.evict(max(over, cap // EVICT_BATCH))
             for up in ups:
                 self._kid_dropped(up)
-            evicted += keys
             over = self._warm_on[tier] + self._cold.count(tier) + need - cap
         return over <= 0
 

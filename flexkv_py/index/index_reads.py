@@ -186,9 +186,10 @@ class IndexReads:
             return e.hits if e is not None else self._ghost.get(key, 0)
 
     def keys(self) -> list[bytes]:
-        """Every key the index holds, warm and cold (slow: for tests and diagnostics)."""
+        """Every warm key (slow: for tests and diagnostics). Cold blocks are fingerprints, not
+        listable: `cold_keys_among` recognises them."""
         with self._lock:
-            return list(self._entries) + self._cold.keys()
+            return list(self._entries)
 
     def __len__(self) -> int:
         return len(self.keys())

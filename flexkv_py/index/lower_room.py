@@ -5,8 +5,9 @@ rest of the transitions. Every method takes the one lock."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
 from flexkv_py.index.index_core import IndexCore
 from flexkv_py.index.tier_names import Tier
 
@@ -56,9 +57,30 @@ class LowerRoom(IndexCore):
             self._make_room(tier, 0)
 
     def take_lower_evictions(self) -> dict[Tier, list[bytes]]:
-        """Per lower tier, the blocks the index evicted since the last call: gone from the
-        index already, their deletes must reach the tier before any write that needs the room
-        (the manager sends them first in the next job)."""
+        """Per lower tier, the blocks the index evicted by key since the last call: gone from
+        the index already, their deletes must reach the tier before any write that needs the
+        room (the manager sends them first in the next job). Cold victims: `take_lower_drops`."""
         with self._lock:
             out, self._lower_evicted = self._lower_evicted, {}
             return {t: keys for t, keys in out.items() if keys}
+
+    def take_lower_drops(self) -> tuple[dict[Tier, list[bytes]], dict[Tier, bytes]]:
+        """Every lower-tier eviction since the last call: (keys per tier, as
+        `take_lower_evictions`; joined 8-byte fingerprints per tier of the cold blocks evicted,
+        which the worker resolves to its keys)."""
+        with self._lock:  # not re-entrant: both taken under one hold
+            prints = self._cold.take_evicted()
+            out, self._lower_evicted = self._lower_evicted, {}
+            keys = {t: keys for t, keys in out.items() if keys}
+            return keys, ({CHAIN_TIER: prints} if prints else {})
+
+    def take_forgotten(self) -> list[Forgotten]:
+        """What the resets since the last call cleared of the cold blocks (`Forgotten`): which
+        of the keys a worker's namespace delete reports the index held."""
+        with self._lock:
+            return self._cold.take_forgotten()
+
+    def cold_keys_among(self, candidates: Iterable[bytes]) -> list[bytes]:
+        """The candidates the index holds cold (cold keys are fingerprints: not listable)."""
+        with self._lock:
+            return self._cold.keys_among(candidates)

@@ -312,12 +312,14 @@ class TierIndex(HostFills):
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
-        """Forget every key. Idle ones are removed now (returned, so their lower-tier copies can
-        be deleted); ones in use turn stale (never readable) and are cleaned as their jobs end."""
+        """Forget every key. Idle warm ones are removed now (returned, so their lower-tier copies
+        can be deleted; cold ones: `take_forgotten`); ones in use turn stale (never readable)
+        and are cleaned as their jobs end."""
         with self._lock:
-            cold = self._cold
-            removed = [(k, Entry(lower=cold.mask(k))) for k in cold.keys()]
-            cold.clear()
+            # Cold blocks are fingerprints: the worker deletes them by namespace, and the
+            # cleared sets say which keys it reports were ours (`take_forgotten`).
+            removed: list[tuple[bytes, Entry]] = []
+            self._cold.clear()
             self._children.clear()
             self._kids.clear()
             self._lower_evicted.clear()

@@ -105,6 +105,20 @@ class SsdTier:
         sk = self.namespace.storage_key
         return sum(self.store.delete(sk(k)) for k in keys)
 
+    def delete_fingerprints(self, joined: bytes) -> list[bytes]:
+        """Delete the blocks the scheduler names by fingerprint (joined 8-byte `BlockSet.digest`s
+        of logical keys: it keeps no full keys of cold blocks); returns their logical keys. The
+        store's key table is hashed by the same digest of the key past its rank tag, so every
+        rank resolves the scheduler's fingerprints to its own keys (rust/index/
+        by_fingerprint.rs). A clash deletes one block more: a lost copy, never a wrong one."""
+        return self._logical(self.store.delete_fingerprints(self.namespace.shard_tag, joined))
+
+    def delete_namespace(self) -> list[bytes]:
+        """Delete every block of this rank's namespace, every KV cache group (a reset);
+        returns their logical keys, oldest first."""
+        tag = self.namespace.shard_tag
+        return self._logical(self.store.delete_prefixed([tag + p for p in self.namespace.prefixes]))
+
     def drain_evicted(self) -> list[bytes]:
         """Logical keys the store dropped for capacity since the last call."""
         return self._logical(self.store.drain_evicted())

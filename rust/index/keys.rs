@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use super::arena::{Interned, NIL};
+use super::block_set::{digest, Digest};
 use super::probe::IdTable;
 
 /// Bytes of the interned head: rank tag (4) + namespace prefix (16) + variant (8).
@@ -64,8 +65,22 @@ const UNLINKED: Link = Link { prev: NIL, next: NIL };
 const EMPTY: KeyRecord =
     KeyRecord { tail: [0; TAIL_MAX], content: NIL, parent: NIL, head: 0, tail_len: 0, parent_tag: 0 };
 
+/// Bytes of the rank tag in front of a stored key (`Namespace.storage_key`).
+pub const TAG_LEN: usize = 4;
+
+/// A stored key's fingerprint as the scheduler names the block (`BlockSet.digest`): the first 8
+/// bytes of xxh3-128 of the key past its rank tag, so every rank's copy has the same one. The
+/// table is hashed by it, so the worker resolves a scheduler's fingerprint (by_fingerprint.rs).
+pub fn fingerprint(key: &[u8]) -> Digest {
+    digest(&key[TAG_LEN.min(key.len())..], &[])
+}
+
+fn fingerprint_hash(fp: &Digest) -> u32 {
+    u32::from_le_bytes([fp[0], fp[1], fp[2], fp[3]])
+}
+
 fn hash_key(key: &[u8]) -> u32 {
-    xxhash_rust::xxh3::xxh3_64(key) as u32
+    fingerprint_hash(&fingerprint(key))
 }
 
 fn hash_parts(
@@ -188,6 +203,19 @@ impl KeyArena {
 
     pub fn content(&self, id: u32) -> u32 {
         self.records[id as usize].content
+    }
+
+    /// Ids of the keys whose `fingerprint` is `fp`: usually one, more only on a clash.
+    pub fn find_by_fingerprint(&self, fp: &Digest) -> Vec<u32> {
+        let hash = fingerprint_hash(fp);
+        let mut found = Vec::new();
+        // A probe rebuilds a key only on a tag match of the table's slot (rare past the one).
+        while let Some(id) =
+            self.table.find(hash, |id| !found.contains(&id) && fingerprint(&self.key(id)) == *fp)
+        {
+            found.push(id);
+        }
+        found
     }
 
     /// Link `id` to its chain parent `parent` (a live id) or to none.

@@ -10,6 +10,7 @@
 pub mod admission;
 mod arena;
 pub mod block_set;
+mod by_fingerprint;
 mod contents;
 mod keys;
 mod probe;

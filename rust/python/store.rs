@@ -12,6 +12,7 @@ use super::stats::stats_dict;
 use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::hashing::HashAlgo;
+use crate::index::block_set::Digest;
 use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
@@ -246,6 +247,31 @@ impl PyBlockStore {
     fn delete(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
         let tier = self.tier.clone();
         py.detach(move || tier.delete_many(&[key])).map(|n| n == 1).map_err(to_py)
+    }
+
+    /// Delete the keys that start with `tag` whose fingerprint (`BlockSet.digest` of the key
+    /// past its 4-byte rank tag) is in `fingerprints` (8 bytes each, joined); returns them.
+    fn delete_fingerprints<'py>(
+        &self,
+        py: Python<'py>,
+        tag: Vec<u8>,
+        fingerprints: Vec<u8>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if fingerprints.len() % 8 != 0 {
+            let n = fingerprints.len();
+            return Err(to_py(StoreError::Config(format!("fingerprints: {n} bytes, not 8 per block"))));
+        }
+        let fps: Vec<Digest> = fingerprints.chunks_exact(8).filter_map(|c| c.try_into().ok()).collect();
+        let store = self.store.clone();
+        let keys = py.detach(move || store.delete_by_fingerprint(&tag, &fps)).map_err(to_py)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// Delete every key that starts with one of `prefixes`; returns them, coldest first.
+    fn delete_prefixed<'py>(&self, py: Python<'py>, prefixes: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store.clone();
+        let keys = py.detach(move || store.delete_with_prefix(&prefixes)).map_err(to_py)?;
+        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
     fn clear(&self, py: Python<'_>) -> PyResult<usize> {

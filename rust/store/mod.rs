@@ -7,6 +7,7 @@ pub mod config;
 pub mod journal_file;
 pub mod stats;
 
+mod by_fingerprint;
 mod executor;
 mod follow;
 mod get;

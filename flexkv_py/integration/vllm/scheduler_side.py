@@ -308,8 +308,7 @@ class SchedulerSide:
         if self._hybrid is not None:
             self._hybrid.fence.done(job_id)
         merged = JobResult.merge(info.results)
-        if info.kind != "drop":  # deletes are fire-and-forget for the manager
-            self._mgr.complete(merged)
+        self._mgr.complete(merged)  # deletes too: they name the keys they resolved (events)
         if info.kind == "load" and info.req_id is not None:  # not a background prefetch
             self._loading_keys.release(info.keys)
         if info.req_id is None:

@@ -1,0 +1,91 @@
+"""The worker's deletes: a DropJob, and a job's `drop_first` (room for its writes), run on this
+rank tier by tier.
+
+The scheduler names blocks by key where it knows the key (warm blocks, orphans, garbage after a
+reset) and by fingerprint where it does not (cold blocks: flexkv_py/index/cold_blocks.py keeps
+only 8-byte digests). A tier that resolves fingerprints (the SSD store, whose key table is
+hashed by them: tiers/ssd_tier.py `delete_fingerprints`) deletes the keys they name; a reset
+deletes the rank's whole namespace there (`delete_namespace`). Either way the logical keys
+deleted go back in the job's result (`JobResult.dropped`), and the manager announces them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from flexkv_py.coordinator.counters import Counters
+from flexkv_py.coordinator.jobs import DropJob, JobResult, LoadJob, SpillJob, StoreJob
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.protocol import LowerTier
+
+
+class DropBodies:
+    tiers: Mapping[Tier, LowerTier]
+    stats: Counters
+    # Job id -> what its `drop_first` deleted by fingerprint (run in the submitting thread,
+    # reported by the job's thread).
+    _dropped: dict[int, dict[Tier, tuple[bytes, ...]]]
+    _dropped_lock: threading.Lock
+
+    def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
+        """What each tier dropped on its own since the last job asked."""
+        out: dict[Tier, tuple[bytes, ...]] = {}
+        for tier, lower in self.tiers.items():
+            keys = tuple(lower.drain_evicted())
+            if keys:
+                out[tier] = keys
+        return out
+
+    def delete(self, drops: Mapping[Tier, Sequence[bytes]]) -> None:
+        """Delete blocks per tier by key (a DropJob's keys, a job's `drop_first.keys`)."""
+        for tier, keys in drops.items():
+            lower = self.tiers.get(tier)
+            if lower is not None and keys:
+                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(keys))
+
+    def drop_first(self, job: StoreJob | LoadJob | SpillJob) -> None:
+        """A job's `drop_first` (room for its writes), run before the job: by key, then by
+        fingerprint; what the fingerprints resolved to goes into the job's result."""
+        self.delete(job.drop_first.keys)
+        dropped = self._delete_prints(job.drop_first.prints)
+        if dropped:
+            with self._dropped_lock:
+                self._dropped[job.job_id] = dropped
+
+    def _delete_prints(self, prints: Mapping[Tier, bytes]) -> dict[Tier, tuple[bytes, ...]]:
+        """Delete the blocks named by fingerprint per tier (joined 8-byte digests) on the tiers
+        that resolve them (tiers/ssd_tier.py); the logical keys deleted, per tier."""
+        out: dict[Tier, tuple[bytes, ...]] = {}
+        for tier, joined in prints.items():
+            delete = getattr(self.tiers.get(tier), "delete_fingerprints", None)
+            if delete is not None and joined:
+                keys = tuple(delete(joined))
+                self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
+                if keys:
+                    out[tier] = keys
+        return out
+
+    def _took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
+        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it)."""
+        with self._dropped_lock:
+            return self._dropped.pop(job_id, {})
+
+    def drop(self, job: DropJob, started: float) -> JobResult:
+        self.delete(dict.fromkeys(job.tiers, job.keys))
+        dropped = self._delete_prints(dict.fromkeys(job.tiers, job.prints))
+        if job.namespace:  # a reset: every block of this rank's namespace there
+            for tier in job.tiers:
+                delete = getattr(self.tiers.get(tier), "delete_namespace", None)
+                if delete is not None:
+                    keys = tuple(delete())
+                    self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
+                    dropped[tier] = dropped.get(tier, ()) + keys
+        return JobResult(
+            job.job_id,
+            "drop",
+            evicted=self.evicted(),
+            seconds=time.perf_counter() - started,
+            dropped=dropped,
+        )
