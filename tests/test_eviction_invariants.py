@@ -84,3 +84,16 @@ class HostAndSsd(RuleBasedStateMachine):
 
 HostAndSsd.TestCase.settings = settings(max_examples=20, stateful_step_count=30, deadline=None)
 TestHostAndSsd = HostAndSsd.TestCase
+
+
+def test_a_host_only_load_needs_a_slot_per_lower_tier_block_and_gets_them_in_rounds() -> None:
+    """A lookup promises lower-tier blocks counting one staging slot between them (a GPU load
+    streams through it); a host-only load reads every slot after its job, so with fewer free
+    slots than SSD blocks it loads them in several jobs, and none fails (Hypothesis found it)."""
+    machine = HostAndSsd()
+    try:
+        machine.store(0, 8)
+        machine.load(0, 4)
+        machine.load(0, 12)
+    finally:
+        machine.teardown()

@@ -325,22 +325,27 @@ class CacheEngine:
         return BlockOutcome(tuple(statuses), tuple(tiers))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:
-        """Host-only load: each block's slot bytes, or None if it could not be loaded."""
+        """Host-only load: each block's slot bytes, or None if it could not be loaded. Lower-tier
+        blocks each need a host slot here (nothing streams): fewer free ones than blocks load in
+        several jobs, each read before the next."""
         self._pump()
-        job = self.manager.prepare_load(keys, None)
-        if job is None:
-            return []
-        handle = self.executor.submit(job)
-        result = handle.wait(timeout)
-        tensor = self.pool.tensor  # type: ignore[attr-defined]
-        # Read while the blocks are still pinned (complete releases them).
-        out: list[bytes | None] = [
-            None if k in result.failed else tensor[s].numpy().tobytes()
-            for k, s in zip(job.keys, job.host_slots, strict=True)
-        ]
-        if self.executor.wait([job.job_id]):
-            self.manager.complete(result)
-        self._pump()
+        out: list[bytes | None] = []
+        rest = list(keys)
+        while rest:
+            job = self.manager.prepare_load(rest, None, in_rounds=True)
+            if job is None:
+                return out + [None] * len(rest) if out else []
+            result = self.executor.submit(job).wait(timeout)
+            tensor = self.pool.tensor  # type: ignore[attr-defined]
+            # Read while the blocks are still pinned (complete releases them).
+            out += [
+                None if k in result.failed else tensor[s].numpy().tobytes()
+                for k, s in zip(job.keys, job.host_slots, strict=True)
+            ]
+            if self.executor.wait([job.job_id]):
+                self.manager.complete(result)
+            self._pump()
+            rest = rest[len(job.keys) :]
         return out
 
     def flush(self) -> None:

@@ -18,11 +18,17 @@ from flexkv_py.index.tier_names import Tier
 
 class LoadPlanner(HostEviction):
     def prepare_load(
-        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        *,
+        in_rounds: bool = False,
     ) -> LoadJob | None:
         """A job loading `keys` into `gpu_block_ids`. Blocks are pinned until `complete`. A block
         that is no longer cached (or has no host slot to stage through) is in the job with
-        source None so the worker reports it failed; None only for an empty request."""
+        source None so the worker reports it failed; None only for an empty request.
+        `in_rounds` (a host-only load whose caller loads the rest later): the job may carry
+        only a prefix of `keys`, ending before a lower-tier block with no slot of its own."""
         if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
         if not keys:
@@ -31,7 +37,8 @@ class LoadPlanner(HostEviction):
             job = self._host_load(keys, gpu_block_ids)
             if job is not None:
                 return job
-            return self._plan_load(keys, gpu_block_ids, self.index.acquire(keys, count_hits=True))
+            acquired = self.index.acquire(keys, count_hits=True)
+            return self._plan_load(keys, gpu_block_ids, acquired, in_rounds=in_rounds)
 
     def prepare_load_part(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None, end: int
@@ -73,6 +80,8 @@ class LoadPlanner(HostEviction):
         keys: Sequence[bytes],
         gpu_block_ids: Sequence[int] | None,
         acquired: list[Located],
+        *,
+        in_rounds: bool = False,
     ) -> LoadJob:
         """The job of `prepare_load` once its leading blocks are pinned (`acquired`, lock
         held)."""
@@ -92,6 +101,15 @@ class LoadPlanner(HostEviction):
             n_lower = sum(t.tier is not host for t in acquired)
             chained: list[Victim] = []
             staging = self._take_slots(n_lower, chained) if n_lower else []
+            if in_rounds and gpu_block_ids is None and 0 < len(staging) < n_lower:
+                # Host-only: its caller reads every slot after the job, so a lower-tier block
+                # needs a slot of its own. The job ends before the first one without; the
+                # caller loads the rest in a later job (`CacheEngine.load_pages`). A lookup
+                # promised them counting one shared staging slot, as a GPU load streams.
+                lower = [i for i, t in enumerate(acquired) if t.tier is not host]
+                cut = lower[len(staging)]
+                self.index.unpin(list(keys[cut : len(acquired)]))
+                keys, acquired, n_lower = keys[:cut], acquired[:cut], len(staging)
             # Fewer staging slots than lower-tier blocks: the load streams through them in
             # rounds (job_bodies.py), lower-tier block j in slot j mod n; only each slot's
             # last block stays in host (promoted).

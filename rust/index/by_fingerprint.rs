@@ -40,8 +40,7 @@ mod tests {
     use super::super::block_set::digest;
     use super::super::keys::fingerprint;
     use super::*;
-    use crate::format::journal::Location;
-    use crate::hashing::ContentHash;
+    use crate::format::journal::{ContentTag, Location};
     use crate::index::EvictionPolicy;
 
     fn loc(i: u64) -> Location {
@@ -55,10 +54,8 @@ mod tests {
         }
     }
 
-    fn content(i: u64) -> ContentHash {
-        let mut h = [0u8; 16];
-        h[..8].copy_from_slice(&i.to_le_bytes());
-        h
+    fn content(i: u64) -> ContentTag {
+        i + 1
     }
 
     /// A stored key: rank tag + head (prefix + variant) + block hash.
