@@ -127,8 +127,12 @@ def test_b_follows_what_a_stores_and_evicts_after_b_started(
         held = set(a_ssd.keys())
         return set(b_node.keys()) == held and side_stats(b)["index_on_node"] == len(held)
 
+    before = set(a_ssd.keys())
     compute(a, "A3", big, 16)  # A's full SSD evicts blocks for big's
     assert side_stats(a)["ssd_evicted_blocks"] >= 1
+    # The index decides an eviction at once; A's store deletes it in a later job: wait for
+    # that, or B could "track" A's store before it changed.
+    a.run_until(lambda: not before <= set(a_ssd.keys()), timeout_s=30)
     b.run_until(b_tracks_a, timeout_s=30)
     # B stopped offering A's evicted blocks: forgotten when A's removals reached the scheduler,
     # or already evicted by the node tier's own capacity when A's new blocks were reported
