@@ -5,10 +5,13 @@ Phases (N scattered blocks of a Qwen3-8B-like cache, LBNHC, 2.25 MiB per block):
   store      GPU -> host (write-through to SSD)     vs  contiguous pinned D2H memcpy
   load_host  host -> GPU                            vs  contiguous pinned H2D memcpy
   load_ssd   SSD -> host -> GPU, after a restart    vs  raw sequential O_DIRECT read, same disk
-Every loaded block is checked bit-exact against what was stored. Prints GB/s and ratios;
-`--json` ends with one JSON line. Without CUDA it runs on CPU tensors with small sizes.
+Every loaded block is checked bit-exact against what was stored. Each phase runs --reps times
+(default 5 on CUDA), each run paired with its baseline measured right before it, so drift of the
+machine (clocks, a neighbour) moves both sides of one ratio; the ratio printed is the median of
+the paired ratios, with their range. `--json` ends with one JSON line. Without CUDA it runs on CPU
+tensors with small sizes.
 
-    python3 benches/tier_bench.py [--blocks 2000] [--json] [--ssd-dir DIR] [--quick]
+    python3 benches/tier_bench.py [--blocks 2000] [--reps 5] [--json] [--ssd-dir DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -43,40 +47,70 @@ def sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def memcpy_ceiling(nbytes: int, cuda: bool) -> tuple[float, float]:
-    """Seconds for one contiguous pinned D2H and H2D copy of nbytes."""
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
-    out = []
-    for src, dst in ((dev, host), (host, dev)):
-        dst.copy_(src, non_blocking=True)  # warm-up
+class MemcpyCeiling:
+    """One contiguous pinned D2H and H2D copy of nbytes, timed on demand (buffers made once)."""
+
+    def __init__(self, nbytes: int, cuda: bool) -> None:
+        self.cuda = cuda
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+        for src, dst in ((self.dev, self.host), (self.host, self.dev)):
+            dst.copy_(src, non_blocking=True)  # warm-up
         sync(cuda)
+
+    def _seconds(self, src: torch.Tensor, dst: torch.Tensor) -> float:
+        sync(self.cuda)
         t0 = time.perf_counter()
         dst.copy_(src, non_blocking=True)
-        sync(cuda)
-        out.append(time.perf_counter() - t0)
-    return out[0], out[1]
+        sync(self.cuda)
+        return time.perf_counter() - t0
+
+    def d2h(self) -> float:
+        return self._seconds(self.dev, self.host)
+
+    def h2d(self) -> float:
+        return self._seconds(self.host, self.dev)
+
+
+class RawDisk:
+    """nbytes written once with O_DIRECT, then read back sequentially on demand."""
+
+    def __init__(self, directory: Path, nbytes: int) -> None:
+        import mmap
+
+        self.nbytes = nbytes
+        self.path = directory / "raw-read.dat"
+        self.buf = mmap.mmap(-1, RAW_CHUNK)
+        self.buf.write(os.urandom(RAW_CHUNK))
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        for off in range(0, nbytes, RAW_CHUNK):
+            os.pwrite(self.fd, self.buf, off)
+        os.fsync(self.fd)
+
+    def read_seconds(self) -> float:
+        t0 = time.perf_counter()
+        for off in range(0, self.nbytes, RAW_CHUNK):
+            os.preadv(self.fd, [self.buf], off)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink()
 
 
 def raw_disk_read(directory: Path, nbytes: int) -> float:
     """Write then read nbytes sequentially with O_DIRECT; seconds of the read."""
-    import mmap
-
-    path = directory / "raw-read.dat"
-    buf = mmap.mmap(-1, RAW_CHUNK)
-    buf.write(os.urandom(RAW_CHUNK))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+    disk = RawDisk(directory, nbytes)
     try:
-        for off in range(0, nbytes, RAW_CHUNK):
-            os.pwrite(fd, buf, off)
-        os.fsync(fd)
-        t0 = time.perf_counter()
-        for off in range(0, nbytes, RAW_CHUNK):
-            os.preadv(fd, [buf], off)
-        return time.perf_counter() - t0
+        return disk.read_seconds()
     finally:
-        os.close(fd)
-        path.unlink()
+        disk.close()
+
+
+def paired(ours: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Median, min and max of base/ours over paired runs (seconds: a ratio of speeds)."""
+    ratios = sorted(b / o for o, b in zip(ours, base, strict=True))
+    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 def bench_blocks(
@@ -106,8 +140,12 @@ def main() -> None:
     p.add_argument("--ssd-dir", type=Path, default=None)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reps", type=int, default=None, help="paired runs per phase (5; --quick: 2)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
+    reps = args.reps or (2 if args.quick or not cuda else 5)
+    if reps < 1:
+        p.error(f"--reps must be >= 1, got {reps}")
     out = sys.stderr if args.json else sys.stdout
     if cuda and not args.quick:
         layers, heads, head, tokens, n = 36, 8, 128, 16, args.blocks
@@ -132,8 +170,8 @@ def main() -> None:
             env={},
         )
 
-    (base / "wb").mkdir()
-    (base / "wt").mkdir()
+    (base / "wb").mkdir(mode=0o700)
+    (base / "wt").mkdir(mode=0o700)
     # write_back (default): a store is the GPU->host copy; SSD writes happen on eviction.
     cfg = config("write_back", base / "wb")
     # write_through: every store also lands on SSD (used to fill the SSD for the restart phase).
@@ -160,8 +198,14 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "blocks": n,
         "page_bytes": page,
+        "reps": reps,
+        "host_mismatches": 0,
+        "ssd_mismatches": 0,
     }
+    # Seconds per run: ours and the baseline measured right before it.
+    t: dict[str, list[float]] = {k: [] for k in ("store", "d2h", "host", "h2d", "ssd", "raw")}
     try:
+        memcpy = MemcpyCeiling(nbytes, cuda)
         engine = CacheEngine.from_kv_caches(cfg, ns, caches)
         results["pinned"] = bool(getattr(engine.pool, "pinned", False))
         ssd = engine.executor.tiers.get(Tier.SSD)
@@ -169,40 +213,53 @@ def main() -> None:
         # Warm-up on spare blocks: Triton compiles its gather/scatter kernels on first use.
         warm = ns.keys([b"warm-%d" % i for i in range(len(spare))])
         assert engine.store(warm, spare).ok and engine.load(warm, spare).ok
-        sync(cuda)
-        t0 = time.perf_counter()
-        outcome = engine.store(keys, src_ids)
-        t_store = time.perf_counter() - t0
-        assert outcome.ok, outcome.failed_indices()[:5]
+        for rep in range(reps):
+            if rep:
+                engine.reset()  # an empty host tier again: the next store copies every block
+            t["d2h"].append(memcpy.d2h())
+            sync(cuda)
+            t0 = time.perf_counter()
+            outcome = engine.store(keys, src_ids)
+            t["store"].append(time.perf_counter() - t0)
+            assert outcome.ok, outcome.failed_indices()[:5]
 
-        clear_dst()
-        t0 = time.perf_counter()
-        outcome = engine.load(keys, dst_ids)
-        sync(cuda)
-        t_host = time.perf_counter() - t0
-        assert outcome.ok and set(outcome.source_tiers) == {"host"}, outcome.source_tiers[:5]
-        results["host_mismatches"] = verify()
+            clear_dst()
+            t["h2d"].append(memcpy.h2d())
+            t0 = time.perf_counter()
+            outcome = engine.load(keys, dst_ids)
+            sync(cuda)
+            t["host"].append(time.perf_counter() - t0)
+            assert outcome.ok and set(outcome.source_tiers) == {"host"}, outcome.source_tiers[:5]
+            results["host_mismatches"] += verify()
         engine.close()
+        del memcpy
 
-        # Fill an SSD tier (write-through), then restart: the new engine's host tier is empty.
+        # Fill an SSD tier (write-through), then restart before each load: that engine's host
+        # tier is empty, so every block comes from the SSD.
         engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
         assert engine.store(keys, src_ids).ok
         engine.close()
-        engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
-        assert engine.lookup(keys) == n
-        clear_dst()
-        t0 = time.perf_counter()
-        outcome = engine.load(keys, dst_ids)
-        sync(cuda)
-        t_ssd = time.perf_counter() - t0
-        assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers[:5]
-        results["ssd_mismatches"] = verify()
-        engine.close()
+        disk = RawDisk(base, nbytes)
+        try:
+            for _ in range(reps):
+                engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
+                assert engine.lookup(keys) == n
+                clear_dst()
+                t["raw"].append(disk.read_seconds())
+                t0 = time.perf_counter()
+                outcome = engine.load(keys, dst_ids)
+                sync(cuda)
+                t["ssd"].append(time.perf_counter() - t0)
+                assert outcome.ok and set(outcome.source_tiers) == {"ssd"}, outcome.source_tiers[:5]
+                results["ssd_mismatches"] += verify()
+                engine.close()
+        finally:
+            disk.close()
 
         # Spill path (not timed): a host tier of a quarter of the blocks, so stores must first
         # copy evicted blocks to SSD (the chained-copy path on a side stream); then everything
         # loads back from host + SSD, bit-exact.
-        (base / "spill").mkdir()
+        (base / "spill").mkdir(mode=0o700)
         small = load_config(
             {
                 "cpu_cache_gb": (n // 4 + 16) * (page + 4096) / 2**30,
@@ -229,49 +286,44 @@ def main() -> None:
         results["spill_mismatches"] = verify() if loaded == n else -1
         engine.close()
 
-        d2h, h2d = memcpy_ceiling(nbytes, cuda)
-        t_raw = raw_disk_read(base, nbytes)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     gb = nbytes / 1e9
-    results.update(
-        store_gbps=gb / t_store,
-        load_host_gbps=gb / t_host,
-        load_ssd_gbps=gb / t_ssd,
-        memcpy_d2h_gbps=gb / d2h,
-        memcpy_h2d_gbps=gb / h2d,
-        raw_disk_read_gbps=gb / t_raw,
-    )
-    results["store_ratio"] = results["store_gbps"] / results["memcpy_d2h_gbps"]
-    results["load_host_ratio"] = results["load_host_gbps"] / results["memcpy_h2d_gbps"]
-    results["load_ssd_ratio"] = results["load_ssd_gbps"] / results["raw_disk_read_gbps"]
+    for name, key in (
+        ("store_gbps", "store"),
+        ("load_host_gbps", "host"),
+        ("load_ssd_gbps", "ssd"),
+        ("memcpy_d2h_gbps", "d2h"),
+        ("memcpy_h2d_gbps", "h2d"),
+        ("raw_disk_read_gbps", "raw"),
+    ):
+        results[name] = gb / statistics.median(t[key])  # the median run's speed
+    for name, ours, base_key in (
+        ("store_ratio", "store", "d2h"),
+        ("load_host_ratio", "host", "h2d"),
+        ("load_ssd_ratio", "ssd", "raw"),
+    ):
+        results[name], results[name + "_min"], results[name + "_max"] = paired(t[ours], t[base_key])
     r = results
     rows = [
-        ("store GPU->host", r["store_gbps"], "memcpy D2H", r["memcpy_d2h_gbps"], r["store_ratio"]),
-        (
-            "load host->GPU",
-            r["load_host_gbps"],
-            "memcpy H2D",
-            r["memcpy_h2d_gbps"],
-            r["load_host_ratio"],
-        ),
-        (
-            "load SSD->GPU",
-            r["load_ssd_gbps"],
-            "raw disk",
-            r["raw_disk_read_gbps"],
-            r["load_ssd_ratio"],
-        ),
+        ("store GPU->host", "store_gbps", "memcpy D2H", "memcpy_d2h_gbps", "store_ratio"),
+        ("load host->GPU", "load_host_gbps", "memcpy H2D", "memcpy_h2d_gbps", "load_host_ratio"),
+        ("load SSD->GPU", "load_ssd_gbps", "raw disk", "raw_disk_read_gbps", "load_ssd_ratio"),
     ]
     print(
         f"{n} blocks x {page / 2**20:.2f} MiB on {r['device']} (pinned={r['pinned']}, "
         f"ssd={r['ssd_io_engine']})",
         file=out,
     )
+    print(
+        f"  {reps} paired runs per phase: median GB/s; ratio = median [min-max] of the pairs",
+        file=out,
+    )
     for name, ours, base_name, base, ratio in rows:
         print(
-            f"  {name:<16} {ours:6.2f} GB/s  vs {base_name:<10} {base:6.2f}  ratio {ratio:.2f}",
+            f"  {name:<16} {r[ours]:6.2f} GB/s  vs {base_name:<10} {r[base]:6.2f}  ratio "
+            f"{r[ratio]:.3f} [{r[ratio + '_min']:.3f}-{r[ratio + '_max']:.3f}]",
             file=out,
         )
     print(f"  mismatched blocks: host {r['host_mismatches']}, ssd {r['ssd_mismatches']}", file=out)

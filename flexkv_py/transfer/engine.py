@@ -46,7 +46,12 @@ class CopyPath(Protocol):
     name: str
     sms_used: int
 
-    def enqueue(self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray) -> None: ...
+    def enqueue(
+        self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray
+    ) -> torch.cuda.Stream | None:
+        """Issue the batch on the current stream. Returns the stream whose work so far completes
+        it when that is another one (a side stream the path does not join back), else None."""
+        ...
 
 
 class TransferHandle:
@@ -60,7 +65,7 @@ class TransferHandle:
         nbytes: int,
         *,
         event: torch.cuda.Event | None = None,
-        future: Future[None] | None = None,
+        future: Future[torch.cuda.Stream | None] | None = None,
     ) -> None:
         self.direction = direction
         self.gpu_block_ids = gpu_ids
@@ -314,9 +319,10 @@ class TransferEngine:
                 stream = self._streams[direction]
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
+                    done_on = None
                     if len(ids):
                         try:
-                            path.enqueue(direction, ids, slots)
+                            done_on = path.enqueue(direction, ids, slots)
                         except Exception as e:  # a driver call failed: none of it counts
                             raise TransferError(
                                 f"{direction} of {len(ids)} blocks could not be issued: {e}",
@@ -324,7 +330,7 @@ class TransferEngine:
                                 block_ids=tuple(int(b) for b in ids),
                             ) from e
                     event = torch.cuda.Event(blocking=True)
-                    event.record(stream)
+                    event.record(stream if done_on is None else done_on)
                 handle = TransferHandle(direction, ids, slots, nbytes, event=event)
             else:
                 future = self._executors[direction].submit(path.enqueue, direction, ids, slots)
