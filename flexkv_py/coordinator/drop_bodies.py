@@ -67,8 +67,9 @@ class DropBodies:
                     out[tier] = keys
         return out
 
-    def _took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
-        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it)."""
+    def took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
+        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it, a
+        crashed job's too: executor.py)."""
         with self._dropped_lock:
             return self._dropped.pop(job_id, {})
 

@@ -246,6 +246,8 @@ class JobExecutor:
                 failed=failed,
                 failed_gpu_block_ids=gpu,
                 seconds=time.perf_counter() - started,
+                # Its `drop_first` ran before the crash: the blocks it deleted are announced.
+                dropped=self._bodies.took(job.job_id),
             )
         finally:
             self._reads.end(job.job_id)
