@@ -20,15 +20,20 @@ fn store_chain(tier: &ObjectTier, keys: &[Vec<u8>], from: usize) -> Vec<BlockRes
     tier.submit_put_chain(keys.to_vec(), items, None).unwrap().wait(None).unwrap()
 }
 
-fn requests(tier: &ObjectTier) -> u64 {
+/// The sum of the tier's counters named `names`.
+fn counted(tier: &ObjectTier, names: &[&str]) -> u64 {
     tier.stats()
         .iter()
-        .filter(|(n, _)| matches!(*n, "get_requests" | "head_requests" | "put_requests" | "list_requests"))
+        .filter(|(n, _)| names.contains(n))
         .map(|(_, v)| match v {
             StatValue::Int(v) => *v,
             _ => 0,
         })
         .sum()
+}
+
+fn requests(tier: &ObjectTier) -> u64 {
+    counted(tier, &["get_requests", "head_requests", "put_requests", "list_requests"])
 }
 
 fn open(url: &str) -> ObjectTier {
@@ -54,11 +59,12 @@ fn a_128k_token_prompt_costs_a_few_requests() {
     assert!(store_chain(&writer, &keys, 0).iter().all(|r| r.status == Status::Ok));
     // Seen before: the end manifest, plus one touch recording its use.
     assert_eq!(lookup_cost(&url, &keys), (8192, 2));
-    // A prefix ending inside a segment: binary search over 78 segments, then HEADs, then the
-    // end manifest that could vouch and one round confirming the blocks the search skipped.
+    // A prefix ending inside a segment: binary search over 78 segments, then HEADs, then one
+    // round confirming the blocks the search skipped (the end manifest, the one that could
+    // vouch, was asked first), a touch.
     let (n, cost) = lookup_cost(&url, &keys[..5000]);
     assert_eq!(n, 5000);
-    assert!(cost <= 1 + 7 + 6 + 1 + (SEGMENT - 1) as u64 + 1, "{cost}");
+    assert!(cost <= 1 + 7 + 6 + (SEGMENT - 1) as u64 + 1, "{cost}");
     // The prompt continued with new blocks.
     let mut longer = keys.clone();
     longer.extend(chain("new", 300));
@@ -92,6 +98,38 @@ fn a_chain_that_ended_inside_a_segment_is_found_and_extended() {
     assert!(r.iter().all(|r| r.status == Status::Deduped));
     let puts = third.stats().iter().find(|(n, _)| *n == "put_body_bytes").map(|(_, v)| v.clone());
     assert!(matches!(puts, Some(StatValue::Int(0))), "{puts:?}");
+}
+
+/// The GETs (manifests) of `lookup_chain(keys)` on a fresh tier, and the blocks it matched.
+fn lookup_gets(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+    let tier = open(url);
+    let gets = |t: &ObjectTier| counted(t, &["get_requests"]);
+    let before = gets(&tier);
+    let n = tier.lookup_chain(keys).unwrap();
+    (n, gets(&tier) - before)
+}
+
+#[test]
+fn a_hit_ending_on_a_manifest_already_asked_does_not_ask_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    // Blocks stored by plain puts (no manifests): segment 0 of one chain, 40 blocks of another.
+    let (whole, part) = (chain("whole", 2 * SEGMENT + 10), chain("part", SEGMENT));
+    let stored: Vec<Vec<u8>> = whole[..SEGMENT].iter().chain(&part[..40]).cloned().collect();
+    let mut data: Vec<Vec<u8>> = stored.iter().map(|k| k.repeat(2)).collect();
+    let items = stored
+        .iter()
+        .cloned()
+        .zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }))
+        .collect();
+    let r = open(&url).submit_put(items, None).unwrap().wait(None).unwrap();
+    assert!(r.iter().all(|r| r.status == Status::Ok), "{r:?}");
+    // The hit ends on segment 0's end: the chain's end and that manifest, each asked once.
+    assert_eq!(lookup_gets(&url, &whole), (SEGMENT, 2));
+    // The hit ends on the chain's end: asked once.
+    assert_eq!(lookup_gets(&url, &part[..40]), (40, 1));
+    // A hit ending inside a segment can be vouched for: one more GET, at the answer.
+    assert_eq!(lookup_gets(&url, &part), (40, 2));
 }
 
 #[test]
