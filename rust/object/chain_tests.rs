@@ -10,13 +10,15 @@ fn chain(tag: &str, n: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| format!("ns/{tag}/{i:05}").into_bytes()).collect()
 }
 
+/// Put items of `keys`, each block its key twice, in `data` (which must outlive the put).
+fn put_items(keys: &[Vec<u8>], data: &mut Vec<Vec<u8>>) -> Vec<(Vec<u8>, RawBuf)> {
+    *data = keys.iter().map(|k| k.repeat(2)).collect();
+    keys.iter().cloned().zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() })).collect()
+}
+
 fn store_chain(tier: &ObjectTier, keys: &[Vec<u8>], from: usize) -> Vec<BlockResult> {
-    let mut data: Vec<Vec<u8>> = keys[from..].iter().map(|k| k.repeat(2)).collect();
-    let items = keys[from..]
-        .iter()
-        .cloned()
-        .zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }))
-        .collect();
+    let mut data = Vec::new();
+    let items = put_items(&keys[from..], &mut data);
     tier.submit_put_chain(keys.to_vec(), items, None).unwrap().wait(None).unwrap()
 }
 
@@ -32,22 +34,27 @@ fn counted(tier: &ObjectTier, names: &[&str]) -> u64 {
         .sum()
 }
 
-fn requests(tier: &ObjectTier) -> u64 {
-    counted(tier, &["get_requests", "head_requests", "put_requests", "list_requests"])
-}
-
 fn open(url: &str) -> ObjectTier {
     let mut cfg = ObjectConfig::new(url);
     cfg.concurrency = 16;
     ObjectTier::open(cfg).unwrap()
 }
 
-/// The cost of `lookup_chain(keys)` on a fresh tier (nothing known locally).
-fn lookup_cost(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+/// Every request a tier sends.
+const REQUESTS: [&str; 4] = ["get_requests", "head_requests", "put_requests", "list_requests"];
+
+/// The cost of `lookup_chain(keys)` on a fresh tier (nothing known locally), in the counters
+/// named `names`; and the blocks it matched.
+fn lookup_counted(url: &str, keys: &[Vec<u8>], names: &[&str]) -> (usize, u64) {
     let tier = open(url);
-    let before = requests(&tier);
+    let before = counted(&tier, names);
     let n = tier.lookup_chain(keys).unwrap();
-    (n, requests(&tier) - before)
+    (n, counted(&tier, names) - before)
+}
+
+/// The cost of `lookup_chain(keys)` on a fresh tier, in requests.
+fn lookup_cost(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+    lookup_counted(url, keys, &REQUESTS)
 }
 
 #[test]
@@ -100,15 +107,6 @@ fn a_chain_that_ended_inside_a_segment_is_found_and_extended() {
     assert!(matches!(puts, Some(StatValue::Int(0))), "{puts:?}");
 }
 
-/// The GETs (manifests) of `lookup_chain(keys)` on a fresh tier, and the blocks it matched.
-fn lookup_gets(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
-    let tier = open(url);
-    let gets = |t: &ObjectTier| counted(t, &["get_requests"]);
-    let before = gets(&tier);
-    let n = tier.lookup_chain(keys).unwrap();
-    (n, gets(&tier) - before)
-}
-
 #[test]
 fn a_hit_ending_on_a_manifest_already_asked_does_not_ask_it_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -116,20 +114,17 @@ fn a_hit_ending_on_a_manifest_already_asked_does_not_ask_it_again() {
     // Blocks stored by plain puts (no manifests): segment 0 of one chain, 40 blocks of another.
     let (whole, part) = (chain("whole", 2 * SEGMENT + 10), chain("part", SEGMENT));
     let stored: Vec<Vec<u8>> = whole[..SEGMENT].iter().chain(&part[..40]).cloned().collect();
-    let mut data: Vec<Vec<u8>> = stored.iter().map(|k| k.repeat(2)).collect();
-    let items = stored
-        .iter()
-        .cloned()
-        .zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }))
-        .collect();
+    let mut data = Vec::new();
+    let items = put_items(&stored, &mut data);
     let r = open(&url).submit_put(items, None).unwrap().wait(None).unwrap();
     assert!(r.iter().all(|r| r.status == Status::Ok), "{r:?}");
-    // The hit ends on segment 0's end: the chain's end and that manifest, each asked once.
-    assert_eq!(lookup_gets(&url, &whole), (SEGMENT, 2));
+    const GETS: &[&str] = &["get_requests"]; // manifests (blocks are asked by HEAD)
+                                             // The hit ends on segment 0's end: the chain's end and that manifest, each asked once.
+    assert_eq!(lookup_counted(&url, &whole, GETS), (SEGMENT, 2));
     // The hit ends on the chain's end: asked once.
-    assert_eq!(lookup_gets(&url, &part[..40]), (40, 1));
+    assert_eq!(lookup_counted(&url, &part[..40], GETS), (40, 1));
     // A hit ending inside a segment can be vouched for: one more GET, at the answer.
-    assert_eq!(lookup_gets(&url, &part), (40, 2));
+    assert_eq!(lookup_counted(&url, &part, GETS), (40, 2));
 }
 
 #[test]
