@@ -332,8 +332,9 @@ class ObjectTier:
     def submit_get(self, items: Sequence[tuple[bytes, BlockBuffer]]) -> BatchHandle: ...
     def lookup_chain(self, keys: Sequence[bytes]) -> int:
         """Leading blocks of the chain (root first) stored, from its segment manifests: at most
-        ``1 + log2(n/64 + 1) + 6`` requests in sequence (plus one round of up to 63 HEADs
-        confirming a hit that ends inside a segment), 1 for a chain stored before; GIL released."""
+        ``1 + log2(n/64 + 1) + 6`` requests in sequence (plus, for a hit that ends inside a
+        segment, the manifest that could vouch for it and one round of up to 63 HEADs confirming
+        it), 1 for a chain stored before; GIL released."""
     def gc(
         self,
         *,

@@ -8,12 +8,16 @@ recomputed, never served wrong."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
+import pytest
 from test_coordinator import _config, _engine, _keys, _ns, _pages
 
-from flexkv_py.coordinator import CacheEngine, DropJob, JobResult
+from flexkv_py.coordinator import CacheEngine, DropJob, Drops, JobResult, StoreJob
+from flexkv_py.coordinator.jobs import INTERNAL
 from flexkv_py.coordinator.kv_events import KVEvent
+from flexkv_py.errors import FlexKVError
 from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
@@ -134,3 +138,64 @@ def test_a_fingerprint_clash_on_a_drop_loses_a_copy_never_serves_wrong_kv(tmp_pa
             assert eng.load_pages([k]) == [page[k]]
         assert not index.readable_on(clashed, Tier.SSD)  # forgotten by the failed read
         assert eng.stats()["manager"]["ssd_read_not_found_blocks"] == 1
+
+
+def test_a_job_that_crashes_after_its_drop_first_still_names_what_it_deleted(
+    tmp_path: Path,
+) -> None:
+    """A job's `drop_first` deletes cold blocks by fingerprint before its body runs; a body
+    that crashes (here a host-only fill raising) must still name them in its result, or their
+    `removed` events are lost and the record of them is kept forever."""
+    ns = _ns()
+    keys = _keys(ns, 8)
+    with _engine(_config(tmp_path, 4, 64), ns, 4, free_target=0) as eng:
+        _store_all(eng, keys, 4)
+        victim = eng.manager.index.cold_keys_among(keys)[0]
+
+        def crash() -> None:
+            raise RuntimeError("fill failed")
+
+        job = StoreJob(
+            20_000,
+            (b"x" * 8,),
+            None,
+            (0,),  # never written: the fill crashes first
+            ((),),
+            drop_first=Drops(prints={Tier.SSD: key_digest(victim)}),
+        )
+        result = eng.executor.submit(job, crash).wait(30)
+        assert result.failed == {b"x" * 8: INTERNAL}
+        assert result.dropped == {Tier.SSD: (victim,)}
+        assert victim not in eng.executor.tiers[Tier.SSD].keys()
+
+
+def test_a_delete_the_store_refuses_neither_stops_the_job_nor_raises_to_its_submitter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `drop_first` runs in the thread that submits the job (a vLLM worker's step). An SSD
+    whose journal refuses the deletes' records (EIO or a full device) raised out of `submit`:
+    the job never ran and never completed (its blocks pinned, a load's request waiting), or
+    the worker's step crashed. Now the refusal is counted and the job runs."""
+    ns = _ns()
+    keys = _keys(ns, 8)
+    cfg = _config(tmp_path, 4, 64)
+    with _engine(cfg, ns, 4, free_target=0) as eng:
+        _store_all(eng, keys, 4)
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", "journal:EIO:1")  # every journal write fails
+    eng = _engine(cfg, ns, 4, free_target=0)
+    try:
+        victim = eng.manager.index.cold_keys_among(keys)[0]  # adopted at the restart
+        job = StoreJob(
+            20_001,
+            (b"y" * 8,),
+            None,
+            (0,),  # already filled (nothing to copy), written to no tier
+            ((),),
+            drop_first=Drops(keys={Tier.SSD: (keys[1],)}, prints={Tier.SSD: key_digest(victim)}),
+        )
+        result = eng.executor.submit(job).wait(30)
+        assert result.ok and result.dropped == {}
+        assert eng.executor.stats()["ssd_delete_errors"] == 2
+    finally:
+        with contextlib.suppress(FlexKVError):  # nor can its clean-shutdown record be written
+            eng.close()

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 from store_util import block
-from test_coordinator import _config, _engine, _keys, _ns, _pages
+from test_coordinator import PAGE_BYTES, _config, _engine, _keys, _ns, _pages
 
 from flexkv_py import BlockStore, ConfigError
 from flexkv_py._native import StoreClosedError
+from flexkv_py.coordinator import CacheEngine
+from flexkv_py.errors import FlexKVError
+from flexkv_py.tiers.host_pool import HostPool
 
 MiB = 1 << 20
 
@@ -144,3 +147,21 @@ def test_interpreter_exit_while_rust_logs_does_not_abort(tmp_path: Path) -> None
         )
         assert out.returncode == 0, (out.returncode, out.stderr[-1500:])
         assert out.stdout.strip() == "exiting"
+
+
+def test_a_tier_that_fails_to_close_leaves_nothing_else_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SSD whose journal cannot be written fails its close (the clean-shutdown record): the
+    engine still closes what it owns (the host pool here) and then raises that error."""
+    ns = _ns()
+    cfg = _config(tmp_path, 4, 64)
+    keys = _keys(ns, 2)
+    with _engine(cfg, ns, 4) as eng:
+        assert eng.store_pages(keys, _pages(keys)).ok
+    monkeypatch.setenv("FLEXKV_FAULT_INJECTION", "journal:EIO:1")  # every journal write fails
+    pool = HostPool(4, PAGE_BYTES, pin=False)
+    eng = CacheEngine(cfg, ns, pool, owns=(pool,))
+    with pytest.raises(FlexKVError, match="journal"):
+        eng.close()
+    assert pool.closed

@@ -161,7 +161,15 @@ def test_a_manifest_naming_a_deleted_block_goes_with_its_descendants(s3: S3Serve
         assert report["manifests_deleted"] == 0 and report["blocks_deleted"] == 0, report
         report = collector.gc(ttl_s=3600.0, grace_s=0.5)
     assert report["manifests_dangling"] == 3 and report["manifests_deleted"] == 3, report
-    assert report["blocks_deleted"] == len(broken) - 1, report
+    # Their blocks go in that pass, or in the next ones where they were uploaded less than
+    # grace before it (the pass judges by the oldest manifest: on a loaded box, a later
+    # segment's uploads can end well after it).
+    deleted = report["blocks_deleted"]
+    while deleted < len(broken) - 1 and time.monotonic() < deadline:
+        later = collector.gc(ttl_s=3600.0, grace_s=0.5)
+        assert later["manifests_deleted"] == 0 and later["manifests_dangling"] == 0, later
+        deleted += later["blocks_deleted"]
+    assert deleted == len(broken) - 1, report
     manifests, problems = referenced_blocks_present(s3, prefix)
     assert manifests == 2 and not problems, problems
     reader = tier(s3, prefix)

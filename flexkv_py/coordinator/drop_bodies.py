@@ -11,14 +11,22 @@ deleted go back in the job's result (`JobResult.dropped`), and the manager annou
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.jobs import DropJob, JobResult, LoadJob, SpillJob, StoreJob
+from flexkv_py.errors import FlexKVError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.protocol import LowerTier
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_NO_KEYS: list[bytes] = []  # what a refused delete resolved (never appended to)
 
 
 class DropBodies:
@@ -38,12 +46,26 @@ class DropBodies:
                 out[tier] = keys
         return out
 
+    def _deleting(self, tier: Tier, failed: T, call: Callable[..., T], *args: object) -> T:
+        """`call(*args)` (a delete on `tier`), or `failed` if the tier refused it. A job's
+        `drop_first` runs in the thread submitting the job (a vLLM worker's step): a failed
+        delete must stop neither. The SSD store forgets the keys before journaling their
+        deletes, so the room is free anyway; a restart may bring them back, and the index
+        evicts them again."""
+        try:
+            return call(*args)
+        except FlexKVError as e:
+            logger.warning("%s delete failed (may come back after a restart): %s", tier.value, e)
+            self.stats.add(f"{tier.value}_delete_errors")
+            return failed
+
     def delete(self, drops: Mapping[Tier, Sequence[bytes]]) -> None:
         """Delete blocks per tier by key (a DropJob's keys, a job's `drop_first.keys`)."""
         for tier, keys in drops.items():
             lower = self.tiers.get(tier)
             if lower is not None and keys:
-                self.stats.add(f"{tier.value}_deleted_blocks", lower.delete(keys))
+                n = self._deleting(tier, 0, lower.delete, keys)
+                self.stats.add(f"{tier.value}_deleted_blocks", n)
 
     def drop_first(self, job: StoreJob | LoadJob | SpillJob) -> None:
         """A job's `drop_first` (room for its writes), run before the job: by key, then by
@@ -61,14 +83,15 @@ class DropBodies:
         for tier, joined in prints.items():
             delete = getattr(self.tiers.get(tier), "delete_fingerprints", None)
             if delete is not None and joined:
-                keys = tuple(delete(joined))
+                keys = tuple(self._deleting(tier, _NO_KEYS, delete, joined))
                 self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
                 if keys:
                     out[tier] = keys
         return out
 
-    def _took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
-        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it)."""
+    def took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
+        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it, a
+        crashed job's too: executor.py)."""
         with self._dropped_lock:
             return self._dropped.pop(job_id, {})
 
@@ -79,7 +102,7 @@ class DropBodies:
             for tier in job.tiers:
                 delete = getattr(self.tiers.get(tier), "delete_namespace", None)
                 if delete is not None:
-                    keys = tuple(delete())
+                    keys = tuple(self._deleting(tier, _NO_KEYS, delete))
                     self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
                     dropped[tier] = dropped.get(tier, ()) + keys
         return JobResult(

@@ -246,6 +246,8 @@ class JobExecutor:
                 failed=failed,
                 failed_gpu_block_ids=gpu,
                 seconds=time.perf_counter() - started,
+                # Its `drop_first` ran before the crash: the blocks it deleted are announced.
+                dropped=self._bodies.took(job.job_id),
             )
         finally:
             self._reads.end(job.job_id)
@@ -371,8 +373,15 @@ class JobExecutor:
             return False
         self._threads.shutdown(wait=True)
         self._released = True
-        for lower in self.tiers.values():
-            lower.close()
-        for obj in self._owns:
-            obj.close()
+        # Each one, even after one failed (an SSD whose journal cannot take its clean-shutdown
+        # record): the host pool and transfer engine are not leaked; the first error is raised.
+        errors: list[Exception] = []
+        for obj in [*self.tiers.values(), *self._owns]:
+            try:
+                obj.close()
+            except Exception as e:
+                logger.error("shutdown: closing %s failed: %s", type(obj).__name__, e)
+                errors.append(e)
+        if errors:
+            raise errors[0]
         return True

@@ -272,7 +272,7 @@ class JobBodies(DropBodies):
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self._took(job.job_id),
+            dropped=self.took(job.job_id),
         )
 
     # ------------------------------------------------------------------ load
@@ -314,7 +314,7 @@ class JobBodies(DropBodies):
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self._took(job.job_id),
+            dropped=self.took(job.job_id),
         )
 
     def _stage_round(
@@ -355,5 +355,5 @@ class JobBodies(DropBodies):
             evicted=self.evicted(),
             nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self._took(job.job_id),
+            dropped=self.took(job.job_id),
         )

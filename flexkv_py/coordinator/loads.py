@@ -84,20 +84,10 @@ class LoadPlanner(HostEviction):
         in_rounds: bool = False,
     ) -> LoadJob:
         """The job of `prepare_load` once its leading blocks are pinned (`acquired`, lock
-        held)."""
+        held), when not every block is in host memory (that case: `_host_load`)."""
         with self._lock:
             self._note_admitted(keys[: len(acquired)], stored=False)
             host = Tier.HOST
-            if len(acquired) == len(keys) and all(a.tier is host for a in acquired):
-                # The common case, in one pass: every block is in host memory.
-                return self._new_load_job(
-                    keys,
-                    gpu_block_ids,
-                    [a.host_slot for a in acquired],  # type: ignore[misc]
-                    (host,) * len(keys),
-                    [False] * len(keys),
-                    [],
-                )
             n_lower = sum(t.tier is not host for t in acquired)
             chained: list[Victim] = []
             staging = self._take_slots(n_lower, chained) if n_lower else []

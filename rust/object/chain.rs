@@ -6,12 +6,13 @@
 //! search by HEAD over the blocks of the first segment without a manifest (a chain that
 //! ended inside it stored them under an end manifest this lookup cannot name), then one round
 //! of HEADs confirming the blocks below that search's answer it did not ask about (a racing
-//! writer's uploads land in any order), unless a chain's end manifest at the answer vouches. A new prompt pays at most
-//! `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests in sequence, plus up to `SEGMENT - 1`
-//! HEADs at once for a hit that ends inside a segment. The manifest search assumes a
-//! chain's stored segments form a prefix (writers store a chain's blocks before its
-//! manifests, GC deletes deepest first); where a fault broke that, the load of a missing
-//! block fails and is recomputed — every read is verified, so never wrong KV.
+//! writer's uploads land in any order), unless a chain's end manifest at the answer vouches.
+//! A new prompt pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests in
+//! sequence, plus, for a hit that ends inside a segment, that manifest and up to `SEGMENT - 1`
+//! HEADs at once. The manifest search assumes a chain's stored segments form a prefix
+//! (writers store a chain's blocks before its manifests, GC deletes deepest first); where a
+//! fault broke that, the load of a missing block fails and is recomputed — every read is
+//! verified, so never wrong KV.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -119,14 +120,17 @@ async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
             }
         }
     }
-    found.matched = confirmed_prefix(ctx, prefix, keys, start, have, &seen).await;
+    // A search that reached its limit ended on the chain's end or a segment's end: the
+    // manifest there, the one that could vouch, was asked above and was not stored.
+    let vouch = have < n.min(start + SEGMENT);
+    found.matched = confirmed_prefix(ctx, prefix, keys, start, have, &seen, vouch).await;
     found
 }
 
 /// The search above assumes the segment's stored blocks form a prefix, which a writer's
 /// uploads in flight break (a segment's blocks go up at once, in any order, before its
-/// manifest): the end manifest of a chain that ended at the answer vouches for it (1 GET);
-/// failing that, positions `start..have` it did not ask about are asked now, at once, and the
+/// manifest): where `vouch`, the end manifest of a chain that ended at the answer vouches for
+/// it (1 GET); failing that, positions `start..have` it did not ask about are asked now, at once, and the
 /// answer ends at the first one missing (or failing). Up to `SEGMENT - 1` HEADs in one round
 /// for a hit inside a segment; nothing for a miss or a hit that ends on a manifest.
 async fn confirmed_prefix(
@@ -136,13 +140,14 @@ async fn confirmed_prefix(
     start: usize,
     have: usize,
     seen: &[usize],
+    vouch: bool,
 ) -> usize {
     let unasked: Vec<usize> = (start..have).filter(|p| !seen.contains(p)).collect();
     if unasked.is_empty() {
         return have;
     }
     // A chain that ended there (the turn before this one) vouches with its end manifest.
-    if has_manifest(ctx, prefix, keys, have - 1).await == Ok(true) {
+    if vouch && has_manifest(ctx, prefix, keys, have - 1).await == Ok(true) {
         return have;
     }
     bump(&ctx.stats.chain_confirm_heads, unasked.len() as u64);

@@ -10,20 +10,23 @@ fn chain(tag: &str, n: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| format!("ns/{tag}/{i:05}").into_bytes()).collect()
 }
 
+/// Put items of `keys`, each block its key twice, in `data` (which must outlive the put).
+fn put_items(keys: &[Vec<u8>], data: &mut Vec<Vec<u8>>) -> Vec<(Vec<u8>, RawBuf)> {
+    *data = keys.iter().map(|k| k.repeat(2)).collect();
+    keys.iter().cloned().zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() })).collect()
+}
+
 fn store_chain(tier: &ObjectTier, keys: &[Vec<u8>], from: usize) -> Vec<BlockResult> {
-    let mut data: Vec<Vec<u8>> = keys[from..].iter().map(|k| k.repeat(2)).collect();
-    let items = keys[from..]
-        .iter()
-        .cloned()
-        .zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }))
-        .collect();
+    let mut data = Vec::new();
+    let items = put_items(&keys[from..], &mut data);
     tier.submit_put_chain(keys.to_vec(), items, None).unwrap().wait(None).unwrap()
 }
 
-fn requests(tier: &ObjectTier) -> u64 {
+/// The sum of the tier's counters named `names`.
+fn counted(tier: &ObjectTier, names: &[&str]) -> u64 {
     tier.stats()
         .iter()
-        .filter(|(n, _)| matches!(*n, "get_requests" | "head_requests" | "put_requests" | "list_requests"))
+        .filter(|(n, _)| names.contains(n))
         .map(|(_, v)| match v {
             StatValue::Int(v) => *v,
             _ => 0,
@@ -37,12 +40,21 @@ fn open(url: &str) -> ObjectTier {
     ObjectTier::open(cfg).unwrap()
 }
 
-/// The cost of `lookup_chain(keys)` on a fresh tier (nothing known locally).
-fn lookup_cost(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+/// Every request a tier sends.
+const REQUESTS: [&str; 4] = ["get_requests", "head_requests", "put_requests", "list_requests"];
+
+/// The cost of `lookup_chain(keys)` on a fresh tier (nothing known locally), in the counters
+/// named `names`; and the blocks it matched.
+fn lookup_counted(url: &str, keys: &[Vec<u8>], names: &[&str]) -> (usize, u64) {
     let tier = open(url);
-    let before = requests(&tier);
+    let before = counted(&tier, names);
     let n = tier.lookup_chain(keys).unwrap();
-    (n, requests(&tier) - before)
+    (n, counted(&tier, names) - before)
+}
+
+/// The cost of `lookup_chain(keys)` on a fresh tier, in requests.
+fn lookup_cost(url: &str, keys: &[Vec<u8>]) -> (usize, u64) {
+    lookup_counted(url, keys, &REQUESTS)
 }
 
 #[test]
@@ -54,11 +66,12 @@ fn a_128k_token_prompt_costs_a_few_requests() {
     assert!(store_chain(&writer, &keys, 0).iter().all(|r| r.status == Status::Ok));
     // Seen before: the end manifest, plus one touch recording its use.
     assert_eq!(lookup_cost(&url, &keys), (8192, 2));
-    // A prefix ending inside a segment: binary search over 78 segments, then HEADs, then the
-    // end manifest that could vouch and one round confirming the blocks the search skipped.
+    // A prefix ending inside a segment: binary search over 78 segments, then HEADs, then one
+    // round confirming the blocks the search skipped (the end manifest, the one that could
+    // vouch, was asked first), a touch.
     let (n, cost) = lookup_cost(&url, &keys[..5000]);
     assert_eq!(n, 5000);
-    assert!(cost <= 1 + 7 + 6 + 1 + (SEGMENT - 1) as u64 + 1, "{cost}");
+    assert!(cost <= 1 + 7 + 6 + (SEGMENT - 1) as u64 + 1, "{cost}");
     // The prompt continued with new blocks.
     let mut longer = keys.clone();
     longer.extend(chain("new", 300));
@@ -92,6 +105,26 @@ fn a_chain_that_ended_inside_a_segment_is_found_and_extended() {
     assert!(r.iter().all(|r| r.status == Status::Deduped));
     let puts = third.stats().iter().find(|(n, _)| *n == "put_body_bytes").map(|(_, v)| v.clone());
     assert!(matches!(puts, Some(StatValue::Int(0))), "{puts:?}");
+}
+
+#[test]
+fn a_hit_ending_on_a_manifest_already_asked_does_not_ask_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    // Blocks stored by plain puts (no manifests): segment 0 of one chain, 40 blocks of another.
+    let (whole, part) = (chain("whole", 2 * SEGMENT + 10), chain("part", SEGMENT));
+    let stored: Vec<Vec<u8>> = whole[..SEGMENT].iter().chain(&part[..40]).cloned().collect();
+    let mut data = Vec::new();
+    let items = put_items(&stored, &mut data);
+    let r = open(&url).submit_put(items, None).unwrap().wait(None).unwrap();
+    assert!(r.iter().all(|r| r.status == Status::Ok), "{r:?}");
+    const GETS: &[&str] = &["get_requests"]; // manifests (blocks are asked by HEAD)
+                                             // The hit ends on segment 0's end: the chain's end and that manifest, each asked once.
+    assert_eq!(lookup_counted(&url, &whole, GETS), (SEGMENT, 2));
+    // The hit ends on the chain's end: asked once.
+    assert_eq!(lookup_counted(&url, &part[..40], GETS), (40, 1));
+    // A hit ending inside a segment can be vouched for: one more GET, at the answer.
+    assert_eq!(lookup_counted(&url, &part, GETS), (40, 2));
 }
 
 #[test]

@@ -29,7 +29,7 @@ use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 use object_store::ObjectMeta;
 
-use super::gc_plan::{closure, dangling, fit_budget};
+use super::gc_plan::{closure, dangling, fit_budget, hex};
 use super::manifest::Manifest;
 use super::ops::Ctx;
 use super::ObjectTier;
@@ -78,10 +78,6 @@ fn refuse_unread(unreadable: u64) -> std::result::Result<(), String> {
     Err(format!(
         "GC pass deleted nothing: {unreadable} manifest(s) could not be read (server slow or failing)"
     ))
-}
-
-fn hex(key: &[u8]) -> String {
-    super::hex_name(key)
 }
 
 struct Listing {

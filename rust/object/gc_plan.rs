@@ -8,7 +8,7 @@ use object_store::ObjectMeta;
 
 use super::manifest::Manifest;
 
-fn hex(key: &[u8]) -> String {
+pub fn hex(key: &[u8]) -> String {
     super::hex_name(key)
 }
 

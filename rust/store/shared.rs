@@ -32,7 +32,8 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// One Put per live key, coldest first (replay restores the order): a compacted journal.
+    /// One Put per live key, a compacted journal: coldest first for LRU and FIFO (replay
+    /// restores the order), any order for the owner-ordered policy (`Index::for_each`).
     pub fn live_records(index: &Index) -> Vec<Record> {
         let mut records = Vec::with_capacity(index.len());
         index.for_each(|key, tag, loc, parent| {

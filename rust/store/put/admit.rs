@@ -1,8 +1,8 @@
 //! Put phase 2, under the state lock: per block, admission, dedup (same key and content tag,
 //! or a stored content with this block's tag — to be confirmed by its header page in phase 3 —
-//! or an earlier item of this batch), then room on some device,
-//! evicting cold keys while nothing fits. The deletes this causes are journaled before any
-//! data is written; if that fails, nothing of the batch is written or acknowledged.
+//! or an earlier item of this batch), then room on some device, evicting cold keys while
+//! nothing fits. The deletes this causes are journaled before any data is written; if that
+//! fails, nothing of the batch is written or acknowledged.
 
 use std::collections::HashMap;
 

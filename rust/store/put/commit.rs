@@ -1,8 +1,8 @@
 //! Put phase 4, under the state lock: index what was written, map confirmed duplicates and
 //! followers onto the content they share, free what failed, and journal the new mappings.
 //! A block written while another batch stored the same content keeps its own copy: the index
-//! holds tags, not hashes, so only a header read could prove the two equal. Only a journaled mapping is acknowledged: if the append fails
-//! the batch's blocks are withdrawn again.
+//! holds tags, not hashes, so only a header read could prove the two equal. Only a journaled
+//! mapping is acknowledged: if the append fails the batch's blocks are withdrawn again.
 
 use super::write::Outcomes;
 use super::{extent_of, extra_of, Plan, PutExtra};
