@@ -1,4 +1,4 @@
-//! The contents of the index, packed: one 22-byte record (align 1) per key slot, in a flat
+//! The contents of the index, packed: one 20-byte record (align 1) per key slot, in a flat
 //! arena parallel to the key arena. A key's content lives in the record of the key's own id
 //! (no content id per key: the usual block is stored under one key). A second key mapped
 //! onto it (dedup) holds a redirect to that id in its record instead; a content whose own key
@@ -7,9 +7,10 @@
 //!
 //! A content record holds the content tag, where it lies in 4 KiB pages, its stored length
 //! (u24), the write's seq (u40), a shape id and flags, and is found by tag through an
-//! `IdTable`. The tag is the first 8 bytes of the content hash (the full hash is in the
-//! extent's header page): two contents may share one, so a content is named by its id, and
-//! found by tag *and* location. The shape id names (directory, raw length) in a small table
+//! `IdTable`. The tag is the first 6 bytes of the content hash (the full hash is in the
+//! extent's header page; tags are masked on the way in, so a v3 journal's 8-byte ones match):
+//! two contents may share one, so a content is named by its id, and found by tag *and*
+//! location. The shape id names (directory, raw length) in a small table
 //! (a store holds blocks of a few sizes in a few directories; an uncompressed block's raw
 //! length is its stored length). Readers pin contents only while a read is in flight, so their
 //! counts live in a small side map; so does a location that does not fit the packed fields (an
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 
 use super::arena::Interned;
 use super::probe::IdTable;
-use crate::format::journal::{ContentTag, Location};
+use crate::format::journal::{ContentTag, Location, TAG_MASK};
 use crate::format::PAGE;
 
 const COMPRESSED: u8 = 1;
@@ -44,7 +45,8 @@ const MAX_SHAPES: usize = u8::MAX as usize + 1;
 #[derive(Clone, Copy)]
 #[repr(C, packed)]
 struct ContentRecord {
-    tag: ContentTag,
+    /// The content tag's 6 bytes (little-endian).
+    tag: [u8; 6],
     /// First page of the extent; for a redirect, the content's id.
     page: u32,
     stored_len: [u8; 3],
@@ -57,8 +59,15 @@ struct ContentRecord {
     flags: u8,
 }
 
-const FREE_RECORD: ContentRecord =
-    ContentRecord { tag: 0, page: 0, stored_len: [0; 3], seq_lo: 0, seq_hi: 0, shape: 0, flags: FREE_MARK };
+const FREE_RECORD: ContentRecord = ContentRecord {
+    tag: [0; 6],
+    page: 0,
+    stored_len: [0; 3],
+    seq_lo: 0,
+    seq_hi: 0,
+    shape: 0,
+    flags: FREE_MARK,
+};
 
 /// A directory and a raw length (None: the raw length is the stored length).
 type Shape = (u16, Option<u32>);
@@ -75,9 +84,19 @@ pub struct ContentEntry {
 }
 
 /// A tag's table hash: a multiplicative mix (a tag is already a hash, but tests and tools may
-/// pass small numbers; unmixed, they would all land in one probe run).
+/// pass small numbers; unmixed, they would all land in one probe run). Masked tags only.
 fn hash_content(tag: &ContentTag) -> u32 {
     (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
+}
+
+fn tag_of(r: &ContentRecord) -> ContentTag {
+    let [a, b, c, d, e, f] = r.tag;
+    u64::from_le_bytes([a, b, c, d, e, f, 0, 0])
+}
+
+fn tag_bytes(tag: ContentTag) -> [u8; 6] {
+    let [a, b, c, d, e, f, _, _] = tag.to_le_bytes();
+    [a, b, c, d, e, f]
 }
 
 #[derive(Default)]
@@ -92,6 +111,8 @@ pub(crate) struct ContentArena {
     wide: HashMap<u32, Location>,
     /// (directory, raw length) pairs named by `shape` (never shrinks: a few entries).
     shapes: Interned<Shape>,
+    /// The shape used last: nearly every block of a store has it (no map lookup per add).
+    last_shape: u8,
 }
 
 impl ContentArena {
@@ -130,17 +151,19 @@ impl ContentArena {
     }
 
     pub fn prefetch(&self, tag: &ContentTag) {
-        self.table.prefetch(hash_content(tag));
+        self.table.prefetch(hash_content(&(tag & TAG_MASK)));
     }
 
     /// A content tagged `tag` (the first found: a dedup candidate to confirm).
     pub fn find(&self, tag: &ContentTag) -> Option<u32> {
-        self.table.find(hash_content(tag), |id| self.tag(id) == *tag)
+        let tag = tag & TAG_MASK;
+        self.table.find(hash_content(&tag), |id| self.tag(id) == tag)
     }
 
     /// The content tagged `tag` that lies at `loc` (seq included): that write's content.
     pub fn find_at(&self, tag: &ContentTag, loc: &Location) -> Option<u32> {
-        self.table.find(hash_content(tag), |id| self.tag(id) == *tag && self.loc(id) == *loc)
+        let tag = tag & TAG_MASK;
+        self.table.find(hash_content(&tag), |id| self.tag(id) == tag && self.loc(id) == *loc)
     }
 
     fn flags(&self, id: u32) -> u8 {
@@ -172,7 +195,7 @@ impl ContentArena {
     }
 
     pub fn tag(&self, id: u32) -> ContentTag {
-        self.records[id as usize].tag
+        tag_of(&self.records[id as usize])
     }
 
     pub fn loc(&self, id: u32) -> Location {
@@ -244,7 +267,12 @@ impl ContentArena {
             true => None,
             false => Some(u32::try_from(loc.raw_len).ok()?),
         };
-        let shape = self.shapes.id_of((loc.dir, raw), MAX_SHAPES)? as u8;
+        let shape = if self.shapes.values().get(self.last_shape as usize) == Some(&(loc.dir, raw)) {
+            self.last_shape
+        } else {
+            self.last_shape = self.shapes.id_of((loc.dir, raw), MAX_SHAPES)? as u8;
+            self.last_shape
+        };
         let [a, b, c, _] = (loc.stored_len as u32).to_le_bytes();
         Some((u32::try_from(loc.offset / PAGE as u64).ok()?, [a, b, c], shape))
     }
@@ -258,8 +286,9 @@ impl ContentArena {
             Some((p, s, sh)) => (p, s, sh, 0),
             None => (0, [0; 3], 0, WIDE),
         };
+        let tag = tag & TAG_MASK;
         *self.slot(id) = ContentRecord {
-            tag,
+            tag: tag_bytes(tag),
             page,
             stored_len,
             seq_lo: loc.seq as u32,
@@ -330,7 +359,7 @@ impl ContentArena {
         let loc = self.loc(id);
         let hash = self.hash_of(id);
         let records = &self.records;
-        self.table.remove(hash, id, |i| hash_content(&{ records[i as usize].tag }));
+        self.table.remove(hash, id, |i| hash_content(&tag_of(&records[i as usize])));
         self.wide.remove(&id);
         self.readers.remove(&id);
         self.shared.remove(&id);
@@ -340,4 +369,4 @@ impl ContentArena {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<ContentRecord>() == 22);
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 20);

@@ -453,3 +453,17 @@ mod model {
         }
     }
 }
+
+#[test]
+fn tags_count_six_bytes_so_a_v3_journals_eight_byte_tags_match() {
+    // A v3 journal's tags carry 8 bytes of the content hash; the index (and v4) keep 6.
+    let mut ix = Index::new(EvictionPolicy::Owner);
+    ix.insert(b"a", 0xABCD_1111_2222_3333, &loc(4096, 4096));
+    assert_eq!(ix.lookup(b"a").unwrap().1.tag, 0x1111_2222_3333);
+    assert_eq!(ix.candidate(0x1111_2222_3333).map(|(_, c)| c.loc), Some(loc(4096, 4096)));
+    assert_eq!(ix.share(b"b", 0xFFFF_1111_2222_3333, &loc(4096, 4096)), Some(None));
+    assert_eq!(ix.content_count(), 1);
+    // Another 6-byte tag is another content, even at the same place.
+    assert!(ix.candidate(0x1111_2222_3334).is_none());
+    assert_eq!(ix.share(b"c", 0x1111_2222_3334, &loc(4096, 4096)), None);
+}
