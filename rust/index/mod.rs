@@ -145,7 +145,7 @@ impl Index {
 
     /// A stored content tagged `tag`: a dedup candidate, to be confirmed against the full hash
     /// in its header page before a key is mapped onto it (tags of different blocks clash
-    /// ~2^-64 of the time).
+    /// ~2^-48 of the time).
     pub fn candidate(&self, tag: ContentTag) -> Option<(ContentId, ContentEntry)> {
         self.contents.find(&tag).map(|id| (id, self.contents.entry(id)))
     }

@@ -170,7 +170,7 @@ fn connector_keys_cost_under_100_bytes_each() {
 
 #[test]
 fn contents_sharing_a_tag_stay_apart_and_are_found_by_location() {
-    // Two different blocks with one tag (a ~2^-64 clash, forced here): each keeps its own
+    // Two different blocks with one tag (a ~2^-48 clash, forced here): each keeps its own
     // content, found by tag and location; removing one leaves the other whole.
     let mut ix = Index::new(EvictionPolicy::Lru);
     ix.insert(b"a", 5, &loc(4096, 4096));
