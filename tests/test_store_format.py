@@ -1,6 +1,7 @@
 """Format versions: a store written by another on-disk format version is set aside (its files
 moved to ``<dir>/set-aside/v<old>-<secs>/``, one WARNING, started empty), never a crash loop;
-a directory holding foreign files is still refused and left untouched."""
+a directory holding foreign files is still refused and left untouched. The version before this
+build's (v3: 8-byte content tags, v4 keeps 6) is migrated: read whole, rewritten as v4."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ V1_KEYS = (b"v1/a", b"v1/b", b"v1/c")
 # Written by the v2 code (16-byte content hashes in the journal), 3 blocks of 8000 B.
 V2 = Path(__file__).parent / "data" / "store-v2"
 V2_KEYS = (b"v2/a", b"v2/b", b"v2/c")
+# Written by the v3 code (8-byte content tags): 3 blocks of 8000 B, and v3/d holding v3/a's bytes
+# (one content under two keys).
+V3 = Path(__file__).parent / "data" / "store-v3"
+V3_KEYS = (b"v3/a", b"v3/b", b"v3/c", b"v3/d")
 JOURNAL = "flexkv-journal.log"
 DATA = "flexkv-blocks.dat"
 
@@ -88,7 +93,8 @@ def test_old_store_opens_or_is_set_aside(
 def test_other_version_is_set_aside_logged_once_and_started_empty(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, delta: int
 ) -> None:
-    version = _native.JOURNAL_FORMAT_VERSION + delta
+    # Older: two back (the one before this build's is migrated, tested below).
+    version = _native.JOURNAL_FORMAT_VERSION + (delta if delta > 0 else 2 * delta)
     d = _copy_v1(tmp_path / "store", version=version)
     original = (d / JOURNAL).read_bytes()
     with caplog.at_level(logging.WARNING):
@@ -138,3 +144,49 @@ def test_foreign_files_are_refused_and_left_alone(tmp_path: Path) -> None:
             BlockStore(str(tmp_path), 16 * MiB)
     assert (tmp_path / JOURNAL).read_bytes() == b"not a flexkv file " * 100
     assert not (tmp_path / "set-aside").exists()
+
+
+def _journal_version(directory: Path) -> int:
+    with open(directory / JOURNAL, "rb") as f:
+        f.seek(8)
+        version: int = struct.unpack("<I", f.read(4))[0]
+    return version
+
+
+def _v3_reads_whole(store: BlockStore) -> None:
+    assert set(V3_KEYS) <= set(store.keys())
+    for k in V3_KEYS[:3]:
+        assert store.read(k) == block(k, 8000)
+    assert store.read(b"v3/d") == block(b"v3/a", 8000)
+
+
+def test_v3_store_is_migrated_read_whole_and_rewritten_as_this_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert _native.JOURNAL_FORMAT_VERSION == 4
+    d = tmp_path / "v3"
+    shutil.copytree(V3, d)
+    original = (d / JOURNAL).read_bytes()
+    # A read-only view reads it as it is and rewrites nothing.
+    with BlockStore(str(d), 16 * MiB, read_only=True) as view:
+        assert sorted(view.keys()) == list(V3_KEYS)
+        _v3_reads_whole(view)
+    assert (d / JOURNAL).read_bytes() == original
+    with caplog.at_level(logging.WARNING), BlockStore(str(d), 16 * MiB) as store:
+        assert sorted(store.keys()) == list(V3_KEYS)
+        _v3_reads_whole(store)
+        assert store.stats()["unique_blocks"] == 3
+        # v3's 8-byte tags were read as 6: the same bytes under a new key still dedup onto them.
+        assert store.put(b"v4/b", block(b"v3/b", 8000)).ok
+        assert store.stats()["deduped"] == 1 and store.stats()["unique_blocks"] == 3
+        assert store.put(b"v4/new", block(b"v4/new", 8000)).ok
+    assert _journal_version(d) == _native.JOURNAL_FORMAT_VERSION
+    assert not (d / "set-aside").exists()
+    assert not [r for r in caplog.records if "set-aside" in r.getMessage()]
+    with BlockStore(str(d), 16 * MiB) as store:
+        assert sorted(store.keys()) == sorted([*V3_KEYS, b"v4/b", b"v4/new"])
+        _v3_reads_whole(store)
+        assert store.read(b"v4/b") == block(b"v3/b", 8000)
+        assert store.read(b"v4/new") == block(b"v4/new", 8000)
+        assert store.stats()["unique_blocks"] == 4
+    assert not (d / "set-aside").exists()

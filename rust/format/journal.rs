@@ -10,21 +10,31 @@
 //! v3: a put names its content by an 8-byte tag (the first 8 bytes of the content hash), not
 //! the 16-byte hash: the index keeps only the tag in RAM, and a compaction writes the journal
 //! from RAM. The full hash stays in the block's header page, where every read checks it.
+//!
+//! v4: the tag is the first 6 bytes (the index keeps 6 in RAM), still in an 8-byte field. A v3
+//! journal is migrated, not set aside: its tags are read masked to 6 bytes and the journal is
+//! rewritten as v4 when the store opens (`MIGRATES_FROM`).
 
 use super::{Reader, MAX_KEY_LEN};
 use crate::hashing::ContentHash;
 
 pub const FILE_MAGIC: &[u8; 8] = b"FLXKVJNL";
-pub const FILE_VERSION: u32 = 3;
+pub const FILE_VERSION: u32 = 4;
+/// The older version this build opens: v3 differs only in 8-byte tags, read masked to 6.
+pub const MIGRATES_FROM: u32 = 3;
 
-/// What the index and the journal know of a block's content: the first 8 bytes of its content
-/// hash. Two different blocks share a tag ~2^-64 of the time per pair, so a tag only *finds* a
-/// dedup candidate; the header page's full hash confirms it (see `store/put`).
+/// What the index and the journal know of a block's content: the first 6 bytes of its content
+/// hash (`TAG_MASK` of a u64). Two different blocks share a tag ~2^-48 of the time per pair, so
+/// a tag only *finds* a dedup candidate; the header page's full hash confirms it (see
+/// `store/put`: a refuted candidate fails that put, ~n/2^48 of puts with n contents stored).
 pub type ContentTag = u64;
+
+/// The bits of a `ContentTag` that count (a v3 journal's tags carry 16 more: dropped).
+pub const TAG_MASK: ContentTag = (1 << 48) - 1;
 
 pub fn content_tag(hash: &ContentHash) -> ContentTag {
     let mut b = [0u8; 8];
-    b.copy_from_slice(&hash[..8]);
+    b[..6].copy_from_slice(&hash[..6]);
     u64::from_le_bytes(b)
 }
 /// Bytes of the file header: magic, version, hash algo, dir count, store id.
@@ -109,7 +119,7 @@ impl FileHeader {
 
     pub fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
-        if r.bytes(8)? != FILE_MAGIC || r.u32()? != FILE_VERSION {
+        if r.bytes(8)? != FILE_MAGIC || ![FILE_VERSION, MIGRATES_FROM].contains(&r.u32()?) {
             return None;
         }
         Some(FileHeader { hash_algo: r.u8()?, dir_count: r.u16()?, store_id: r.u64()? })

@@ -1,20 +1,27 @@
-//! The contents of the index, packed: one fixed 24-byte record per stored extent (content
-//! tag, where it lies in 4 KiB pages, its stored length, the write's seq and how many keys map
-//! to it) in a flat arena, found by content tag through an `IdTable`. The tag is the first 8
-//! bytes of the content hash (the full hash is in the extent's header page): two contents may
-//! share one, so a content is named by its id, and found by tag *and* location. The raw length is not
-//! stored per record: it equals the stored length unless the block is compressed, and a
-//! compressed block names it by a u8 into a small table of the store's raw lengths (a store holds
-//! blocks of a few sizes). Readers pin contents only while a read is in flight, so their counts
-//! live in a small side map; so does a location that does not fit the packed fields (an extent
-//! past 16 TiB of one file, a block over 4 GiB, an offset off the page grid, a directory past the
-//! 256th, a seq past 2^40, a 256th distinct raw length of compressed blocks).
+//! The contents of the index, packed: one 20-byte record (align 1) per key slot, in a flat
+//! arena parallel to the key arena. A key's content lives in the record of the key's own id
+//! (no content id per key: the usual block is stored under one key). A second key mapped
+//! onto it (dedup) holds a redirect to that id in its record instead; a content whose own key
+//! went while other keys or readers still hold it stays in its record until they let go (the
+//! key slot is reused only then: `Index` frees a slot when both halves are free).
+//!
+//! A content record holds the content tag, where it lies in 4 KiB pages, its stored length
+//! (u24), the write's seq (u40), a shape id and flags, and is found by tag through an
+//! `IdTable`. The tag is the first 6 bytes of the content hash (the full hash is in the
+//! extent's header page; tags are masked on the way in, so a v3 journal's 8-byte ones match):
+//! two contents may share one, so a content is named by its id, and found by tag *and*
+//! location. The shape id names (directory, raw length) in a small table
+//! (a store holds blocks of a few sizes in a few directories; an uncompressed block's raw
+//! length is its stored length). Readers pin contents only while a read is in flight, so their
+//! counts live in a small side map; so does a location that does not fit the packed fields (an
+//! extent past 16 TiB of one file, a block of 16 MiB or more, an offset off the page grid, a
+//! seq past 2^40, a 256th distinct shape).
 
 use std::collections::HashMap;
 
-use super::arena::{Interned, NIL};
+use super::arena::Interned;
 use super::probe::IdTable;
-use crate::format::journal::{ContentTag, Location};
+use crate::format::journal::{ContentTag, Location, TAG_MASK};
 use crate::format::PAGE;
 
 const COMPRESSED: u8 = 1;
@@ -25,28 +32,45 @@ const WIDE: u8 = 4;
 const ONE_REF: u8 = 8;
 /// Several keys map to it: their count is in `shared`.
 const SHARED: u8 = 16;
+/// No content of its own: `page` is the id of the content this slot's key maps to.
+const REDIRECT: u8 = 32;
+/// No content and no redirect (a free slot, or a key slot past the contents written so far).
+const FREE_MARK: u8 = 0x80;
 
-/// `raw_id` of a block whose raw length is its stored length (every uncompressed block).
-const RAW_IS_STORED: u8 = u8::MAX;
-/// Distinct raw lengths of compressed blocks named by `raw_id` (the rest go wide).
-const MAX_RAW_LENS: usize = RAW_IS_STORED as usize;
+/// Stored lengths held packed (below 16 MiB: larger blocks go wide).
+const STORED_MAX: u64 = (1 << 24) - 1;
+/// Distinct (directory, raw length) shapes named by a u8 (the rest go wide).
+const MAX_SHAPES: usize = u8::MAX as usize + 1;
 
 #[derive(Clone, Copy)]
-#[repr(C)]
+#[repr(C, packed)]
 struct ContentRecord {
-    tag: ContentTag,
-    /// First page of the extent; on the free list, the next free id.
+    /// The content tag's 6 bytes (little-endian).
+    tag: [u8; 6],
+    /// First page of the extent; for a redirect, the content's id.
     page: u32,
-    stored_len: u32,
+    stored_len: [u8; 3],
     /// The write's seq: low 32 and high 8 bits (2^40 puts: 35 years at a thousand a second;
     /// a later seq goes wide).
     seq_lo: u32,
     seq_hi: u8,
-    /// The raw length: `RAW_IS_STORED`, or its index in `raw_lens`.
-    raw_id: u8,
-    dir: u8,
+    /// Index in `shapes`: the directory and the raw length (None: the stored length).
+    shape: u8,
     flags: u8,
 }
+
+const FREE_RECORD: ContentRecord = ContentRecord {
+    tag: [0; 6],
+    page: 0,
+    stored_len: [0; 3],
+    seq_lo: 0,
+    seq_hi: 0,
+    shape: 0,
+    flags: FREE_MARK,
+};
+
+/// A directory and a raw length (None: the raw length is the stored length).
+type Shape = (u16, Option<u32>);
 
 /// What the index knows about one content (a copy: the arena holds it packed).
 #[derive(Clone, Debug)]
@@ -60,22 +84,35 @@ pub struct ContentEntry {
 }
 
 /// A tag's table hash: a multiplicative mix (a tag is already a hash, but tests and tools may
-/// pass small numbers; unmixed, they would all land in one probe run).
+/// pass small numbers; unmixed, they would all land in one probe run). Masked tags only.
 fn hash_content(tag: &ContentTag) -> u32 {
     (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
 }
 
+fn tag_of(r: &ContentRecord) -> ContentTag {
+    let [a, b, c, d, e, f] = r.tag;
+    u64::from_le_bytes([a, b, c, d, e, f, 0, 0])
+}
+
+fn tag_bytes(tag: ContentTag) -> [u8; 6] {
+    let [a, b, c, d, e, f, _, _] = tag.to_le_bytes();
+    [a, b, c, d, e, f]
+}
+
 #[derive(Default)]
 pub(crate) struct ContentArena {
+    /// One per key slot (indexed by key id); grown lazily as key slots are written.
     records: Vec<ContentRecord>,
-    free: Option<u32>,
+    /// Contents held (records that are neither free nor redirects).
     len: usize,
     table: IdTable,
     readers: HashMap<u32, u32>,
     shared: HashMap<u32, u32>,
     wide: HashMap<u32, Location>,
-    /// Raw lengths of compressed blocks, named by `raw_id` (never shrinks: a few entries).
-    raw_lens: Interned<u32>,
+    /// (directory, raw length) pairs named by `shape` (never shrinks: a few entries).
+    shapes: Interned<Shape>,
+    /// The shape used last: nearly every block of a store has it (no map lookup per add).
+    last_shape: u8,
 }
 
 impl ContentArena {
@@ -89,39 +126,63 @@ impl ContentArena {
             + self.table.heap_bytes()
             + (self.readers.capacity() + self.shared.capacity()) * 9
             + self.wide.capacity() * (4 + size_of::<Location>() + 1)
-            + self.raw_lens.heap_bytes()
+            + self.shapes.heap_bytes()
     }
 
-    pub fn reserve(&mut self, additional: usize) {
-        super::arena::reserve(&mut self.records, self.len, additional);
-        if self.table.full_for(self.len + additional) {
-            self.rebuild_table(self.len + additional);
+    /// Room for `slots` key slots in all and `additional` more contents.
+    pub fn reserve(&mut self, slots: usize, additional: usize) {
+        self.records.reserve_exact(slots.saturating_sub(self.records.len()));
+        let len = (self.len + additional).max(slots);
+        if self.table.full_for(self.len + additional) || !self.table.holds(len.saturating_sub(1) as u32) {
+            self.rebuild_table(len);
         }
     }
 
     fn rebuild_table(&mut self, len: usize) {
-        let live = self.records.iter().enumerate().filter(|(_, r)| r.flags & FREE_MARK == 0);
-        let ids: Vec<(u32, u32)> = live.map(|(i, r)| (hash_content(&r.tag), i as u32)).collect();
+        let ids: Vec<(u32, u32)> = (0..self.records.len() as u32)
+            .filter(|&i| self.is_live(i))
+            .map(|i| (self.hash_of(i), i))
+            .collect();
         self.table.rebuild(len, ids.into_iter());
     }
 
+    fn hash_of(&self, id: u32) -> u32 {
+        hash_content(&self.tag(id))
+    }
+
     pub fn prefetch(&self, tag: &ContentTag) {
-        self.table.prefetch(hash_content(tag));
+        self.table.prefetch(hash_content(&(tag & TAG_MASK)));
     }
 
     /// A content tagged `tag` (the first found: a dedup candidate to confirm).
     pub fn find(&self, tag: &ContentTag) -> Option<u32> {
-        self.table.find(hash_content(tag), |id| self.records[id as usize].tag == *tag)
+        let tag = tag & TAG_MASK;
+        self.table.find(hash_content(&tag), |id| self.tag(id) == tag)
     }
 
     /// The content tagged `tag` that lies at `loc` (seq included): that write's content.
     pub fn find_at(&self, tag: &ContentTag, loc: &Location) -> Option<u32> {
-        self.table.find(hash_content(tag), |id| self.records[id as usize].tag == *tag && self.loc(id) == *loc)
+        let tag = tag & TAG_MASK;
+        self.table.find(hash_content(&tag), |id| self.tag(id) == tag && self.loc(id) == *loc)
     }
 
-    /// Whether `id` names a live content (not a freed record).
+    fn flags(&self, id: u32) -> u8 {
+        self.records.get(id as usize).map_or(FREE_MARK, |r| r.flags)
+    }
+
+    /// Whether `id` names a live content (not a free slot, not a redirect).
     pub fn is_live(&self, id: u32) -> bool {
-        self.records.get(id as usize).is_some_and(|r| r.flags & FREE_MARK == 0)
+        self.flags(id) & (FREE_MARK | REDIRECT) == 0
+    }
+
+    /// The content key slot `id` maps to: its own, or the one its redirect names.
+    pub fn resolve(&self, id: u32) -> u32 {
+        let r = &self.records[id as usize];
+        if r.flags & REDIRECT != 0 {
+            r.page
+        } else {
+            id
+        }
     }
 
     /// The seq of content `id`'s write (`loc().seq`, without building the location).
@@ -134,43 +195,41 @@ impl ContentArena {
     }
 
     pub fn tag(&self, id: u32) -> ContentTag {
-        self.records[id as usize].tag
+        tag_of(&self.records[id as usize])
     }
 
     pub fn loc(&self, id: u32) -> Location {
-        let r = &self.records[id as usize];
+        let r = self.records[id as usize];
         if r.flags & WIDE != 0 {
             if let Some(loc) = self.wide.get(&id) {
                 return loc.clone();
             }
         }
-        let raw_len = match r.raw_id {
-            RAW_IS_STORED => r.stored_len,
-            id => self.raw_lens.values().get(id as usize).copied().unwrap_or(0),
-        };
+        let [a, b, c] = r.stored_len;
+        let stored_len = u32::from_le_bytes([a, b, c, 0]);
+        let (dir, raw) = self.shapes.values().get(r.shape as usize).copied().unwrap_or((0, None));
         Location {
-            dir: r.dir as u16,
+            dir,
             offset: r.page as u64 * PAGE as u64,
-            stored_len: r.stored_len as u64,
-            raw_len: raw_len as u64,
+            stored_len: stored_len as u64,
+            raw_len: raw.unwrap_or(stored_len) as u64,
             compressed: r.flags & COMPRESSED != 0,
             seq: r.seq_lo as u64 | (r.seq_hi as u64) << 32,
         }
     }
 
     pub fn entry(&self, id: u32) -> ContentEntry {
-        let r = &self.records[id as usize];
         ContentEntry {
-            tag: r.tag,
+            tag: self.tag(id),
             loc: self.loc(id),
             refs: self.refs(id),
             readers: self.readers(id),
-            poisoned: r.flags & POISONED != 0,
+            poisoned: self.flags(id) & POISONED != 0,
         }
     }
 
     pub fn refs(&self, id: u32) -> u32 {
-        let flags = self.records[id as usize].flags;
+        let flags = self.flags(id);
         if flags & SHARED != 0 {
             self.shared.get(&id).copied().unwrap_or(0)
         } else {
@@ -185,52 +244,84 @@ impl ContentArena {
         self.readers.get(&id).copied().unwrap_or(0)
     }
 
-    /// Add a content tagged `tag` at `loc` (absent there), with no keys yet; returns its id.
-    pub fn add(&mut self, tag: ContentTag, loc: &Location) -> u32 {
-        if self.table.full_for(self.len + 1) {
-            self.rebuild_table(self.len + 1 + self.len / 4);
+    /// The record of slot `id` (free), growing the arena in 1.25x steps as the key arena does.
+    fn slot(&mut self, id: u32) -> &mut ContentRecord {
+        let id = id as usize;
+        if id >= self.records.len() {
+            let more = id + 1 - self.records.len();
+            if self.records.len() + more > self.records.capacity() {
+                self.records.reserve_exact(more.max(self.records.len() / 4 + 16));
+            }
+            self.records.resize(id + 1, FREE_RECORD);
         }
-        let fits = loc.offset % PAGE as u64 == 0 && loc.seq >> 40 == 0 && loc.dir <= u8::MAX as u16;
-        let packed = fits.then(|| {
-            let stored_len = u32::try_from(loc.stored_len).ok()?;
-            let raw_id = if loc.raw_len == loc.stored_len {
-                RAW_IS_STORED
-            } else {
-                self.raw_lens.id_of(u32::try_from(loc.raw_len).ok()?, MAX_RAW_LENS)? as u8
-            };
-            Some((u32::try_from(loc.offset / PAGE as u64).ok()?, stored_len, raw_id))
-        });
-        let (page, stored_len, raw_id, wide) = match packed.flatten() {
-            Some((p, s, r)) => (p, s, r, 0),
-            None => (0, 0, RAW_IS_STORED, WIDE),
+        debug_assert!(self.records[id].flags & FREE_MARK != 0, "slot {id} is taken");
+        &mut self.records[id]
+    }
+
+    /// The packed fields of `loc`, None when it must go wide.
+    fn packed(&mut self, loc: &Location) -> Option<(u32, [u8; 3], u8)> {
+        if loc.offset % PAGE as u64 != 0 || loc.seq >> 40 != 0 || loc.stored_len > STORED_MAX {
+            return None;
+        }
+        let raw = match loc.raw_len == loc.stored_len {
+            true => None,
+            false => Some(u32::try_from(loc.raw_len).ok()?),
         };
-        let record = ContentRecord {
-            tag,
+        let shape = if self.shapes.values().get(self.last_shape as usize) == Some(&(loc.dir, raw)) {
+            self.last_shape
+        } else {
+            self.last_shape = self.shapes.id_of((loc.dir, raw), MAX_SHAPES)? as u8;
+            self.last_shape
+        };
+        let [a, b, c, _] = (loc.stored_len as u32).to_le_bytes();
+        Some((u32::try_from(loc.offset / PAGE as u64).ok()?, [a, b, c], shape))
+    }
+
+    /// Add a content tagged `tag` at `loc` (absent there) in slot `id` (free), with no keys yet.
+    pub fn add_at(&mut self, id: u32, tag: ContentTag, loc: &Location) {
+        if self.table.full_for(self.len + 1) || !self.table.holds(id) {
+            self.rebuild_table((self.len + 1 + self.len / 4).max(id as usize + 1));
+        }
+        let (page, stored_len, shape, wide) = match self.packed(loc) {
+            Some((p, s, sh)) => (p, s, sh, 0),
+            None => (0, [0; 3], 0, WIDE),
+        };
+        let tag = tag & TAG_MASK;
+        *self.slot(id) = ContentRecord {
+            tag: tag_bytes(tag),
             page,
             stored_len,
             seq_lo: loc.seq as u32,
             seq_hi: (loc.seq >> 32) as u8,
-            raw_id,
-            dir: loc.dir as u8,
+            shape,
             flags: if loc.compressed { COMPRESSED } else { 0 } | wide,
         };
-        let id = super::arena::place(&mut self.records, &mut self.free, record, |r| r.page);
         if wide != 0 {
             self.wide.insert(id, loc.clone());
         }
         self.table.insert_new(hash_content(&tag), id);
         self.len += 1;
-        id
+    }
+
+    /// Point slot `id` (free) at content `target` (live): its key maps there.
+    pub fn redirect(&mut self, id: u32, target: u32) {
+        *self.slot(id) = ContentRecord { page: target, flags: REDIRECT, ..FREE_RECORD };
+    }
+
+    /// Free slot `id`'s redirect (its key is gone).
+    pub fn clear(&mut self, id: u32) {
+        debug_assert!(self.flags(id) & REDIRECT != 0);
+        self.records[id as usize] = FREE_RECORD;
     }
 
     fn set_refs(&mut self, id: u32, refs: u32) {
-        let flags = &mut self.records[id as usize].flags;
-        *flags &= !(ONE_REF | SHARED);
-        match refs {
-            0 => {}
-            1 => *flags |= ONE_REF,
-            _ => *flags |= SHARED,
-        }
+        let r = &mut self.records[id as usize];
+        r.flags = r.flags & !(ONE_REF | SHARED)
+            | match refs {
+                0 => 0,
+                1 => ONE_REF,
+                _ => SHARED,
+            };
         if refs > 1 {
             self.shared.insert(id, refs);
         } else if !self.shared.is_empty() {
@@ -266,22 +357,16 @@ impl ContentArena {
     /// Forget content `id` (live); returns where it was.
     pub fn remove(&mut self, id: u32) -> Location {
         let loc = self.loc(id);
-        let tag = self.records[id as usize].tag;
+        let hash = self.hash_of(id);
         let records = &self.records;
-        self.table.remove(hash_content(&tag), id, |i| hash_content(&records[i as usize].tag));
+        self.table.remove(hash, id, |i| hash_content(&tag_of(&records[i as usize])));
         self.wide.remove(&id);
         self.readers.remove(&id);
         self.shared.remove(&id);
-        let r = &mut self.records[id as usize];
-        r.flags = FREE_MARK;
-        r.page = self.free.unwrap_or(NIL);
-        self.free = Some(id);
+        self.records[id as usize] = FREE_RECORD;
         self.len -= 1;
         loc
     }
 }
 
-/// `flags` of a record on the free list.
-const FREE_MARK: u8 = 0x80;
-
-const _: () = assert!(std::mem::size_of::<ContentRecord>() == 24);
+const _: () = assert!(std::mem::size_of::<ContentRecord>() == 20);

@@ -1,12 +1,15 @@
-//! The keys of the index, packed: one fixed 44-byte record per key in a flat arena, found
-//! through an `IdTable` of u32 ids. An ordered arena (LRU/FIFO) also keeps the keys in
-//! eviction order by u32 links in a side vector (8 bytes per key); an unordered one (the
-//! owner-ordered policy: its owner decides evictions) keeps none and sweeps the arena like a
-//! clock when it must evict on its own.
+//! The keys of the index, packed: one fixed 39-byte record (align 1) per key in a flat arena,
+//! found through an `IdTable` of u32 ids. A key's id is also its content's slot in the
+//! parallel content arena (contents.rs), so a record names no content; a removed key's slot
+//! is reused only once `release`d (its content may outlive it: `Index` decides). An ordered
+//! arena (LRU/FIFO) also keeps the keys in eviction order by u32 links in a side vector (8
+//! bytes per key); an unordered one (the owner-ordered policy: its owner decides evictions)
+//! keeps none and sweeps the arena like a clock when it must evict on its own.
 //!
 //! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
 //! namespace prefix, variant) and the engine's block hash (32 bytes for sha256). Heads are
-//! interned once in a small table and a record holds a u16 head id and the hash inline, so the
+//! interned once with the tail's length in a small table and a record holds a u16 id of that
+//! (head, length) pair and the hash inline, so the
 //! full key is rebuilt from head + tail whenever it is needed (`keys()`, evicted keys, journal
 //! records). Keys of any other shape (shorter, longer, or past the head table's limit) keep
 //! their bytes in a side map: slower and bigger, never refused.
@@ -21,25 +24,27 @@ use super::probe::IdTable;
 pub const HEAD_LEN: usize = 28;
 /// Longest tail held inline (a sha256 block hash).
 pub const TAIL_MAX: usize = 32;
-/// `tail_len` of a record whose key lives in the side map.
-const SPILLED: u8 = u8::MAX;
-/// Heads beyond this many go to the side map (keys not shaped like the connector's).
-const MAX_HEADS: usize = u16::MAX as usize;
+/// `head` of a record whose key lives in the side map.
+const SPILLED: u16 = u16::MAX;
+/// `head` of a record with no key (free, or its content outlives it).
+const FREE: u16 = u16::MAX - 1;
+/// (head, tail length) pairs beyond this many go to the side map (keys not shaped like the
+/// connector's).
+const MAX_HEADS: usize = FREE as usize;
 
 #[derive(Clone, Copy)]
-#[repr(C)]
+#[repr(C, packed)]
 struct KeyRecord {
     tail: [u8; TAIL_MAX],
-    /// The content id; on the free list, the next free record.
-    content: u32,
     /// The previous block of this key's prefix chain: its record id (low 28 bits; all ones:
-    /// none) and 4 bits of its key's table hash (the top bits), with 8 more in `parent_tag`
-    /// (the padding byte), so a parent removed and its record reused by another key matches
-    /// only 1 time in 4096. The journal names the parent by key: a reopen resolves it exactly.
+    /// none) and 4 bits of its key's table hash (the top bits), with 8 more in `parent_tag`,
+    /// so a parent removed and its record reused by another key matches only 1 time in 4096.
+    /// The journal names the parent by key: a reopen resolves it exactly. On the free list:
+    /// the next free record.
     parent: u32,
-    head: u16,
-    tail_len: u8,
     parent_tag: u8,
+    /// The interned (head, tail length) pair; `SPILLED` or `FREE`.
+    head: u16,
 }
 
 /// Record ids a parent link can name (the arena's ids stay far below: 2^28 keys is ~27 GB).
@@ -50,9 +55,6 @@ fn parent_tag_of(hash: u32) -> (u32, u8) {
     ((hash >> 8 & 0xF) << 28, hash as u8)
 }
 
-/// `tail_len` of a record on the free list.
-const FREE: u8 = u8::MAX - 1;
-
 /// A key's neighbours in the eviction order (towards the front / the back).
 #[derive(Clone, Copy)]
 struct Link {
@@ -62,8 +64,10 @@ struct Link {
 
 const UNLINKED: Link = Link { prev: NIL, next: NIL };
 
-const EMPTY: KeyRecord =
-    KeyRecord { tail: [0; TAIL_MAX], content: NIL, parent: NIL, head: 0, tail_len: 0, parent_tag: 0 };
+const EMPTY: KeyRecord = KeyRecord { tail: [0; TAIL_MAX], parent: NIL, parent_tag: 0, head: FREE };
+
+/// A key's interned head with the length of its tail.
+type Head = ([u8; HEAD_LEN], u8);
 
 /// Bytes of the rank tag in front of a stored key (`Namespace.storage_key`).
 pub const TAG_LEN: usize = 4;
@@ -83,20 +87,16 @@ fn hash_key(key: &[u8]) -> u32 {
     fingerprint_hash(&fingerprint(key))
 }
 
-fn hash_parts(
-    records: &[KeyRecord],
-    heads: &[[u8; HEAD_LEN]],
-    spilled: &HashMap<u32, Box<[u8]>>,
-    id: u32,
-) -> u32 {
+fn hash_parts(records: &[KeyRecord], heads: &[Head], spilled: &HashMap<u32, Box<[u8]>>, id: u32) -> u32 {
     let r = &records[id as usize];
-    if r.tail_len == SPILLED {
+    if r.head == SPILLED {
         return spilled.get(&id).map_or(0, |k| hash_key(k));
     }
+    let (head, t) = heads[r.head as usize];
     let mut buf = [0u8; HEAD_LEN + TAIL_MAX];
-    let n = HEAD_LEN + r.tail_len as usize;
-    buf[..HEAD_LEN].copy_from_slice(&heads[r.head as usize]);
-    buf[HEAD_LEN..n].copy_from_slice(&r.tail[..r.tail_len as usize]);
+    let n = HEAD_LEN + t as usize;
+    buf[..HEAD_LEN].copy_from_slice(&head);
+    buf[HEAD_LEN..n].copy_from_slice(&r.tail[..t as usize]);
     hash_key(&buf[..n])
 }
 
@@ -111,7 +111,7 @@ pub(crate) struct KeyArena {
     free: Option<u32>,
     len: usize,
     table: IdTable,
-    heads: Interned<[u8; HEAD_LEN]>,
+    heads: Interned<Head>,
     /// The head used last: nearly every key of a batch (or a replay) shares it.
     last_head: u16,
     spilled: HashMap<u32, Box<[u8]>>,
@@ -127,6 +127,11 @@ impl KeyArena {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Slots the arena holds without growing (the content arena matches it).
+    pub fn capacity(&self) -> usize {
+        self.records.capacity()
     }
 
     /// Bytes held (capacities; allocator bookkeeping estimated for the side maps).
@@ -162,24 +167,24 @@ impl KeyArena {
 
     fn matches(&self, id: u32, key: &[u8]) -> bool {
         let r = &self.records[id as usize];
-        if r.tail_len == SPILLED {
+        if r.head == SPILLED {
             return self.spilled.get(&id).is_some_and(|k| **k == *key);
         }
-        let t = r.tail_len as usize;
-        key.len() == HEAD_LEN + t
-            && r.tail[..t] == key[HEAD_LEN..]
-            && self.heads.values()[r.head as usize] == key[..HEAD_LEN]
+        let (head, t) = &self.heads.values()[r.head as usize];
+        let t = *t as usize;
+        key.len() == HEAD_LEN + t && r.tail[..t] == key[HEAD_LEN..] && head[..] == key[..HEAD_LEN]
     }
 
     /// Write the key of `id` into `out` (cleared first).
     pub fn key_into(&self, id: u32, out: &mut Vec<u8>) {
         out.clear();
         let r = &self.records[id as usize];
-        if r.tail_len == SPILLED {
+        if r.head == SPILLED {
             out.extend_from_slice(self.spilled.get(&id).map_or(&[][..], |k| k));
         } else {
-            out.extend_from_slice(&self.heads.values()[r.head as usize]);
-            out.extend_from_slice(&r.tail[..r.tail_len as usize]);
+            let (head, t) = &self.heads.values()[r.head as usize];
+            out.extend_from_slice(head);
+            out.extend_from_slice(&r.tail[..*t as usize]);
         }
     }
 
@@ -199,10 +204,6 @@ impl KeyArena {
 
     pub fn find(&self, key: &[u8]) -> Option<u32> {
         self.table.find(hash_key(key), |id| self.matches(id, key))
-    }
-
-    pub fn content(&self, id: u32) -> u32 {
-        self.records[id as usize].content
     }
 
     /// Ids of the keys whose `fingerprint` is `fp`: usually one, more only on a clash.
@@ -232,15 +233,15 @@ impl KeyArena {
     pub fn parent(&self, id: u32) -> Option<u32> {
         let r = &self.records[id as usize];
         let p = r.parent & PARENT_ID_MASK;
-        if p == PARENT_ID_MASK || !self.records.get(p as usize).is_some_and(|pr| pr.tail_len != FREE) {
+        if p == PARENT_ID_MASK || !self.records.get(p as usize).is_some_and(|pr| pr.head != FREE) {
             return None;
         }
         let (hi, lo) = parent_tag_of(self.hash_of(p));
         (r.parent & !PARENT_ID_MASK == hi && r.parent_tag == lo).then_some(p)
     }
 
-    fn head_id(&mut self, head: &[u8]) -> Option<u16> {
-        let head: [u8; HEAD_LEN] = head.try_into().ok()?;
+    fn head_id(&mut self, head: &[u8], tail_len: usize) -> Option<u16> {
+        let head: Head = (head.try_into().ok()?, tail_len as u8);
         if self.heads.values().get(self.last_head as usize) == Some(&head) {
             return Some(self.last_head);
         }
@@ -249,33 +250,32 @@ impl KeyArena {
         Some(id)
     }
 
-    /// Add `key` (absent) mapped to `content`, at the back of the order; returns its id.
-    pub fn insert(&mut self, key: &[u8], content: u32) -> u32 {
-        if self.table.full_for(self.len + 1) {
-            self.rebuild_table(self.len + 1 + self.len / 4);
+    /// Add `key` (absent) at the back of the order; returns its id (a slot whose content half
+    /// is free).
+    pub fn insert(&mut self, key: &[u8]) -> u32 {
+        // Ids must fit the table: a slot held by a content that outlived its key is not free.
+        let next = self.free.unwrap_or(self.records.len() as u32);
+        if self.table.full_for(self.len + 1) || !self.table.holds(next) {
+            self.rebuild_table((self.len + 1 + self.len / 4).max(next as usize + 1));
         }
-        let mut r = KeyRecord { content, ..EMPTY };
-        let packed = (HEAD_LEN..=HEAD_LEN + TAIL_MAX)
-            .contains(&key.len())
-            .then(|| self.head_id(&key[..HEAD_LEN]))
-            .flatten();
+        let mut r = EMPTY;
+        let t = key.len().wrapping_sub(HEAD_LEN);
+        let packed = (t <= TAIL_MAX).then(|| self.head_id(&key[..HEAD_LEN], t)).flatten();
         match packed {
             Some(head) => {
-                let t = key.len() - HEAD_LEN;
                 r.head = head;
-                r.tail_len = t as u8;
                 r.tail[..t].copy_from_slice(&key[HEAD_LEN..]);
             }
-            None => r.tail_len = SPILLED,
+            None => r.head = SPILLED,
         }
-        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.content);
+        let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.parent);
         if self.ordered && id as usize >= self.links.len() {
             if self.links.len() == self.links.capacity() {
                 self.links.reserve_exact(self.links.len() / 4 + 16);
             }
             self.links.push(UNLINKED);
         }
-        if r.tail_len == SPILLED {
+        if r.head == SPILLED {
             self.spilled.insert(id, key.into());
         }
         self.table.insert_new(hash_key(key), id);
@@ -286,7 +286,7 @@ impl KeyArena {
         id
     }
 
-    /// Forget key `id` (live).
+    /// Forget key `id` (live). Its slot is reused only once `release`d.
     pub fn remove(&mut self, id: u32) {
         let hash = self.hash_of(id);
         let KeyArena { records, heads, spilled, table, .. } = self;
@@ -294,12 +294,18 @@ impl KeyArena {
         if self.ordered {
             self.unlink(id);
         }
-        if self.records[id as usize].tail_len == SPILLED {
+        if self.records[id as usize].head == SPILLED {
             self.spilled.remove(&id);
         }
-        self.records[id as usize] = KeyRecord { content: self.free.unwrap_or(NIL), tail_len: FREE, ..EMPTY };
-        self.free = Some(id);
+        self.records[id as usize] = EMPTY;
         self.len -= 1;
+    }
+
+    /// Put slot `id` (removed, its content gone too) on the free list.
+    pub fn release(&mut self, id: u32) {
+        debug_assert!(self.records[id as usize].head == FREE);
+        self.records[id as usize].parent = self.free.unwrap_or(NIL);
+        self.free = Some(id);
     }
 
     fn link_back(&mut self, id: u32) {
@@ -339,14 +345,14 @@ impl KeyArena {
         }
         let n = self.records.len() as u32;
         let start = self.sweep.min(n);
-        let id = (start..n).chain(0..start).find(|&i| self.records[i as usize].tail_len != FREE)?;
+        let id = (start..n).chain(0..start).find(|&i| self.records[i as usize].head != FREE)?;
         self.sweep = id + 1;
         Some(id)
     }
 
     /// Live ids in arena order.
     fn live_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.records.len() as u32).filter(|&i| self.records[i as usize].tail_len != FREE)
+        (0..self.records.len() as u32).filter(|&i| self.records[i as usize].head != FREE)
     }
 
     /// Ids from coldest to hottest when ordered; in arena order when not.
@@ -361,4 +367,4 @@ impl KeyArena {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<KeyRecord>() == 44);
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 39);

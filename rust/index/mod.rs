@@ -5,7 +5,11 @@
 //!
 //! Memory is the design constraint (a 4 TB tier of 256 KiB blocks is ~16 M keys), so both
 //! sides are packed arenas of fixed-size records behind u32-id hash tables (`keys.rs`,
-//! `contents.rs`, `probe.rs`) instead of maps of boxed keys and per-entry structs.
+//! `contents.rs`, `probe.rs`) instead of maps of boxed keys and per-entry structs. The two
+//! arenas are parallel: slot `i` holds a key and, in the usual case, that key's own content
+//! (content id = key id); a deduplicated key's slot redirects to the content it shares. A
+//! slot is freed when both halves are: a content outlives its key while other keys or readers
+//! hold it.
 
 pub mod admission;
 mod arena;
@@ -100,7 +104,7 @@ impl Index {
     /// does not grow its way up.
     pub fn reserve(&mut self, additional: usize) {
         self.keys.reserve(additional);
-        self.contents.reserve(additional);
+        self.contents.reserve(self.keys.capacity(), additional);
     }
 
     pub fn len(&self) -> usize {
@@ -141,7 +145,7 @@ impl Index {
 
     /// A stored content tagged `tag`: a dedup candidate, to be confirmed against the full hash
     /// in its header page before a key is mapped onto it (tags of different blocks clash
-    /// ~2^-64 of the time).
+    /// ~2^-48 of the time).
     pub fn candidate(&self, tag: ContentTag) -> Option<(ContentId, ContentEntry)> {
         self.contents.find(&tag).map(|id| (id, self.contents.entry(id)))
     }
@@ -153,7 +157,7 @@ impl Index {
 
     /// The content `key` maps to: its id (for pins) and what is known of it.
     pub fn lookup(&self, key: &[u8]) -> Option<(ContentId, ContentEntry)> {
-        let c = self.keys.content(self.keys.find(key)?);
+        let c = self.contents.resolve(self.keys.find(key)?);
         Some((c, self.contents.entry(c)))
     }
 
@@ -197,25 +201,30 @@ impl Index {
     ) -> Option<FreedExtent> {
         let mut released = None;
         if let Some(id) = self.keys.find(key) {
-            if Some(self.keys.content(id)) == known {
+            if Some(self.contents.resolve(id)) == known {
                 self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
         }
-        // The remove above released only the old content (not `known`): `known` stays valid.
+        // The remove above released only the old content (not `known`): `known` stays valid,
+        // and its slot is not free, so the key gets another.
+        let id = self.keys.insert(key);
         let content = match known {
-            Some(c) => c,
+            Some(c) => {
+                self.contents.redirect(id, c);
+                c
+            }
             None => {
                 self.physical_bytes += extent_pages(loc.stored_len) * PAGE as u64;
                 self.content_raw_bytes += loc.raw_len;
                 self.content_stored_bytes += loc.stored_len;
-                self.contents.add(tag, loc)
+                self.contents.add_at(id, tag, loc);
+                id
             }
         };
         self.contents.add_ref(content);
         self.logical_bytes += self.contents.loc(content).raw_len;
-        self.keys.insert(key, content);
         released
     }
 
@@ -244,8 +253,13 @@ impl Index {
 
     pub fn remove(&mut self, key: &[u8]) -> Option<FreedExtent> {
         let id = self.keys.find(key)?;
-        let content = self.keys.content(id);
+        let content = self.contents.resolve(id);
         self.keys.remove(id);
+        if content != id {
+            // A shared content's other key: the slot held only the redirect.
+            self.contents.clear(id);
+            self.keys.release(id);
+        }
         self.contents.drop_ref(content);
         self.logical_bytes -= self.contents.loc(content).raw_len;
         self.release_if_unused(content)
@@ -279,6 +293,8 @@ impl Index {
             return None;
         }
         let loc = self.contents.remove(content);
+        // No key maps here, its own included: the whole slot is free now.
+        self.keys.release(content);
         self.physical_bytes -= extent_pages(loc.stored_len) * PAGE as u64;
         self.content_raw_bytes -= loc.raw_len;
         self.content_stored_bytes -= loc.stored_len;
@@ -297,19 +313,19 @@ impl Index {
             return self.keys.order();
         }
         let mut by_seq: Vec<(u64, u32)> =
-            self.keys.order().map(|id| (self.contents.seq(self.keys.content(id)), id)).collect();
+            self.keys.order().map(|id| (self.contents.seq(self.contents.resolve(id)), id)).collect();
         by_seq.sort_unstable();
         Box::new(by_seq.into_iter().map(|(_, id)| id))
     }
 
     /// Keys (rebuilt from the packed arena) with their content id, coldest to hottest.
     pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
-        self.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+        self.order().map(|id| (self.keys.key(id), self.contents.resolve(id)))
     }
 
     /// `keys_in_order` without the owner-ordered policy's sort (scans under the state lock).
     pub fn keys_any_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
-        self.keys.order().map(|id| (self.keys.key(id), self.keys.content(id)))
+        self.keys.order().map(|id| (self.keys.key(id), self.contents.resolve(id)))
     }
 
     /// Visit every key with its content's tag and location and its chain parent (if stored),
@@ -338,7 +354,7 @@ impl Index {
                 self.keys.key_into(p, &mut parent);
                 parent.as_slice()
             });
-            let c = self.keys.content(id);
+            let c = self.contents.resolve(id);
             f(&key, self.contents.tag(c), self.contents.loc(c), p);
         }
     }

@@ -35,6 +35,11 @@ impl IdTable {
         self.slots.capacity() * std::mem::size_of::<u32>()
     }
 
+    /// Whether `id` fits a slot (ids must stay below the slot count; `rebuild` for more).
+    pub fn holds(&self, id: u32) -> bool {
+        (id as usize) < self.slots.len()
+    }
+
     /// The slot after `at`, wrapping to 0 past the end (branch-free).
     fn next(&self, at: usize) -> usize {
         (at + 1) * usize::from(at + 1 < self.slots.len())

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::device::private::FILE_MODE;
 use crate::error::{Result, StoreError};
 use crate::format::journal::{
-    count_puts, visit_all, FileHeader, Record, RecordRef, FILE_HEADER_LEN, FILE_VERSION,
+    count_puts, visit_all, FileHeader, Record, RecordRef, FILE_HEADER_LEN, FILE_VERSION, MIGRATES_FROM,
 };
 
 pub const JOURNAL_FILE: &str = "flexkv-journal.log";
@@ -20,6 +20,8 @@ pub struct Replayed {
     buf: Vec<u8>,
     /// (device, inode) of the file read: a compaction or rewrite replaces it (store/follow.rs).
     pub ident: Option<(u64, u64)>,
+    /// The file is of the version this build migrates: rewrite it before appending.
+    pub migrate: bool,
 }
 
 impl Replayed {
@@ -66,13 +68,14 @@ pub fn read(dir: &Path) -> Result<Option<Replayed>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io(path.display(), e)),
     };
-    if let Some(found) = FileHeader::version_of(&buf).filter(|v| *v != FILE_VERSION) {
+    let version = FileHeader::version_of(&buf);
+    if let Some(found) = version.filter(|v| ![FILE_VERSION, MIGRATES_FROM].contains(v)) {
         return Err(StoreError::FormatVersion { path, found, expected: FILE_VERSION });
     }
     let header = buf.get(..FILE_HEADER_LEN).and_then(FileHeader::decode).ok_or_else(|| {
         StoreError::Foreign { path: path.clone(), kind: "journal", reason: "bad header".into() }
     })?;
-    Ok(Some(Replayed { header, buf, ident }))
+    Ok(Some(Replayed { header, buf, ident, migrate: version == Some(MIGRATES_FROM) }))
 }
 
 /// A new journal written to a temp file and synced, not yet current: `install` makes it so.

@@ -137,6 +137,11 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     let mut replay = Replay { next_seq: 1, ..Replay::default() };
     let mut journal_bytes = 0;
     let journal_ident = replayed.as_ref().and_then(|r| r.ident);
+    // An older journal this build reads (format::journal::MIGRATES_FROM) is rewritten as ours.
+    let migrate = replayed.as_ref().is_some_and(|r| r.migrate);
+    if migrate && !cfg.read_only {
+        tracing::info!(dir = %journal_dir.display(), "journal of the previous format: rewritten in this one");
+    }
     if let Some(r) = &replayed {
         replay = super::replay::replay(r, &mut index, &mut allocators, &recreated);
         journal_bytes = r.file_bytes();
@@ -154,8 +159,12 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     // Rewritten at open only when that buys something: a torn tail or dropped records to cut
     // off, a journal grown well past the live keys, or one that is not private yet. Otherwise
     // it is reopened as it is (a rewrite of 1 M records costs seconds before the first hit).
-    let keep =
-        !fresh && torn == 0 && dropped == 0 && journal_private && records <= 2 * index.len() as u64 + 65_536;
+    let keep = !fresh
+        && !migrate
+        && torn == 0
+        && dropped == 0
+        && journal_private
+        && records <= 2 * index.len() as u64 + 65_536;
     let journal = if cfg.read_only {
         None
     } else if keep {

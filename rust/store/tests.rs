@@ -282,8 +282,8 @@ fn journal_kept_at_open_reads_unclean_after_a_crash_and_keeps_new_records() {
 
 #[test]
 fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
-    // The index keeps 8 bytes of each content hash. Plant a clash: rewrite key a's header page
-    // so that its full hash shares a's tag (first 8 bytes) but differs after. A put of a's
+    // The index keeps 6 bytes of each content hash. Plant a clash: rewrite key a's header page
+    // so that its full hash shares a's tag (the first 6 bytes) but differs after. A put of a's
     // bytes under key b finds a's content by tag, reads the header, and must not map b onto it.
     use crate::format::header::BlockHeader;
     use std::os::unix::fs::FileExt;
@@ -293,7 +293,7 @@ fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
     assert_eq!(put_all(&store, &[b"a".to_vec()], 10_000)[0].status, Status::Ok);
     let loc = store.shared.state.lock().index.lookup(b"a").unwrap().1.loc;
     let mut hash = store.shared.cfg.hash.digest(&a);
-    hash[8..].iter_mut().for_each(|b| *b ^= 0xFF);
+    hash[6..].iter_mut().for_each(|b| *b ^= 0xFF);
     let mut page = vec![0u8; crate::format::PAGE];
     let header = BlockHeader {
         flags: 0,

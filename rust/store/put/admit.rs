@@ -64,7 +64,7 @@ pub(super) fn plan(shared: &Shared, items: &[(Vec<u8>, RawBuf)], encoded: &[Enco
             plans.push(Plan::Done(BlockResult::new(Status::Rejected, buf.len as u64)));
             continue;
         }
-        // The key already holds content with this tag. A clash of tags (~2^-64) keeps the
+        // The key already holds content with this tag. A clash of tags (~2^-48) keeps the
         // key's earlier bytes: a value written for this very key, verified on every read.
         if state.index.lookup(key).is_some_and(|(_, c)| c.tag == tag) {
             state.index.touch(key);

@@ -3,7 +3,7 @@
 //! 2. `admit` (lock): admission, dedup, allocation with eviction; journal the deletes;
 //! 3. `write` (no lock): one vectored write per block — header page + payload, straight from
 //!    caller memory when it is page-aligned — then fdatasync when durability asks for it; and
-//!    one header-page read per dedup candidate (the index finds it by its 8-byte content tag:
+//!    one header-page read per dedup candidate (the index finds it by its 6-byte content tag:
 //!    only the full hash in its header confirms it is this block's content);
 //! 4. `commit` (lock): index the written blocks and journal them; only then is a put
 //!    acknowledged. Then the reply (superseded duplicates copy their winner's result).
