@@ -240,15 +240,16 @@ class BlockSet:
         """The 8-byte digest (fingerprint) that (head, hash) is kept as."""
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
-    # Chain links (prefix-aware eviction order): a parent is named by its 8-byte digest
-    # (`parent_name`).
+    # Chain links (prefix-aware eviction order): a parent is named by `parent_name`, 8 bytes
+    # of which the first 6 (its digest's) count.
     @staticmethod
     def parent_name(key: bytes) -> bytes:
-        """The 8-byte name of the block of `key` in chain links."""
+        """The 8-byte name of the block of `key` in chain links: its digest's first 6 bytes,
+        then two zero bytes (not a fingerprint for drops: that is `digest`)."""
     def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
         """Add `key` extending the block named `parent`, `kids` children counted."""
     def has_digest(self, digest: bytes) -> bool:
-        """Is the block with this 8-byte digest (its parent name) here?"""
+        """Is a block named this here (an 8-byte parent name; a digest names its block too)?"""
     def add_kid(self, parent: bytes) -> bool: ...
     def drop_kid(self, parent: bytes) -> bool: ...
     def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:

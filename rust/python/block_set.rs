@@ -27,11 +27,12 @@ const DETACH_MIN: usize = 64;
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
 
-/// A chain parent's name: its 8-byte fingerprint (the block's digest).
+/// A chain parent's name: 8 bytes (`parent_name`: the first 6 of the block's fingerprint, then
+/// zeros; only those 6 count, so a full digest names its block too).
 fn to_name(b: &[u8], what: &str) -> PyResult<ParentName> {
     b.try_into().map_err(|_| {
         PyValueError::new_err(format!(
-            "{what} must be an 8-byte parent name (a digest), got {} bytes",
+            "{what} must be an 8-byte parent name (`parent_name`), got {} bytes",
             b.len()
         ))
     })
@@ -292,13 +293,14 @@ impl PyBlockSet {
         self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
     }
 
-    /// Is the block with this digest (its parent name: 8 bytes) here?
+    /// Is a block named by this parent name (or whose digest starts as this one does) here?
     fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
         let name = to_name(digest, "digest")?;
         Ok(self.locked(py, |s| s.contains_name(&name)))
     }
 
-    /// The 8-byte name chain links call the block of `key` by: its digest.
+    /// The 8-byte name chain links call the block of `key` by: the first 6 bytes of its digest,
+    /// zero-padded (not its fingerprint: drops go by `digest`).
     #[staticmethod]
     fn parent_name<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &parent_name(&digest(key, b"")))
