@@ -241,17 +241,18 @@ class BlockSet:
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
     # Chain links (prefix-aware eviction order): a parent is named by `parent_name`, 8 bytes
-    # of which the first 6 (its digest's) count.
+    # of which the first 5 (its digest's) count.
     @staticmethod
     def parent_name(key: bytes) -> bytes:
-        """The 8-byte name of the block of `key` in chain links: its digest's first 6 bytes,
-        then two zero bytes (not a fingerprint for drops: that is `digest`)."""
+        """The 8-byte name of the block of `key` in chain links: its digest's first 5 bytes,
+        then three zero bytes (not a fingerprint for drops: that is `digest`)."""
     def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
         """Add `key` extending the block named `parent`, `kids` children counted."""
     def has_digest(self, digest: bytes) -> bool:
         """Is a block named this here (an 8-byte parent name; a digest names its block too)?"""
     def add_kid(self, parent: bytes) -> bool: ...
-    def drop_kid(self, parent: bytes) -> bool: ...
+    def drop_kid(self, parent: bytes) -> bool:
+        """Take a child off a block named `parent` that has one; False if none here does."""
     def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:
         """Remove `key`: (parent name or None, children counted), None if absent."""
     def pop_tails(self, n: int) -> list[tuple[bytes, bytes | None]]:

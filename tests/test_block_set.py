@@ -329,13 +329,13 @@ def test_concurrent_use_from_threads() -> None:
 
 
 def test_chain_parents_are_named_by_8_bytes() -> None:
-    """A chain link names its parent by the first 6 bytes of the parent's digest (8-byte links:
+    """A chain link names its parent by the first 5 bytes of the parent's digest (7-byte links:
     name + u16 count); names are 8 bytes to callers, zero-padded, and any other length is
     refused by name."""
     s = BlockSet(chains=True)
     parent, child = b"h" * 24 + b"\x01" * 32, b"h" * 24 + b"\x02" * 32
     name = BlockSet.parent_name(parent)
-    assert name == BlockSet.digest(parent, b"")[:6] + b"\0\0"
+    assert name == BlockSet.digest(parent, b"")[:5] + b"\0\0\0"
     s.add_chained(parent, None, 0)
     s.add_chained(child, name, 0)
     assert s.has_digest(name) and s.has_digest(BlockSet.digest(parent, b""))

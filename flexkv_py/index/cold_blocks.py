@@ -22,8 +22,8 @@ Capacity eviction is the index's (tier_index.py): it chooses the spill tier's vi
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
-block_set_chains.rs): 8 bytes more per block. A parent is named by `key_digest`: 8 bytes, its
-digest's first 6 then zeros (a clash, ~2^-48 per pair, can only change the eviction order).
+block_set_chains.rs): 7 bytes more per block. A parent is named by `key_digest`: 8 bytes, its
+digest's first 5 then zeros (a clash, ~2^-40 per pair, can only change the eviction order).
 A name is not a fingerprint: drops and resets go by `key_print`, the full 8-byte digest.
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
@@ -45,7 +45,7 @@ CHAIN_TIER = Tier.SSD
 DIGEST_LEN = 8
 digest_of = BlockSet.digest
 # key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the key's
-# digest cut to 6 bytes and zero-padded, so a chain link (name + u16 count) costs 8 bytes.
+# digest cut to 5 bytes and zero-padded, so a chain link (name + u16 count) costs 7 bytes.
 key_digest = BlockSet.parent_name
 
 

@@ -14,7 +14,7 @@
 //! spend ~66 (a boxed node per entry plus 8-byte table slots). Removal swaps the last node into
 //! the hole, so the arena stays dense and shrinks with the set. Both arrays ask for huge pages
 //! once they span some: at millions of keys, lookups are otherwise dominated by page walks. A
-//! set made `with_chains` also keeps an 8-byte chain link per node (block_set_chains.rs) and two
+//! set made `with_chains` also keeps a 7-byte chain link per node (block_set_chains.rs) and two
 //! LRU lists, chain tails and inner blocks; `pop_front` takes tails only.
 
 use std::collections::HashMap;
@@ -147,14 +147,14 @@ impl BlockSet {
         }
     }
 
-    /// A set whose nodes keep chain links (block_set_chains.rs): 8 bytes more per node.
+    /// A set whose nodes keep chain links (block_set_chains.rs): 7 bytes more per node.
     pub fn with_chains() -> Self {
         BlockSet { chained: true, ..Self::new() }
     }
 
     fn list_of(&self, idx: u32) -> usize {
         match self.links.get(idx as usize) {
-            Some(l) if l.kids > 0 => INNER,
+            Some(l) if l.kids() > 0 => INNER,
             _ => TAILS,
         }
     }

@@ -4,15 +4,18 @@
 //! A prefix match stops at the first miss, so a block must outlive its children (vLLM's prefix
 //! cache frees tail-first for the same reason). Each node keeps its parent's name and a count
 //! of children counted against it by the owner (the tier index counts every cached child, in
-//! whatever tier or set it lives): an 8-byte link, no padding.
+//! whatever tier or set it lives): a 7-byte link, byte arrays (align 1: no padding).
 //!
-//! The name is the first 6 bytes of the parent's fingerprint (`parent_name`: zero-padded to 8
-//! for callers), robust to the arena's swap-removal, unlike an index, and it names a parent
-//! outside the set too. Two blocks whose names collide (~2^-48 per pair: ~n^2/2^49 in a set of
-//! n, so likely a pair or so at 16 M blocks) can only misorder evictions: a child counted
-//! against the wrong one of them keeps that one (and its ancestors) inner a while longer and
-//! lets the other go first. A name never decides what is read: reads go by full digest, and
-//! the worker's store checks the full key.
+//! The name is the first `NAME_LEN` = 5 bytes of the parent's fingerprint (`parent_name`:
+//! zero-padded to 8 for callers), robust to the arena's swap-removal, unlike an index, and it
+//! names a parent outside the set too. Names of two blocks collide at ~2^-40 per pair: ~n^2/2^41
+//! pairs in a set of n (~2 at 2 M blocks, ~120 at 16 M). A clash can only misorder evictions: a
+//! child counted against the wrong one of the two holds that one (and its ancestors) and lets
+//! the other go before its child. The counts of one name stay exact in total (a drop takes a
+//! child off a node of that name that has one, `drop_kid`, and says "here" only then, so the
+//! owner's count of a warm block of that name is dropped otherwise): once the children of both
+//! are gone, both are tails; no clash holds a block forever. A name never decides what is
+//! read: reads go by full digest, and the worker's store checks the full key.
 //!
 //! The count is a u16 in the link; a count that reaches `MANY_KIDS` (a shared prefix block
 //! with 65 535 cached continuations) moves, exact, to a side map keyed by digest, and comes
@@ -32,8 +35,9 @@ use super::{digest, BlockSet, Digest, SetError, TAILS};
 /// (the rest are zero in names this module makes, and ignored in names given to it).
 pub type ParentName = Digest;
 
-/// Bytes of a fingerprint a chain link keeps to name the parent.
-pub const NAME_LEN: usize = 6;
+/// Bytes of a fingerprint a chain link keeps to name the parent (at least the 4 the table's
+/// home and tag come from).
+pub const NAME_LEN: usize = 5;
 
 /// The parent name of a node that extends no known block.
 pub const NO_PARENT: ParentName = [0u8; 8];
@@ -49,20 +53,25 @@ pub fn parent_name(d: &Digest) -> ParentName {
     name
 }
 
-/// A node's chain link, beside it in `links` in sets made `with_chains`: 8 bytes.
+/// A node's chain link, beside it in `links` in sets made `with_chains`: 7 bytes.
 #[derive(Clone, Copy)]
 pub(super) struct Link {
     /// The chain parent's name (all zero: none known).
     parent: [u8; NAME_LEN],
-    /// Cached children counted against this block; 0: a chain tail; `MANY_KIDS`: see
-    /// `BlockSet::many_kids`.
-    pub(super) kids: u16,
+    /// Cached children counted against this block (a little-endian u16: align 1); 0: a chain
+    /// tail; `MANY_KIDS`: see `BlockSet::many_kids`.
+    kids: [u8; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<Link>() == 8);
+const _: () = assert!(std::mem::size_of::<Link>() == NAME_LEN + 2);
+const _: () = assert!(NAME_LEN >= 4 && NAME_LEN <= 8);
 
 impl Link {
-    const NONE: Link = Link { parent: [0; NAME_LEN], kids: 0 };
+    const NONE: Link = Link { parent: [0; NAME_LEN], kids: [0; 2] };
+
+    pub(super) fn kids(&self) -> u16 {
+        u16::from_le_bytes(self.kids)
+    }
 
     fn parent(&self) -> ParentName {
         let mut name = NO_PARENT;
@@ -88,7 +97,7 @@ impl BlockSet {
 
     /// The node at `idx` leaves: its count leaves the side map with it.
     pub(super) fn forget_many_kids(&mut self, idx: u32) {
-        if self.links.get(idx as usize).is_some_and(|l| l.kids == MANY_KIDS) {
+        if self.links.get(idx as usize).is_some_and(|l| l.kids() == MANY_KIDS) {
             self.many_kids.remove(&self.nodes[idx as usize].digest);
         }
     }
@@ -96,26 +105,27 @@ impl BlockSet {
     fn kids_at(&self, idx: u32) -> u32 {
         match self.links.get(idx as usize) {
             None => 0,
-            Some(l) if l.kids == MANY_KIDS => {
+            Some(l) if l.kids() == MANY_KIDS => {
                 let d = &self.nodes[idx as usize].digest;
                 self.many_kids.get(d).copied().unwrap_or(MANY_KIDS as u32)
             }
-            Some(l) => l.kids as u32,
+            Some(l) => l.kids() as u32,
         }
     }
 
     /// Set the count of the link at `idx` (node digest `d`): in the link, or past it the map.
     fn store_kids(&mut self, idx: usize, d: &Digest, kids: u32) {
-        let was = self.links[idx].kids;
-        if kids >= MANY_KIDS as u32 {
+        let was = self.links[idx].kids();
+        let small = if kids >= MANY_KIDS as u32 {
             self.many_kids.insert(*d, kids);
-            self.links[idx].kids = MANY_KIDS;
+            MANY_KIDS
         } else {
             if was == MANY_KIDS {
                 self.many_kids.remove(d);
             }
-            self.links[idx].kids = kids as u16;
-        }
+            kids as u16
+        };
+        self.links[idx].kids = small.to_le_bytes();
     }
 
     fn set_kids(&mut self, idx: u32, kids: u32) {
@@ -123,12 +133,16 @@ impl BlockSet {
         self.store_kids(idx as usize, &d, kids);
     }
 
-    /// The node named `name` (its first `NAME_LEN` bytes): home and tag come from those bytes
-    /// only, so the name probes the slots its full digest would.
-    fn find_name(&self, name: &ParentName) -> Option<u32> {
+    /// The node named `name` (its first `NAME_LEN` bytes) for which `also` holds: home and tag
+    /// come from those bytes only, so the name probes the slots its full digest would.
+    fn find_name_where(&self, name: &ParentName, also: impl Fn(u32) -> bool) -> Option<u32> {
         let nodes = &self.nodes;
-        let named = |pos: u32| nodes[pos as usize].digest[..NAME_LEN] == name[..NAME_LEN];
+        let named = |pos: u32| nodes[pos as usize].digest[..NAME_LEN] == name[..NAME_LEN] && also(pos);
         self.table.find_where(name, named)
+    }
+
+    fn find_name(&self, name: &ParentName) -> Option<u32> {
+        self.find_name_where(name, |_| true)
     }
 
     /// One more cached child depends on the block named `parent`; false if it is not here.
@@ -145,10 +159,13 @@ impl BlockSet {
         true
     }
 
-    /// A cached child of `parent` left; false if `parent` is not in this set. Its last child
-    /// gone, the parent is a tail and goes next.
+    /// A cached child of `parent` left: taken off a node of that name with a child counted
+    /// (false if there is none here: the owner's count, if any, is the one to drop; on a name
+    /// clash this keeps the name's total exact). Its last child gone, the parent is a tail and
+    /// goes next.
     pub fn drop_kid(&mut self, parent: &ParentName) -> bool {
-        let Some(idx) = self.find_name(parent).filter(|_| self.chained) else { return false };
+        let counted = |pos: u32| self.kids_at(pos) > 0;
+        let Some(idx) = self.find_name_where(parent, counted).filter(|_| self.chained) else { return false };
         match self.kids_at(idx) {
             0 => {}
             1 => {
@@ -297,7 +314,7 @@ mod tests {
         b[NAME_LEN - 1] = 8; // another name: another block
         c[NAME_LEN] = 8; // another fingerprint, the same name: the clash names allow
         s.insert_chained(a, NO_PARENT, 0).unwrap();
-        assert_eq!(parent_name(&a), [7, 7, 7, 7, 7, 7, 0, 0]);
+        assert_eq!(parent_name(&a), [7, 7, 7, 7, 7, 0, 0, 0]);
         assert!(s.contains_name(&parent_name(&a)) && s.contains_name(&a));
         assert!(!s.contains_name(&parent_name(&b)));
         assert!(!s.contains(&b));
@@ -308,8 +325,8 @@ mod tests {
     }
 
     #[test]
-    fn a_link_is_8_bytes_and_a_chained_node_24() {
-        assert_eq!(std::mem::size_of::<Link>(), 8);
+    fn a_link_is_7_bytes_and_a_chained_node_23() {
+        assert_eq!(std::mem::size_of::<Link>(), 7);
         let n = 10_000;
         let mut s = BlockSet::with_chains();
         s.reserve(n).unwrap();
@@ -319,8 +336,8 @@ mod tests {
             k[4..].copy_from_slice(&i.to_le_bytes());
             s.insert_chained(k, NO_PARENT, 0).unwrap();
         }
-        // 16-byte node + 8-byte link + 4-byte slots at 80 % load.
-        assert!(s.heap_bytes() <= 24 * n + 4 * (n + n / 4 + 1), "{}", s.heap_bytes() as f64 / n as f64);
+        // 16-byte node + 7-byte link + 4-byte slots at 80 % load.
+        assert!(s.heap_bytes() <= 23 * n + 4 * (n + n / 4 + 1), "{}", s.heap_bytes() as f64 / n as f64);
     }
 
     #[test]
@@ -343,8 +360,8 @@ mod tests {
         }
         assert_eq!(s.kids(&d(2)), Some(1));
         assert!(s.drop_kid(&n(2)));
-        assert!(s.drop_kid(&n(2)), "a drop at 0 is answered");
-        assert_eq!(s.kids(&d(2)), Some(0), "and does not underflow");
+        assert!(!s.drop_kid(&n(2)), "no child counted here: the owner's count is the one");
+        assert_eq!(s.kids(&d(2)), Some(0), "and no underflow");
         assert_eq!(s.pop_front(), Some(d(2)));
         assert!(s.many_kids.is_empty() && s.heap_bytes() <= big);
     }
@@ -363,6 +380,16 @@ mod tests {
         assert!(s.drop_kid(&parent_name(&b)));
         assert_eq!((s.kids(&a), s.kids(&b)), (Some(0), Some(0)));
         assert!(s.pop_front().is_some() && s.pop_front().is_some() && s.is_empty());
+        // The count sits on the one found second (it came with it): a drop finds it there,
+        // not on the first one without a child, which would hold `b` forever.
+        s.insert_chained(a, NO_PARENT, 0).unwrap();
+        s.insert_chained(b, NO_PARENT, 1).unwrap();
+        assert_eq!(s.pop_front(), Some(a));
+        s.insert_chained(a, NO_PARENT, 0).unwrap();
+        assert!(s.drop_kid(&parent_name(&a)));
+        assert_eq!((s.kids(&a), s.kids(&b)), (Some(0), Some(0)));
+        assert!(!s.drop_kid(&parent_name(&a)), "no child of that name is counted here");
+        assert_eq!(s.pop_front(), Some(b), "b left the inner list at the front");
     }
 
     #[test]

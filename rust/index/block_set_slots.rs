@@ -1,11 +1,12 @@
 //! The hash index of a `BlockSet`: digest -> arena position, by open addressing with linear
 //! probing over u32 slots (`tag << id_bits | position + 1`, 0 = empty). Positions are below
-//! the slot count, so the bits above them carry a tag from the digest's bytes 4..6 and a probe
-//! touches the arena only on a tag match (1 in 2^10 non-matching slots at 2 M keys). Home and
-//! tag come from the first 6 bytes only, so a chain parent's 6-byte name (block_set_chains.rs)
-//! probes the same slots as its full digest. One slot is 4 bytes; a table is sized for 80 %
-//! load and grown past 87.5 %, as the store's `IdTable` (probe.rs): ~5 bytes per key (64-80 %
-//! spent ~6.3), the tags keeping long probe runs inside the table's own cache lines. The memory
+//! the slot count, so the bits above them carry a tag and a probe touches the arena only on a
+//! tag match (1 in 2^10 non-matching slots at 2 M keys). Home and tag both come from the
+//! digest's first 4 bytes (the home from their high bits, the tag from their low ones, as in
+//! `IdTable`), so a chain parent's 5-byte name (block_set_chains.rs) probes the same slots as
+//! its full digest. One slot is 4 bytes; a table is sized for 80 % load and grown past 87.5 %,
+//! as the store's `IdTable` (probe.rs): ~5 bytes per key (64-80 % spent ~6.3), the tags keeping
+//! long probe runs inside the table's own cache lines. The memory
 //! is ours to back with huge pages: at millions of keys a lookup is one TLB-covered cache miss
 //! instead of three page walks. The home slot is the digest's first 4 bytes scaled to the
 //! table (`h * n >> 32`); deletion shifts entries back (no tombstones), reading a shifted
@@ -25,10 +26,10 @@ fn home_hash(d: &Digest) -> u32 {
     u32::from_le_bytes([d[0], d[1], d[2], d[3]])
 }
 
-/// 16 bits: a slot has room for at most 32 - id_bits of them (<= 11 past 2^20 slots), and
-/// bytes 6..8 are not part of a parent's name.
+/// The low 32 - id_bits bits of the home hash: `home` reads its high ones (`h * n >> 32`,
+/// n < 2^id_bits), so the two are independent, and a parent's name holds both.
 fn tag_hash(d: &Digest) -> u32 {
-    u16::from_le_bytes([d[4], d[5]]) as u32
+    home_hash(d)
 }
 
 fn home(d: &Digest, n: usize) -> usize {
@@ -84,7 +85,7 @@ impl Slots {
         self.find_where(d, |pos| digest_at(pos) == *d)
     }
 
-    /// The arena position, among those filed under `d`'s first 6 bytes (home and tag come
+    /// The arena position, among those filed under `d`'s first 4 bytes (home and tag come
     /// from nothing else), for which `is_it` holds.
     pub fn find_where(&self, d: &Digest, is_it: impl Fn(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {

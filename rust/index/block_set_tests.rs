@@ -317,12 +317,15 @@ impl ChainModel {
         }
     }
 
+    /// True when a child was taken off `v` (it is here with one).
     fn drop_kid(&mut self, v: u8) -> bool {
-        let Some(&(_, k)) = self.links.get(&v) else { return false };
-        if k > 0 {
-            self.set_kids(v, k - 1, true);
+        match self.links.get(&v) {
+            Some(&(_, k)) if k > 0 => {
+                self.set_kids(v, k - 1, true);
+                true
+            }
+            _ => false,
         }
-        true
     }
 }
 

@@ -27,8 +27,8 @@ const DETACH_MIN: usize = 64;
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
 
-/// A chain parent's name: 8 bytes (`parent_name`: the first 6 of the block's fingerprint, then
-/// zeros; only those 6 count, so a full digest names its block too).
+/// A chain parent's name: 8 bytes (`parent_name`: the first 5 of the block's fingerprint, then
+/// zeros; only those 5 count, so a full digest names its block too).
 fn to_name(b: &[u8], what: &str) -> PyResult<ParentName> {
     b.try_into().map_err(|_| {
         PyValueError::new_err(format!(
@@ -299,7 +299,7 @@ impl PyBlockSet {
         Ok(self.locked(py, |s| s.contains_name(&name)))
     }
 
-    /// The 8-byte name chain links call the block of `key` by: the first 6 bytes of its digest,
+    /// The 8-byte name chain links call the block of `key` by: the first 5 bytes of its digest,
     /// zero-padded (not its fingerprint: drops go by `digest`).
     #[staticmethod]
     fn parent_name<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyBytes> {
@@ -312,7 +312,8 @@ impl PyBlockSet {
         Ok(self.locked(py, |s| s.add_kid(&d)))
     }
 
-    /// A cached child of the block named `parent` left; False if absent.
+    /// A cached child of the block named `parent` left; False if no block of that name here
+    /// has a child counted (the caller's count, if any, is the one to drop).
     fn drop_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
         let d = to_name(parent, "parent")?;
         Ok(self.locked(py, |s| s.drop_kid(&d)))
