@@ -257,7 +257,8 @@ class BlockSet:
         """Remove `key`: (parent name or None, children counted), None if absent."""
     def pop_tails(self, n: int) -> list[tuple[bytes, bytes | None]]:
         """Evict up to `n` chain tails (no counted child), least recently used first: (digest,
-        parent name when that parent is not in this set; one here loses the child itself)."""
+        parent name when the child was not counted off a parent in this set: the caller's to
+        drop; one here loses the child itself)."""
     def kids_of(self, key: bytes) -> int | None: ...
     def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
     @staticmethod

@@ -187,9 +187,9 @@ class ColdBlocks:
     def evict(self, n: int) -> tuple[int, list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
         (a parent whose last cold child went is a tail at once). Their fingerprints wait for
-        `take_evicted`. Returns how many were evicted and the parent names of theirs that are
-        not in the set (warm: the caller's counts). Blocks also cold on another tier stay
-        there."""
+        `take_evicted`. Returns how many were evicted and the parent names of theirs that no
+        block in the set counted (warm: the caller's counts). Blocks also cold on another tier
+        stay there."""
         popped = self._chains.pop_tails(n)
         for d, _ in popped:
             self._evicted += d

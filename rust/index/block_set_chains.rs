@@ -186,9 +186,9 @@ impl BlockSet {
         Some((parent, kids))
     }
 
-    /// Evict the least recently used chain tail: (its digest, its parent's name, whether
-    /// that parent is in this set). A parent here has the child's count dropped already (so
-    /// it may be the next tail); one elsewhere is the owner's to update.
+    /// Evict the least recently used chain tail: (its digest, its parent's name, whether the
+    /// child was counted off a parent here, `drop_kid`). Such a parent may be the next tail;
+    /// otherwise the count is the owner's to drop.
     pub fn pop_tail(&mut self) -> Option<(Digest, ParentName, bool)> {
         let idx = self.ends[TAILS].0;
         if idx == u32::MAX {

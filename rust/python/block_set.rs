@@ -18,7 +18,7 @@ use crate::index::block_set::{
     digest, find_records, parent_name, BlockSet, Digest, ParentName, SetError, NO_PARENT,
 };
 
-/// An evicted chain tail: its digest, and its parent's name when that parent is not in the set.
+/// An evicted chain tail: its digest, and its parent's name when no parent in the set counted it.
 type Evicted<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
 /// Below this many keys a call keeps the GIL.
@@ -328,7 +328,8 @@ impl PyBlockSet {
     }
 
     /// Evict up to `n` chain tails, least recently used first (a parent left without a child
-    /// here is a tail at once): (digest, the parent's name when it is not in this set).
+    /// here is a tail at once): (digest, the parent's name when the child was not counted off
+    /// a parent in this set: the caller's count to drop).
     fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<Evicted<'py>>> {
         let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
         let popped: Vec<(Digest, ParentName, bool)> =
