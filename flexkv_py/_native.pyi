@@ -240,22 +240,25 @@ class BlockSet:
         """The 8-byte digest (fingerprint) that (head, hash) is kept as."""
     def intersect_update(self, other: BlockSet) -> None:
         """Keep only the digests also in `other` (what every TP rank holds); order kept."""
-    # Chain links (prefix-aware eviction order): a parent is named by its 8-byte digest
-    # (`parent_name`).
+    # Chain links (prefix-aware eviction order): a parent is named by `parent_name`, 8 bytes
+    # of which the first 5 (its digest's) count.
     @staticmethod
     def parent_name(key: bytes) -> bytes:
-        """The 8-byte name of the block of `key` in chain links."""
+        """The 8-byte name of the block of `key` in chain links: its digest's first 5 bytes,
+        then three zero bytes (not a fingerprint for drops: that is `digest`)."""
     def add_chained(self, key: bytes, parent: bytes | None, kids: int) -> bool:
         """Add `key` extending the block named `parent`, `kids` children counted."""
     def has_digest(self, digest: bytes) -> bool:
-        """Is the block with this 8-byte digest (its parent name) here?"""
+        """Is a block named this here (an 8-byte parent name; a digest names its block too)?"""
     def add_kid(self, parent: bytes) -> bool: ...
-    def drop_kid(self, parent: bytes) -> bool: ...
+    def drop_kid(self, parent: bytes) -> bool:
+        """Take a child off a block named `parent` that has one; False if none here does."""
     def take_chained(self, key: bytes) -> tuple[bytes | None, int] | None:
         """Remove `key`: (parent name or None, children counted), None if absent."""
     def pop_tails(self, n: int) -> list[tuple[bytes, bytes | None]]:
         """Evict up to `n` chain tails (no counted child), least recently used first: (digest,
-        parent name when that parent is not in this set; one here loses the child itself)."""
+        parent name when the child was not counted off a parent in this set: the caller's to
+        drop; one here loses the child itself)."""
     def kids_of(self, key: bytes) -> int | None: ...
     def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
     @staticmethod

@@ -18,7 +18,7 @@ from flexkv_py.coordinator import CacheEngine, DropJob, Drops, JobResult, StoreJ
 from flexkv_py.coordinator.jobs import INTERNAL
 from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.errors import FlexKVError
-from flexkv_py.index.cold_blocks import key_digest
+from flexkv_py.index.cold_blocks import key_print
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
@@ -46,7 +46,7 @@ def test_every_tp_rank_resolves_one_drop_to_its_own_copy(tmp_path: Path) -> None
             results = tier.submit_put(list(zip(keys, pages, strict=True))).wait(30)
             assert all(x.ok for x in results)
         victims = keys[2:5]
-        joined = b"".join(key_digest(k) for k in victims)
+        joined = b"".join(key_print(k) for k in victims)
         per_rank = [
             JobResult(7, "drop", dropped={Tier.SSD: tuple(t.delete_fingerprints(joined))})
             for t in ranks
@@ -123,7 +123,7 @@ def test_a_fingerprint_clash_on_a_drop_loses_a_copy_never_serves_wrong_kv(tmp_pa
         cold = index.cold_keys_among(keys)
         assert len(cold) >= 3
         clashed = cold[1]  # only on the SSD: no host copy hides the loss
-        job = DropJob(10_000, (), (Tier.SSD,), prints=key_digest(clashed))
+        job = DropJob(10_000, (), (Tier.SSD,), prints=key_print(clashed))
         eng.executor.submit(job)
         for result in eng.executor.wait([job.job_id]):
             assert result.dropped == {Tier.SSD: (clashed,)}
@@ -161,7 +161,7 @@ def test_a_job_that_crashes_after_its_drop_first_still_names_what_it_deleted(
             None,
             (0,),  # never written: the fill crashes first
             ((),),
-            drop_first=Drops(prints={Tier.SSD: key_digest(victim)}),
+            drop_first=Drops(prints={Tier.SSD: key_print(victim)}),
         )
         result = eng.executor.submit(job, crash).wait(30)
         assert result.failed == {b"x" * 8: INTERNAL}
@@ -191,7 +191,7 @@ def test_a_delete_the_store_refuses_neither_stops_the_job_nor_raises_to_its_subm
             None,
             (0,),  # already filled (nothing to copy), written to no tier
             ((),),
-            drop_first=Drops(keys={Tier.SSD: (keys[1],)}, prints={Tier.SSD: key_digest(victim)}),
+            drop_first=Drops(keys={Tier.SSD: (keys[1],)}, prints={Tier.SSD: key_print(victim)}),
         )
         result = eng.executor.submit(job).wait(30)
         assert result.ok and result.dropped == {}

@@ -12,7 +12,7 @@ from test_coordinator import PAGE_BYTES, _config, _engine, _keys, _ns, _pages
 
 from flexkv_py.coordinator import CacheManager, DropJob, JobResult, SpillJob, StoreJob
 from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
-from flexkv_py.index.cold_blocks import key_digest
+from flexkv_py.index.cold_blocks import key_print
 from flexkv_py.index.lower_capacity import STORE_PAGE, block_pages, store_capacity_blocks
 from flexkv_py.index.tier_names import Tier
 
@@ -26,7 +26,7 @@ def _resolved(keys: tuple[bytes, ...], prints: bytes, universe: list[bytes]) -> 
     `universe` (every key the test stored) that its fingerprints name."""
     named = {prints[i : i + 8] for i in range(0, len(prints), 8)}
     assert all(len(p) == 8 for p in named)
-    by_print = {key_digest(k): k for k in universe}
+    by_print = {key_print(k): k for k in universe}
     assert named <= set(by_print), "a fingerprint names no block the test stored"
     return [*keys, *(by_print[p] for p in named)]
 

@@ -22,8 +22,9 @@ Capacity eviction is the index's (tier_index.py): it chooses the spill tier's vi
 sends their deletes with the write that needs the room. Chains (`CHAIN_TIER`, the SSD): each
 block in that set keeps its parent's digest and a count of cached children, so victims leave
 tail-first (the set evicts only blocks no cached child depends on, rust/index/
-block_set_chains.rs): 12 bytes more per block. A parent is named by `key_digest`: its 8-byte
-digest (a clash, ~2^-64 per pair, could only change the eviction order).
+block_set_chains.rs): 7 bytes more per block. A parent is named by `key_digest`: 8 bytes, its
+digest's first 5 then zeros (a clash, ~2^-40 per pair, can only change the eviction order).
+A name is not a fingerprint: drops and resets go by `key_print`, the full 8-byte digest.
 
 Not locked: the owning `TierIndex` calls it under its lock. Keys no longer than a head (tests'
 short keys) are never cold: the index keeps them as entries.
@@ -44,8 +45,13 @@ CHAIN_TIER = Tier.SSD
 DIGEST_LEN = 8
 digest_of = BlockSet.digest
 # key_digest(key): the 8-byte name chain parents are called by (`Entry.up`, `_kids`): the key's
-# digest itself, so a chain link costs 12 bytes in the set.
+# digest cut to 5 bytes and zero-padded, so a chain link (name + u16 count) costs 7 bytes.
 key_digest = BlockSet.parent_name
+
+
+def key_print(key: bytes) -> bytes:
+    """The key's 8-byte fingerprint: what evictions hand out and the worker resolves."""
+    return digest_of(key, b"")
 
 
 @dataclass
@@ -60,7 +66,7 @@ class Forgotten:
     def held(self, key: bytes, tier: Tier) -> bool:
         s = self.sets.get(tier)
         return (s is not None and key in s) or (
-            tier is CHAIN_TIER and bool(self.evicted) and key_digest(key) in self.evicted
+            tier is CHAIN_TIER and bool(self.evicted) and key_print(key) in self.evicted
         )
 
     def __bool__(self) -> bool:
@@ -181,9 +187,9 @@ class ColdBlocks:
     def evict(self, n: int) -> tuple[int, list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
         (a parent whose last cold child went is a tail at once). Their fingerprints wait for
-        `take_evicted`. Returns how many were evicted and the parent names of theirs that are
-        not in the set (warm: the caller's counts). Blocks also cold on another tier stay
-        there."""
+        `take_evicted`. Returns how many were evicted and the parent names of theirs that no
+        block in the set counted (warm: the caller's counts). Blocks also cold on another tier
+        stay there."""
         popped = self._chains.pop_tails(n)
         for d, _ in popped:
             self._evicted += d

@@ -10,13 +10,14 @@
 //!
 //! Layout, chosen for bytes per entry: a `Vec` arena of nodes (fingerprint + u32 prev/next links
 //! of the LRU list, 16 bytes) and an open-addressing table of 4-byte slots (`block_set_slots.rs`,
-//! ~5-6 bytes per key). 21-29 bytes per entry; `hashlink`'s `LinkedHashMap` would spend ~66 (a
-//! boxed node per entry plus 8-byte table slots). Removal swaps the last node into the hole,
-//! so the arena stays dense and shrinks with the set. Both arrays ask for huge pages once
-//! they span some: at millions of keys, lookups are otherwise dominated by page walks. A set
-//! made `with_chains` also keeps a 12-byte chain link per node (block_set_chains.rs) and two
+//! 64-87.5 % load: ~5 bytes per key). 21-26 bytes per entry; `hashlink`'s `LinkedHashMap` would
+//! spend ~66 (a boxed node per entry plus 8-byte table slots). Removal swaps the last node into
+//! the hole, so the arena stays dense and shrinks with the set. Both arrays ask for huge pages
+//! once they span some: at millions of keys, lookups are otherwise dominated by page walks. A
+//! set made `with_chains` also keeps a 7-byte chain link per node (block_set_chains.rs) and two
 //! LRU lists, chain tails and inner blocks; `pop_front` takes tails only.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
@@ -111,16 +112,6 @@ struct Node {
     next: u32,
 }
 
-/// A node's chain link (block_set_chains.rs), beside it in `links` in sets made `with_chains`:
-/// 12 bytes.
-#[derive(Clone, Copy)]
-struct Link {
-    /// The chain parent's name: its fingerprint (`NO_PARENT`: none known).
-    parent: ParentName,
-    /// Cached children counted against this block; 0: a chain tail.
-    kids: u32,
-}
-
 /// Which of the two LRU lists a node is on: tails (no counted child, the eviction order) or
 /// inner chain blocks (kept while a child is). Sets without chains use the first only.
 const TAILS: usize = 0;
@@ -131,6 +122,8 @@ pub struct BlockSet {
     nodes: Vec<Node>,
     /// Empty, or one per node (same positions) when the set keeps chain links.
     links: Vec<Link>,
+    /// Child counts too big for a link's u16 (the link holds `MANY_KIDS`), by digest.
+    many_kids: HashMap<Digest, u32>,
     chained: bool,
     /// Per list (TAILS, INNER): (least recently used end, the next `pop_front`; most recent).
     ends: [(u32, u32); 2],
@@ -148,19 +141,20 @@ impl BlockSet {
             table: Slots::new(),
             nodes: Vec::new(),
             links: Vec::new(),
+            many_kids: HashMap::new(),
             chained: false,
             ends: [(NIL, NIL); 2],
         }
     }
 
-    /// A set whose nodes keep chain links (block_set_chains.rs): 12 bytes more per node.
+    /// A set whose nodes keep chain links (block_set_chains.rs): 7 bytes more per node.
     pub fn with_chains() -> Self {
         BlockSet { chained: true, ..Self::new() }
     }
 
     fn list_of(&self, idx: u32) -> usize {
         match self.links.get(idx as usize) {
-            Some(l) if l.kids > 0 => INNER,
+            Some(l) if l.kids() > 0 => INNER,
             _ => TAILS,
         }
     }
@@ -178,6 +172,7 @@ impl BlockSet {
         self.table.heap_bytes()
             + self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.links.capacity() * std::mem::size_of::<Link>()
+            + self.many_kids.capacity() * (std::mem::size_of::<(Digest, u32)>() + 1)
     }
 
     /// Room for `additional` more digests without regrowing (a restart adopting a known
@@ -221,10 +216,10 @@ impl BlockSet {
     /// Add `d` at the most recent end; `Ok(false)` if it was present (its place is kept: a
     /// use is recorded by `touch`, not by adding again).
     pub fn insert(&mut self, d: Digest) -> Result<bool, SetError> {
-        self.insert_node(d, NO_PARENT, 0)
+        self.insert_node(d, &NO_PARENT, 0)
     }
 
-    fn insert_node(&mut self, d: Digest, parent: ParentName, kids: u32) -> Result<bool, SetError> {
+    fn insert_node(&mut self, d: Digest, parent: &ParentName, kids: u32) -> Result<bool, SetError> {
         if self.find(&d).is_some() {
             return Ok(false);
         }
@@ -233,8 +228,9 @@ impl BlockSet {
             return Err(SetError::Full);
         }
         if self.table.full_for(idx + 1) {
+            // Room for 1.25x: sized for 80 % of that, the table is 64 % full after growing.
             let digests = self.nodes.iter().map(|n| &n.digest);
-            self.table.rebuild(idx + 1, digests).map_err(|_| SetError::NoMemory(1))?;
+            self.table.rebuild(idx + 1 + idx / 4, digests).map_err(|_| SetError::NoMemory(1))?;
         }
         if idx == self.nodes.capacity() {
             // 1.25x, not Vec's 2x: the arena is most of the bytes, and a doubled one is half
@@ -246,7 +242,7 @@ impl BlockSet {
             if idx == self.links.capacity() {
                 self.links.reserve_exact((idx / 4).max(16));
             }
-            self.links.push(Link { parent, kids });
+            self.push_link(&d, parent, kids);
         }
         self.table.insert_new(&d, idx as u32);
         self.nodes.push(Node { digest: d, prev: NIL, next: NIL });
@@ -352,6 +348,7 @@ impl BlockSet {
 
     fn remove_at(&mut self, idx: u32) {
         let d = self.nodes[idx as usize].digest;
+        self.forget_many_kids(idx);
         let nodes = &self.nodes;
         self.table.remove(&d, idx, |pos| nodes[pos as usize].digest);
         self.unlink(idx);
@@ -401,7 +398,8 @@ mod slots;
 
 #[path = "block_set_chains.rs"]
 mod chains;
-pub use chains::{find_records, parent_name, ParentName, NO_PARENT};
+use chains::Link;
+pub use chains::{find_records, parent_name, ParentName, NAME_LEN, NO_PARENT};
 
 #[cfg(test)]
 #[path = "block_set_tests.rs"]

@@ -1,37 +1,44 @@
 //! The hash index of a `BlockSet`: digest -> arena position, by open addressing with linear
 //! probing over u32 slots (`tag << id_bits | position + 1`, 0 = empty). Positions are below
-//! the slot count, so the bits above them carry a tag from the digest's bytes 4..8 and a probe
-//! touches the arena only on a tag match (1 in 2^10 non-matching slots at 2 M keys). One slot
-//! is 4 bytes at 64-80 % load (~5-6 bytes per key; 8-byte slots with a 32-bit tag spent ~11),
-//! and the memory is ours to back with huge pages: at millions of keys a lookup is one
-//! TLB-covered cache miss instead of three page walks. The home slot is the digest's first 4
-//! bytes scaled to the table (`h * n >> 32`); deletion shifts entries back (no tombstones),
-//! reading a shifted entry's home from its digest in the arena.
+//! the slot count, so the bits above them carry a tag and a probe touches the arena only on a
+//! tag match (1 in 2^10 non-matching slots at 2 M keys). Home and tag both come from the
+//! digest's first 4 bytes (the home from their high bits, the tag from their low ones, as in
+//! `IdTable`), so a chain parent's 5-byte name (block_set_chains.rs) probes the same slots as
+//! its full digest. One slot is 4 bytes; a table is sized for 80 % load and grown past 87.5 %,
+//! as the store's `IdTable` (probe.rs): ~5 bytes per key (64-80 % spent ~6.3), the tags keeping
+//! long probe runs inside the table's own cache lines. The memory
+//! is ours to back with huge pages: at millions of keys a lookup is one TLB-covered cache miss
+//! instead of three page walks. The home slot is the digest's first 4 bytes scaled to the
+//! table (`h * n >> 32`); deletion shifts entries back (no tombstones), reading a shifted
+//! entry's home from its digest in the arena.
 
 use std::collections::TryReserveError;
 
 use super::Digest;
 
-/// Grow past 80 % load; a new table is sized for 64 % (1.25x steps, like the arena).
-const MAX_LOAD_NUM: usize = 4;
-const MAX_LOAD_DEN: usize = 5;
+/// Grow past 87.5 % load; a table is sized for 80 % of what the caller asks room for (the
+/// set asks 1.25x its length when it grows, like the arena).
+const MAX_LOAD_NUM: usize = 7;
+const MAX_LOAD_DEN: usize = 8;
 const MIN_SLOTS: usize = 16;
 
 fn home_hash(d: &Digest) -> u32 {
     u32::from_le_bytes([d[0], d[1], d[2], d[3]])
 }
 
+/// The low 32 - id_bits bits of the home hash: `home` reads its high ones (`h * n >> 32`,
+/// n < 2^id_bits), so the two are independent, and a parent's name holds both.
 fn tag_hash(d: &Digest) -> u32 {
-    u32::from_le_bytes([d[4], d[5], d[6], d[7]])
+    home_hash(d)
 }
 
 fn home(d: &Digest, n: usize) -> usize {
     ((home_hash(d) as u64 * n as u64) >> 32) as usize
 }
 
-/// Slots that hold `len` keys at 64 % load.
+/// Slots that hold `len` keys at 80 % load.
 fn slots_for(len: usize) -> usize {
-    (len + len / 2 + len / 16 + 1).max(MIN_SLOTS)
+    (len + len / 4 + 1).max(MIN_SLOTS)
 }
 
 pub(super) struct Slots {
@@ -78,7 +85,7 @@ impl Slots {
         self.find_where(d, |pos| digest_at(pos) == *d)
     }
 
-    /// The arena position, among those filed under `d`'s first 8 bytes (home and tag come
+    /// The arena position, among those filed under `d`'s first 4 bytes (home and tag come
     /// from nothing else), for which `is_it` holds.
     pub fn find_where(&self, d: &Digest, is_it: impl Fn(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
@@ -160,7 +167,7 @@ impl Slots {
         }
     }
 
-    /// A fresh table sized for `len` keys at 64 % load, holding `digests` (arena order).
+    /// A fresh table sized for `len` keys at 80 % load, holding `digests` (arena order).
     pub fn rebuild<'a>(
         &mut self,
         len: usize,

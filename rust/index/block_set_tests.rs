@@ -1,5 +1,5 @@
-//! Unit tests of the presence set (`block_set.rs`): order, digests, spans, memory, and a
-//! model check against a VecDeque.
+//! Unit tests of the presence set (`block_set.rs`): order, digests, spans, memory, and model
+//! checks against a VecDeque (plain sets) and per-value links with two lists (chains).
 
 use proptest::prelude::*;
 
@@ -257,6 +257,130 @@ proptest! {
             for v in 0u8..40 {
                 prop_assert_eq!(s.contains(&dv(v)), model.contains(&v));
             }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum ChainOp {
+    /// (value, parent value or none, the kids it comes with: an index into `KIDS`).
+    Insert(u8, Option<u8>, usize),
+    AddKid(u8),
+    DropKid(u8),
+    Take(u8),
+    Touch(u8),
+    PopTail,
+}
+
+/// Counts around the u16 a link holds, so that some cross into the side map and back.
+const KIDS: [u32; 6] = [0, 1, 2, 65_534, 65_535, 70_000];
+
+fn arb_chain_op() -> impl Strategy<Value = ChainOp> {
+    prop_oneof![
+        4 => (0u8..24, proptest::option::of(0u8..24), 0..KIDS.len())
+            .prop_map(|(v, p, k)| ChainOp::Insert(v, p, k)),
+        3 => (0u8..24).prop_map(ChainOp::AddKid),
+        3 => (0u8..24).prop_map(ChainOp::DropKid),
+        1 => (0u8..24).prop_map(ChainOp::Take),
+        1 => (0u8..24).prop_map(ChainOp::Touch),
+        2 => Just(ChainOp::PopTail),
+    ]
+}
+
+/// The chain model: per value (parent, kids), and the two lists in LRU order.
+#[derive(Default)]
+struct ChainModel {
+    links: std::collections::HashMap<u8, (Option<u8>, u32)>,
+    tails: std::collections::VecDeque<u8>,
+    inner: std::collections::VecDeque<u8>,
+}
+
+impl ChainModel {
+    fn unlink(&mut self, v: u8) {
+        self.tails.retain(|&x| x != v);
+        self.inner.retain(|&x| x != v);
+    }
+
+    fn set_kids(&mut self, v: u8, kids: u32, front: bool) {
+        let was = self.links[&v].1;
+        if let Some(l) = self.links.get_mut(&v) {
+            l.1 = kids;
+        }
+        if (was == 0) != (kids == 0) {
+            self.unlink(v);
+            let list = if kids == 0 { &mut self.tails } else { &mut self.inner };
+            if front {
+                list.push_front(v)
+            } else {
+                list.push_back(v)
+            }
+        }
+    }
+
+    /// True when a child was taken off `v` (it is here with one).
+    fn drop_kid(&mut self, v: u8) -> bool {
+        match self.links.get(&v) {
+            Some(&(_, k)) if k > 0 => {
+                self.set_kids(v, k - 1, true);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+proptest! {
+    /// Chain links (parents, counts past a u16, the two lists) against a model.
+    #[test]
+    fn chains_match_a_model(ops in proptest::collection::vec(arb_chain_op(), 0..120)) {
+        let mut s = BlockSet::with_chains();
+        let mut m = ChainModel::default();
+        let dv = |v: u8| d(u32::from(v));
+        let name = |p: Option<u8>| p.map_or(NO_PARENT, |p| parent_name(&dv(p)));
+        for op in ops {
+            match op {
+                ChainOp::Insert(v, p, k) => {
+                    let new = !m.links.contains_key(&v);
+                    if new {
+                        m.links.insert(v, (p, KIDS[k]));
+                        if KIDS[k] == 0 { m.tails.push_back(v) } else { m.inner.push_back(v) }
+                    }
+                    prop_assert_eq!(s.insert_chained(dv(v), name(p), KIDS[k]), Ok(new));
+                }
+                ChainOp::AddKid(v) => {
+                    let here = m.links.get(&v).map(|l| l.1);
+                    if let Some(k) = here { m.set_kids(v, k + 1, false); }
+                    prop_assert_eq!(s.add_kid(&parent_name(&dv(v))), here.is_some());
+                }
+                ChainOp::DropKid(v) => prop_assert_eq!(s.drop_kid(&parent_name(&dv(v))), m.drop_kid(v)),
+                ChainOp::Take(v) => {
+                    let want = m.links.remove(&v).map(|(p, k)| (name(p), k));
+                    m.unlink(v);
+                    prop_assert_eq!(s.take_chained(&dv(v)), want);
+                }
+                ChainOp::Touch(v) => {
+                    if let Some(&(_, k)) = m.links.get(&v) {
+                        m.unlink(v);
+                        if k == 0 { m.tails.push_back(v) } else { m.inner.push_back(v) }
+                    }
+                    prop_assert_eq!(s.touch(&dv(v)), m.links.contains_key(&v));
+                }
+                ChainOp::PopTail => {
+                    let want = m.tails.pop_front().map(|v| {
+                        let (p, _) = m.links.remove(&v).unwrap_or_default();
+                        let here = p.is_some_and(|p| m.drop_kid(p));
+                        (dv(v), name(p), here)
+                    });
+                    prop_assert_eq!(s.pop_tail(), want);
+                }
+            }
+            let listed: Vec<Digest> = m.tails.iter().chain(&m.inner).map(|&v| dv(v)).collect();
+            prop_assert_eq!(order(&s), listed);
+            for v in 0u8..24 {
+                prop_assert_eq!(s.kids(&dv(v)), m.links.get(&v).map(|l| l.1));
+            }
+            let big = m.links.values().filter(|l| l.1 >= 65_535).count();
+            prop_assert_eq!(s.many_kids.len(), big, "the side map holds exactly the big counts");
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::index::block_set::{
     digest, find_records, parent_name, BlockSet, Digest, ParentName, SetError, NO_PARENT,
 };
 
-/// An evicted chain tail: its digest, and its parent's name when that parent is not in the set.
+/// An evicted chain tail: its digest, and its parent's name when no parent in the set counted it.
 type Evicted<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
 /// Below this many keys a call keeps the GIL.
@@ -27,11 +27,12 @@ const DETACH_MIN: usize = 64;
 /// request does not pay for borrowing all of it (a miss at block 0 costs one borrow).
 const FIRST_CHUNK: usize = 1;
 
-/// A chain parent's name: its 8-byte fingerprint (the block's digest).
+/// A chain parent's name: 8 bytes (`parent_name`: the first 5 of the block's fingerprint, then
+/// zeros; only those 5 count, so a full digest names its block too).
 fn to_name(b: &[u8], what: &str) -> PyResult<ParentName> {
     b.try_into().map_err(|_| {
         PyValueError::new_err(format!(
-            "{what} must be an 8-byte parent name (a digest), got {} bytes",
+            "{what} must be an 8-byte parent name (`parent_name`), got {} bytes",
             b.len()
         ))
     })
@@ -292,13 +293,14 @@ impl PyBlockSet {
         self.locked(py, |s| s.insert_chained(d, parent, kids)).map_err(set_error)
     }
 
-    /// Is the block with this digest (its parent name: 8 bytes) here?
+    /// Is a block named by this parent name (or whose digest starts as this one does) here?
     fn has_digest(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
         let name = to_name(digest, "digest")?;
         Ok(self.locked(py, |s| s.contains_name(&name)))
     }
 
-    /// The 8-byte name chain links call the block of `key` by: its digest.
+    /// The 8-byte name chain links call the block of `key` by: the first 5 bytes of its digest,
+    /// zero-padded (not its fingerprint: drops go by `digest`).
     #[staticmethod]
     fn parent_name<'py>(py: Python<'py>, key: &[u8]) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &parent_name(&digest(key, b"")))
@@ -310,7 +312,8 @@ impl PyBlockSet {
         Ok(self.locked(py, |s| s.add_kid(&d)))
     }
 
-    /// A cached child of the block named `parent` left; False if absent.
+    /// A cached child of the block named `parent` left; False if no block of that name here
+    /// has a child counted (the caller's count, if any, is the one to drop).
     fn drop_kid(&self, py: Python<'_>, parent: &[u8]) -> PyResult<bool> {
         let d = to_name(parent, "parent")?;
         Ok(self.locked(py, |s| s.drop_kid(&d)))
@@ -325,7 +328,8 @@ impl PyBlockSet {
     }
 
     /// Evict up to `n` chain tails, least recently used first (a parent left without a child
-    /// here is a tail at once): (digest, the parent's name when it is not in this set).
+    /// here is a tail at once): (digest, the parent's name when the child was not counted off
+    /// a parent in this set: the caller's count to drop).
     fn pop_tails<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Vec<Evicted<'py>>> {
         let n = usize::try_from(n).map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
         let popped: Vec<(Digest, ParentName, bool)> =
