@@ -19,7 +19,10 @@ TINY = ModelShape(layers=1, kv_heads=1, head_dim=8)  # 16 KiB per 512-token bloc
 
 def _run(trace: str, sizes: tuple[int, int, int], limit: int | None = None) -> dict:
     workload = read_mooncake_trace(DATA / trace, 512, limit)
-    opts = ReplayOptions(shape=TINY, sizes=TierSizes(*sizes), progress=False)
+    # settle: background spills finish after each request, so the hit rate does not depend on the
+    # machine's load (unsettled, write-behind pins and late spills moved it 20.0-21.8 % on a busy
+    # 2-core box; settled, 21.2-21.3 % under three CPU hogs).
+    opts = ReplayOptions(shape=TINY, sizes=TierSizes(*sizes), progress=False, settle=True)
     return replay(workload, opts).summary()
 
 
@@ -34,4 +37,4 @@ def test_conversation_trace_reaches_the_lru_reference() -> None:
     # The sizes over all 2000 vendored requests (~15-20 s on the dev VM).
     out = _run("mooncake_conversation_2000.jsonl", (1000, 2000, 8000))
     assert out["false_hits"] == 0 and out["mismatches"] == 0
-    assert out["hit_rate"] >= out["references"]["lru_gpu_ssd_9000"]  # 21.7 % vs 20.4 %
+    assert out["hit_rate"] >= out["references"]["lru_gpu_ssd_9000"]  # 21.2-21.3 % vs 20.4 %

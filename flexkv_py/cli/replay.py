@@ -69,6 +69,9 @@ class ReplayOptions:
     use_config: bool = False  # host/SSD tiers from FLEXKV_* env / FLEXKV_CONFIG_PATH
     overrides: Mapping[str, Any] = field(default_factory=dict)
     progress: bool = True
+    # Wait for background jobs (spills, deletes) after each request, so hit rates do not depend
+    # on how fast the machine runs them (tests; a live engine does not wait).
+    settle: bool = False
 
 
 @dataclass
@@ -256,7 +259,7 @@ def replay(workload: Workload, opts: ReplayOptions) -> ReplayResult:
                 engine.manager.num_host_slots,
                 config.ssd_cache_gb,
             )
-            result = _run(workload, ns, gpu, engine, geom.page_nbytes, opts.progress)
+            result = _run(workload, ns, gpu, engine, geom.page_nbytes, opts.progress, opts.settle)
             engine.flush()
             stats = engine.stats()
         finally:
@@ -283,6 +286,7 @@ def _run(
     engine: CacheEngine,
     page_bytes: int,
     progress: bool,
+    settle: bool = False,
 ) -> ReplayResult:
     hits = {"gpu": 0, "cpu": 0, "ssd": 0}
     res = ReplayResult(
@@ -340,6 +344,8 @@ def _run(
             store_s = time.perf_counter() - t0
             store_bytes = stored.num_ok * page_bytes
         gpu.insert(rest, blocks)
+        if settle:
+            engine.flush()
 
         hits["gpu"] += g
         res.blocks += len(keys)
