@@ -50,6 +50,7 @@ TRITON_CONFIGS = [  # (programs, tile bytes, warps); programs=0: one program per
     (0, 16384, 8),
 ]
 
+
 class Clock:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
