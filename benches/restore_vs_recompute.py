@@ -28,20 +28,33 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import mmap
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from restore_ceilings import Clock, memcpy_h2d, raw_odirect_read
+from restore_model import (
+    BLOCK,
+    blocks_equal,
+    build_model,
+    cache_layers,
+    gather_kv,
+    kv_equal,
+    make_paged_caches,
+    next_token_logits,
+    prefill,
+    scatter_kv,
+)
+from restore_report import plot, table
 
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
@@ -50,219 +63,9 @@ from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
-BLOCK = 16  # tokens per vLLM block
-RAW_CHUNK = 8 << 20
 GOAL_TOKENS = 32768
 GOAL_RATIO = 0.95
 GOAL_SPEEDUP = 17.0
-# vLLM 0.33 stride order over the logical [L, B, H, N, C] (LBNHC: per layer, block, token, head).
-LBNHC_ORDER = (0, 1, 3, 2, 4)
-
-QWEN3_8B: dict[str, Any] = dict(
-    num_hidden_layers=36,
-    hidden_size=4096,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    intermediate_size=12288,
-    vocab_size=151936,
-    max_position_embeddings=40960,
-)
-TINY: dict[str, Any] = dict(
-    num_hidden_layers=2,
-    hidden_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=256,
-    vocab_size=512,
-    max_position_embeddings=4096,
-)
-
-
-# ---------------------------------------------------------------------------------------- timing
-class Clock:
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
-        self.sync()
-        t0 = time.perf_counter()
-        out = fn()
-        self.sync()
-        return time.perf_counter() - t0, out
-
-
-def memcpy_h2d(nbytes: int, cuda: bool, reps: int) -> float:
-    """Median seconds of one contiguous pinned host -> device copy of nbytes."""
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
-    host.fill_(1)
-    clock = Clock(cuda)
-    clock.time(lambda: dev.copy_(host, non_blocking=True))  # warm-up
-    t = statistics.median(
-        clock.time(lambda: dev.copy_(host, non_blocking=True))[0] for _ in range(reps)
-    )
-    return t
-
-
-def raw_odirect_read(directory: Path, nbytes: int) -> tuple[float, bool]:
-    """Write nbytes, then read them back sequentially (8 MiB preadv) with O_DIRECT when the file
-    system allows it: (seconds of the read, whether O_DIRECT was used)."""
-    path = directory / "raw-read.dat"
-    buf = mmap.mmap(-1, RAW_CHUNK)  # page-aligned, as O_DIRECT needs
-    buf.write(os.urandom(RAW_CHUNK))
-    direct = True
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
-    except OSError:  # e.g. tmpfs: no O_DIRECT
-        direct = False
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        total = -(-nbytes // RAW_CHUNK) * RAW_CHUNK
-        for off in range(0, total, RAW_CHUNK):
-            os.pwrite(fd, buf, off)
-        os.fsync(fd)
-        if not direct:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        t0 = time.perf_counter()
-        for off in range(0, total, RAW_CHUNK):
-            if os.preadv(fd, [buf], off) != RAW_CHUNK:
-                raise SystemExit(f"raw read short at {off}")
-        return (time.perf_counter() - t0) * nbytes / total, direct
-    finally:
-        os.close(fd)
-        path.unlink()
-
-
-# ----------------------------------------------------------------------------------------- model
-def build_model(quick: bool, device: str) -> Any:
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    cfg = Qwen3Config(
-        **(TINY if quick else QWEN3_8B),
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
-    if isinstance(getattr(cfg, "rope_parameters", None), dict):  # transformers >= 5
-        cfg.rope_parameters["rope_theta"] = 1000000.0  # Qwen3-8B's
-    else:
-        cfg.rope_theta = 1000000.0
-    torch.manual_seed(0)
-    with torch.device(device):
-        try:
-            model = AutoModelForCausalLM.from_config(
-                cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
-            )
-        except TypeError:  # transformers < 4.56
-            model = AutoModelForCausalLM.from_config(
-                cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
-            )
-    return model.to(device=device, dtype=torch.bfloat16).eval()
-
-
-def cache_layers(pkv: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (K, V), each [1, kv_heads, tokens, head_dim], from a transformers cache."""
-    if hasattr(pkv, "layers"):  # transformers >= 4.56
-        return [(layer.keys, layer.values) for layer in pkv.layers]
-    if hasattr(pkv, "key_cache"):
-        return list(zip(pkv.key_cache, pkv.value_cache, strict=True))
-    return [(k, v) for k, v in pkv]  # legacy tuple of tuples
-
-
-def make_dynamic_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(kv):
-        cache.update(k, v, i)
-    return cache
-
-
-@torch.inference_mode()
-def prefill(model: Any, ids: torch.Tensor) -> Any:
-    return model(input_ids=ids, use_cache=True, logits_to_keep=1)
-
-
-@torch.inference_mode()
-def next_token_logits(
-    model: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], token: torch.Tensor, math: bool = True
-) -> torch.Tensor:
-    """Logits of one next token over this KV. Attention runs SDPA's math backend by default: with
-    the default (fused) backends, bit-identical KV of 32K tokens gave logits up to 0.14 apart on
-    the H200, which would make "exactly equal" meaningless (row: logits_repeatable_fused)."""
-    import contextlib
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    p = kv[0][0].shape[2]
-    pos = torch.tensor([[p]], device=token.device)
-    with sdpa_kernel([SDPBackend.MATH]) if math else contextlib.nullcontext():
-        out = model(
-            input_ids=token,
-            past_key_values=make_dynamic_cache(kv),
-            position_ids=pos,
-            cache_position=pos[0],
-            use_cache=True,
-        )
-    return out.logits[:, -1].float()
-
-
-# ------------------------------------------------------------------------------------ paged cache
-def make_paged_caches(
-    layers: int, blocks: int, heads: int, head: int, device: str
-) -> dict[str, torch.Tensor]:
-    """vLLM 0.33 KV caches: per layer a [B, H, N, 2*D] view of one bf16 buffer, LBNHC order,
-    filled with random bits (so unwritten blocks never look restored)."""
-    logical = (layers, blocks, heads, BLOCK, 2 * head)
-    buf = torch.empty(tuple(logical[d] for d in LBNHC_ORDER), dtype=torch.bfloat16, device=device)
-    buf.view(torch.int16).random_(-32768, 32767)
-    view5 = buf.permute(*[LBNHC_ORDER.index(d) for d in range(5)])  # logical [L, B, H, N, C]
-    return {f"model.layers.{i}.self_attn.attn": view5[i] for i in range(layers)}
-
-
-def scatter_kv(
-    caches: dict[str, torch.Tensor], kv: list[tuple[torch.Tensor, torch.Tensor]], ids: list[int]
-) -> None:
-    """Write each layer's K, V ([1, H, P, D]) into the paged cache at block ids `ids`."""
-    idx = torch.tensor(ids, device=kv[0][0].device)
-    for view, (k, v) in zip(caches.values(), kv, strict=True):
-        _, h, p, d = k.shape
-        pages = torch.cat([k[0], v[0]], dim=-1).reshape(h, p // BLOCK, BLOCK, 2 * d)
-        view[idx] = pages.permute(1, 0, 2, 3)
-
-
-def gather_kv(
-    caches: dict[str, torch.Tensor], ids: list[int]
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (K, V) [1, H, len(ids)*16, D], read back from the paged cache's blocks `ids`."""
-    idx = torch.tensor(ids, device=next(iter(caches.values())).device)
-    out = []
-    for view in caches.values():
-        pages = view[idx]  # [n, H, N, 2D]
-        n, h, _, c = pages.shape
-        kv = pages.permute(1, 0, 2, 3).reshape(1, h, n * BLOCK, c)
-        d = c // 2
-        out.append((kv[..., :d].contiguous(), kv[..., d:].contiguous()))
-    return out
-
-
-def blocks_equal(caches: dict[str, torch.Tensor], a: list[int], b: list[int]) -> bool:
-    dev = next(iter(caches.values())).device
-    ia, ib = torch.tensor(a, device=dev), torch.tensor(b, device=dev)
-    return all(torch.equal(v[ia], v[ib]) for v in caches.values())
-
-
-def kv_equal(
-    a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]
-) -> bool:
-    return all(
-        torch.equal(x, y) for la, lb in zip(a, b, strict=True) for x, y in zip(la, lb, strict=True)
-    )
 
 
 # ------------------------------------------------------------------------------------- one prompt
@@ -482,77 +285,6 @@ def run_prompt(
         flush=True,
     )
     return row
-
-
-# -------------------------------------------------------------------------------------- reporting
-def table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| P tokens | KV GB | prefill ms | host restore ms | host GB/s (memcpy) | host/memcpy | "
-        "host speedup | SSD restore ms | SSD GB/s (raw O_DIRECT) | SSD/raw | SSD speedup | "
-        "break-even disk GB/s | transfer-only GB/s | bit-exact + logits equal |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-    )
-    lines = [
-        f"| {r['tokens']} | {r['bytes'] / 1e9:.2f} | {r['prefill_ms']:.1f} | "
-        f"{r['restore_host_ms']:.1f} | {r['restore_host_gbps']:.1f} ({r['memcpy_h2d_gbps']:.1f}) | "
-        f"{r['host_vs_memcpy']:.3f} | {r['speedup_host']:.1f}x | {r['restore_ssd_ms']:.0f} | "
-        f"{r['restore_ssd_gbps']:.2f} ({r['raw_read_gbps']:.2f}) | {r['ssd_vs_raw']:.2f} | "
-        f"{r['speedup_ssd']:.2f}x | {r['breakeven_disk_gbps']:.2f} | "
-        f"{r['transfer_only_gbps']:.1f} ({r['transfer_only_vs_memcpy']:.3f}) | "
-        f"{'yes' if r['ok'] else 'NO'} |"
-        for r in rows
-    ]
-    return head + "\n".join(lines)
-
-
-def tok_label(t: int) -> str:
-    return f"{t / 1024:g}K" if t >= 1024 else str(t)
-
-
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    toks = [r["tokens"] for r in rows]
-    xs = range(len(rows))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    w = 0.27
-    for i, (key, label) in enumerate(
-        (
-            ("prefill_ms", "recompute (prefill)"),
-            ("restore_host_ms", "restore from host"),
-            ("restore_ssd_ms", "restore from SSD"),
-        )
-    ):
-        vals = [r[key] for r in rows]
-        bars = a1.bar([x + (i - 1) * w for x in xs], vals, w, label=label)
-        a1.bar_label(bars, fmt="%.3g", fontsize=7)
-    a1.set_yscale("log")
-    a1.set_xticks(list(xs), [tok_label(t) for t in toks])
-    a1.set_xlabel("prompt tokens")
-    a1.set_ylabel("ms (log)")
-    a1.set_title("time to have the KV on the GPU")
-    a1.legend(fontsize=8)
-    for key, label, style in (
-        ("restore_host_gbps", "host restore", "o-"),
-        ("memcpy_h2d_gbps", "pinned memcpy H2D", "k--"),
-        ("restore_ssd_gbps", "SSD restore", "s-"),
-        ("raw_read_gbps", "raw O_DIRECT read", "k:"),
-        ("breakeven_disk_gbps", "break-even disk (bytes / prefill)", "r-."),
-    ):
-        a2.plot(toks, [r[key] for r in rows], style, label=label)
-    a2.set_xscale("log", base=2)
-    a2.set_yscale("log")
-    a2.set_xticks(toks, [tok_label(t) for t in toks])
-    a2.set_xlabel("prompt tokens")
-    a2.set_ylabel("GB/s (log)")
-    a2.set_title("achieved bandwidth vs ceilings")
-    a2.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main() -> None:

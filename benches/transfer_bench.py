@@ -23,10 +23,8 @@ import gc
 import json
 import logging
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cuda_clock import Clock
 from kv_caches import make_caches  # the tier and coordinator benches import it from here
 from transfer_summary import summary
 
@@ -49,25 +48,6 @@ TRITON_CONFIGS = [  # (programs, tile bytes, warps); programs=0: one program per
     (8, 32768, 32),
     (0, 16384, 8),
 ]
-
-
-class Clock:
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def median(self, fn: Callable[[], Any], reps: int) -> float:
-        times = []
-        for _ in range(reps):
-            self.sync()
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
 
 
 def ceiling(pool: HostPool, nbytes: int, device: str, clock: Clock, reps: int) -> dict[str, float]:
