@@ -149,7 +149,7 @@ fn verify(shared: &Shared, p: &Pending, buf: RawBuf) -> Result<(), (Status, Stri
 /// Forget every key that maps to damaged content, so no later put dedups against it. Only
 /// content still at the location that was read is dropped (it may have been stored again
 /// elsewhere meanwhile); if a reader still pins it, it stays poisoned until unpinned.
-fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentId, Location)]) {
+pub(super) fn drop_content(shared: &Shared, state: &mut super::State, damaged: &[(ContentId, Location)]) {
     let current: Vec<ContentId> = damaged
         .iter()
         .filter(|(id, loc)| state.index.content(*id).is_some_and(|c| c.loc == *loc))

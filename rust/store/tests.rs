@@ -329,6 +329,42 @@ fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
 }
 
 #[test]
+fn a_dedup_candidate_with_a_damaged_header_is_dropped_and_the_next_put_stores() {
+    // Key a's header page is overwritten with garbage (bit rot, a torn rewrite). A put of a's
+    // bytes under key b finds a's content by tag; the confirming read finds no valid header, so
+    // that put fails (recompute) and a's content is dropped: the next put of the same bytes
+    // stores its own copy instead of failing against a damaged block for as long as it lives.
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = data(b"a", 10_000);
+    assert_eq!(put_all(&store, &[b"a".to_vec()], 10_000)[0].status, Status::Ok);
+    let loc = store.shared.state.lock().index.lookup(b"a").unwrap().1.loc;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(crate::device::data_file::DATA_FILE))
+        .unwrap();
+    file.write_all_at(&vec![0x5Au8; crate::format::PAGE], loc.offset).unwrap();
+    file.sync_all().unwrap();
+    let put_b = || {
+        let items = vec![(b"b".to_vec(), RawBuf { ptr: a.as_ptr() as *mut u8, len: a.len() })];
+        store.submit_put(items, None).unwrap().wait(None).unwrap()
+    };
+    let r = put_b();
+    assert_eq!(r[0].status, Status::IoError, "{:?}", r[0]);
+    assert!(!store.contains(b"b"));
+    assert!(!store.contains(b"a"), "the damaged content is dropped with its keys");
+    assert_eq!(store.shared.state.lock().index.content_count(), 0);
+    let r = put_b();
+    assert_eq!(r[0].status, Status::Ok, "{:?}", r[0]);
+    assert_eq!(read(&store, b"b").unwrap(), a);
+    drop(store);
+    let reopened = open(dir.path());
+    assert!(!reopened.contains(b"a"), "the drop was journaled");
+    assert_eq!(read(&reopened, b"b").unwrap(), a);
+}
+
+#[test]
 fn owner_ordered_store_still_evicts_when_full_and_lists_by_write_after_a_reopen() {
     // No order is kept, but a device that fills up still takes puts (a clock sweep picks
     // victims), and after a reopen the keys come oldest write first.

@@ -4,12 +4,13 @@
 //! holds tags, not hashes, so only a header read could prove the two equal. Only a journaled
 //! mapping is acknowledged: if the append fails the batch's blocks are withdrawn again.
 
-use super::write::Outcomes;
+use super::write::Written;
 use super::{extent_of, extra_of, Plan, PutExtra};
 use crate::format::journal::{content_tag, ContentTag, Location, Record};
 use crate::format::PAGE;
 use crate::index::{extent_pages, ContentId};
 use crate::store::batch::{BlockResult, RawBuf, Status};
+use crate::store::get::drop_content;
 use crate::store::metas::DedupMetas;
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
@@ -107,7 +108,7 @@ pub(super) fn commit(
     items: &[(Vec<u8>, RawBuf)],
     extras: &[PutExtra],
     plans: &[Plan],
-    mut outcomes: Outcomes,
+    Written { mut outcomes, damaged }: Written,
 ) -> Vec<Option<BlockResult>> {
     let mut state = shared.state.lock();
     let mut pending = Pending::default();
@@ -166,6 +167,14 @@ pub(super) fn commit(
         };
         results.push(Some(result));
     }
+    let damaged: Vec<(ContentId, Location)> = damaged
+        .iter()
+        .filter_map(|&i| match &plans[i] {
+            Plan::Confirm { content, loc, .. } => Some((*content, loc.clone())),
+            _ => None,
+        })
+        .collect();
+    drop_content(shared, &mut state, &damaged);
     let journaled = shared.journal_append(&mut state, &pending.journal, pending.count);
     if journaled.is_ok() {
         std::mem::take(&mut pending.dedup).write(shared, &state);

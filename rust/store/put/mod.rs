@@ -70,8 +70,8 @@ fn extent_of(loc: &Location) -> FreedExtent {
 pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Vec<BlockResult> {
     let encoded = encode(shared, items);
     let plans = admit::plan(shared, items, &encoded);
-    let outcomes = write::write(shared, items, extras, &encoded, &plans);
-    let results = commit::commit(shared, items, extras, &plans, outcomes);
+    let written = write::write(shared, items, extras, &encoded, &plans);
+    let results = commit::commit(shared, items, extras, &plans, written);
     shared.maybe_compact();
     reply(&plans, results)
 }

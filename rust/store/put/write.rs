@@ -19,13 +19,20 @@ use crate::store::{Durability, Shared};
 /// Per written item: its write's outcome; per `Confirm` item: Ok when confirmed.
 pub(super) type Outcomes = HashMap<usize, Result<(), String>>;
 
+/// What the device round found: the outcomes, and the `Confirm` items whose candidate's header
+/// page is not the indexed write's (unreadable, or another seq): damaged content to drop.
+pub(super) struct Written {
+    pub outcomes: Outcomes,
+    pub damaged: Vec<usize>,
+}
+
 pub(super) fn write(
     shared: &Shared,
     items: &[(Vec<u8>, RawBuf)],
     extras: &[PutExtra],
     encoded: &[Encoded],
     plans: &[Plan],
-) -> Outcomes {
+) -> Written {
     let cfg = &shared.cfg;
     let mut owned: Vec<AlignedBuf> = Vec::new();
     let mut ops: Vec<(usize, u16, IoOp)> = Vec::new();
@@ -90,13 +97,27 @@ pub(super) fn write(
         .collect();
     // The header pages and bounce buffers were only needed until the devices were done.
     drop(owned);
+    let mut damaged = Vec::new();
     for (i, page) in candidates {
         if let (Some(Ok(())), Plan::Confirm { hash, loc, .. }) = (outcomes.get(&i), &plans[i]) {
-            let same = BlockHeader::decode(page.as_slice())
-                .is_ok_and(|h| h.content_hash == *hash && h.seq == loc.seq);
-            if !same {
-                outcomes
-                    .insert(i, Err("a stored block has this block's content tag, not its content".into()));
+            match BlockHeader::decode(page.as_slice()).ok().filter(|h| h.seq == loc.seq) {
+                Some(h) if h.content_hash == *hash => {}
+                // A true tag clash (~n/2^48): the other content is sound and stays.
+                Some(_) => {
+                    outcomes.insert(
+                        i,
+                        Err("a stored block has this block's content tag, not its content".into()),
+                    );
+                }
+                // Not the indexed write's header: that content is damaged. Left indexed, it would
+                // refuse every later put of these bytes until something read it.
+                None => {
+                    outcomes.insert(
+                        i,
+                        Err("the stored block with this content has a damaged header (dropped)".into()),
+                    );
+                    damaged.push(i);
+                }
             }
         }
     }
@@ -112,5 +133,5 @@ pub(super) fn write(
             }
         }
     }
-    outcomes
+    Written { outcomes, damaged }
 }
