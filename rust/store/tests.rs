@@ -280,18 +280,37 @@ fn journal_kept_at_open_reads_unclean_after_a_crash_and_keeps_new_records() {
     }
 }
 
+/// Key a's 10 000 bytes, stored; where they lie.
+fn stored_a(store: &BlockStore) -> (Vec<u8>, crate::format::journal::Location) {
+    assert_eq!(put_all(store, &[b"a".to_vec()], 10_000)[0].status, Status::Ok);
+    let loc = store.shared.state.lock().index.lookup(b"a").unwrap().1.loc;
+    (data(b"a", 10_000), loc)
+}
+
+/// Overwrite the data file's page at `offset` behind the store's back (damage, a planted header).
+fn overwrite_page(dir: &Path, offset: u64, page: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let file =
+        std::fs::OpenOptions::new().write(true).open(dir.join(crate::device::data_file::DATA_FILE)).unwrap();
+    file.write_all_at(page, offset).unwrap();
+    file.sync_all().unwrap();
+}
+
+/// Put `bytes` under `key`, one item.
+fn put_one(store: &BlockStore, key: &[u8], bytes: &[u8]) -> Vec<BlockResult> {
+    let items = vec![(key.to_vec(), RawBuf { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() })];
+    store.submit_put(items, None).unwrap().wait(None).unwrap()
+}
+
 #[test]
 fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
     // The index keeps 6 bytes of each content hash. Plant a clash: rewrite key a's header page
     // so that its full hash shares a's tag (the first 6 bytes) but differs after. A put of a's
     // bytes under key b finds a's content by tag, reads the header, and must not map b onto it.
     use crate::format::header::BlockHeader;
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let a = data(b"a", 10_000);
-    assert_eq!(put_all(&store, &[b"a".to_vec()], 10_000)[0].status, Status::Ok);
-    let loc = store.shared.state.lock().index.lookup(b"a").unwrap().1.loc;
+    let (a, loc) = stored_a(&store);
     let mut hash = store.shared.cfg.hash.digest(&a);
     hash[6..].iter_mut().for_each(|b| *b ^= 0xFF);
     let mut page = vec![0u8; crate::format::PAGE];
@@ -305,15 +324,8 @@ fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
         key: b"a".to_vec(),
     };
     header.encode_into(&mut page);
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(crate::device::data_file::DATA_FILE))
-        .unwrap();
-    file.write_all_at(&page, loc.offset).unwrap();
-    file.sync_all().unwrap();
-    let bufs = [a.clone()];
-    let items = vec![(b"b".to_vec(), RawBuf { ptr: bufs[0].as_ptr() as *mut u8, len: a.len() })];
-    let r = store.submit_put(items, None).unwrap().wait(None).unwrap();
+    overwrite_page(dir.path(), loc.offset, &page);
+    let r = put_one(&store, b"b", &a);
     assert_eq!(r[0].status, Status::IoError, "{:?}", r[0]);
     assert!(!store.contains(b"b"));
     assert_eq!(store.shared.state.lock().index.content_count(), 1);
@@ -322,8 +334,7 @@ fn a_dedup_candidate_found_by_tag_is_refuted_by_its_header_full_hash() {
     // Unrelated content still dedups through a confirming header read.
     let c = data(b"c", 10_000);
     assert_eq!(put_all(&store, &[b"c".to_vec()], 10_000)[0].status, Status::Ok);
-    let items = vec![(b"d".to_vec(), RawBuf { ptr: c.as_ptr() as *mut u8, len: c.len() })];
-    let r = store.submit_put(items, None).unwrap().wait(None).unwrap();
+    let r = put_one(&store, b"d", &c);
     assert_eq!(r[0].status, Status::Deduped);
     assert_eq!(read(&store, b"d").unwrap(), c);
 }
@@ -334,28 +345,16 @@ fn a_dedup_candidate_with_a_damaged_header_is_dropped_and_the_next_put_stores() 
     // bytes under key b finds a's content by tag; the confirming read finds no valid header, so
     // that put fails (recompute) and a's content is dropped: the next put of the same bytes
     // stores its own copy instead of failing against a damaged block for as long as it lives.
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let a = data(b"a", 10_000);
-    assert_eq!(put_all(&store, &[b"a".to_vec()], 10_000)[0].status, Status::Ok);
-    let loc = store.shared.state.lock().index.lookup(b"a").unwrap().1.loc;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(crate::device::data_file::DATA_FILE))
-        .unwrap();
-    file.write_all_at(&vec![0x5Au8; crate::format::PAGE], loc.offset).unwrap();
-    file.sync_all().unwrap();
-    let put_b = || {
-        let items = vec![(b"b".to_vec(), RawBuf { ptr: a.as_ptr() as *mut u8, len: a.len() })];
-        store.submit_put(items, None).unwrap().wait(None).unwrap()
-    };
-    let r = put_b();
+    let (a, loc) = stored_a(&store);
+    overwrite_page(dir.path(), loc.offset, &[0x5A; crate::format::PAGE]);
+    let r = put_one(&store, b"b", &a);
     assert_eq!(r[0].status, Status::IoError, "{:?}", r[0]);
     assert!(!store.contains(b"b"));
     assert!(!store.contains(b"a"), "the damaged content is dropped with its keys");
     assert_eq!(store.shared.state.lock().index.content_count(), 0);
-    let r = put_b();
+    let r = put_one(&store, b"b", &a);
     assert_eq!(r[0].status, Status::Ok, "{:?}", r[0]);
     assert_eq!(read(&store, b"b").unwrap(), a);
     drop(store);

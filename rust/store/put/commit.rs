@@ -167,13 +167,6 @@ pub(super) fn commit(
         };
         results.push(Some(result));
     }
-    let damaged: Vec<(ContentId, Location)> = damaged
-        .iter()
-        .filter_map(|&i| match &plans[i] {
-            Plan::Confirm { content, loc, .. } => Some((*content, loc.clone())),
-            _ => None,
-        })
-        .collect();
     drop_content(shared, &mut state, &damaged);
     let journaled = shared.journal_append(&mut state, &pending.journal, pending.count);
     if journaled.is_ok() {

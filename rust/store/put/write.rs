@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 use super::{extra_of, Encoded, Plan, PutExtra};
 use crate::format::header::{BlockHeader, FLAG_COMPRESSED};
+use crate::format::journal::Location;
 use crate::format::{round_up_to_page, PAGE};
+use crate::index::ContentId;
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoOp};
 use crate::store::batch::RawBuf;
@@ -23,7 +25,7 @@ pub(super) type Outcomes = HashMap<usize, Result<(), String>>;
 /// page is not the indexed write's (unreadable, or another seq): damaged content to drop.
 pub(super) struct Written {
     pub outcomes: Outcomes,
-    pub damaged: Vec<usize>,
+    pub damaged: Vec<(ContentId, Location)>,
 }
 
 pub(super) fn write(
@@ -99,7 +101,7 @@ pub(super) fn write(
     drop(owned);
     let mut damaged = Vec::new();
     for (i, page) in candidates {
-        if let (Some(Ok(())), Plan::Confirm { hash, loc, .. }) = (outcomes.get(&i), &plans[i]) {
+        if let (Some(Ok(())), Plan::Confirm { hash, loc, content }) = (outcomes.get(&i), &plans[i]) {
             match BlockHeader::decode(page.as_slice()).ok().filter(|h| h.seq == loc.seq) {
                 Some(h) if h.content_hash == *hash => {}
                 // A true tag clash (~n/2^48): the other content is sound and stays.
@@ -116,7 +118,7 @@ pub(super) fn write(
                         i,
                         Err("the stored block with this content has a damaged header (dropped)".into()),
                     );
-                    damaged.push(i);
+                    damaged.push((*content, loc.clone()));
                 }
             }
         }
