@@ -1,7 +1,8 @@
 """Child process for the crash test: writes batches forever and reports each acknowledged key.
 
 Usage: python crash_writer.py DIR START_INDEX
-Prints "ACK <key>" (flushed) for every block whose batch completed successfully.
+Prints "ACK <key>" (flushed) for every block whose batch completed successfully, "DELETING <key>"
+before a delete and "DEL <key>" once it returned (killed in between, the key may be either).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
         sys.stdout.flush()
         # Deletes too, so the journal holds removals and reused extents.
         if i % 5 == 0 and i > start:
+            sys.stdout.write(f"DELETING c{i - 3}\n")
+            sys.stdout.flush()
             store.delete(b"c%d" % (i - 3))
             sys.stdout.write(f"DEL c{i - 3}\n")
             sys.stdout.flush()
