@@ -302,6 +302,19 @@ def test_object_tier_runs_through_the_same_transitions() -> None:
     assert idx.take_garbage() == {Tier.SSD: [_k(0)], Tier.OBJECT: [_k(0)]}
 
 
+def test_a_reset_keeps_the_lower_deletes_it_has_not_sent() -> None:
+    """Copies the index evicted by key but whose deletes no job carried yet still leave the
+    tier after a reset: they go out with the next job (and are announced then)."""
+    idx = TierIndex(3)
+    for i in range(3):
+        _fill(idx, _k(i))
+    idx.set_present([_k(i) for i in range(3)], Tier.SSD, True)
+    idx.set_lower_capacity(Tier.SSD, 1)  # evicts two copies by key, deletes not taken yet
+    idx.reset()
+    evicted = idx.take_lower_evictions()
+    assert len(evicted[Tier.SSD]) == 2 and set(evicted[Tier.SSD]) < {_k(i) for i in range(3)}
+
+
 def test_cold_blocks_keep_no_keys_and_a_reset_keeps_what_it_cleared() -> None:
     """Cold blocks are fingerprints only: they are recognised among candidates (each once, in
     the order given), not listed; blocks that warm up and cool again stay recognised once; a

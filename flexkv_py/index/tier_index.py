@@ -322,7 +322,8 @@ class TierIndex(HostFills):
             self._cold.clear()
             self._children.clear()
             self._kids.clear()
-            self._lower_evicted.clear()
+            # Not `_lower_evicted`: copies evicted by key whose deletes no job carried yet are
+            # still on their tier; the next job deletes (and announces) them as usual.
             for key, e in list(self._entries.items()):
                 e.stale, e.parent, e.up = True, None, None
                 self._policy.remove(key)
