@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -95,5 +96,30 @@ def test_a_host_only_load_needs_a_slot_per_lower_tier_block_and_gets_them_in_rou
         machine.store(0, 8)
         machine.load(0, 4)
         machine.load(0, 12)
+    finally:
+        machine.teardown()
+
+
+def test_a_host_only_load_in_rounds_counts_one_hit_per_block() -> None:
+    """The blocks past a round's cut are pinned, let go and loaded in the next round: their
+    hit is counted there, once (admission's min_hits and LFU read these counts)."""
+    machine = HostAndSsd()
+    try:
+        machine.store(0, 12)
+        machine.store(1, 12)  # chain 0 now lives on the SSD, 4 free host slots at most
+        machine.flush()
+        mgr, keys = machine.eng.manager, CHAINS[0]
+        jobs: list[object] = []
+        prepare = mgr.prepare_load
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            jobs.append(prepare(*a, **kw))
+            return jobs[-1]
+
+        mgr.prepare_load = counted  # type: ignore[method-assign]
+        before = [mgr.index.hits(k) for k in keys]
+        machine.load(0, 12)
+        assert len(jobs) >= 2  # in rounds
+        assert [mgr.index.hits(k) - b for k, b in zip(keys, before, strict=True)] == [1] * 12
     finally:
         machine.teardown()

@@ -140,9 +140,7 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
     assert all(torch.equal(t[:, 1], b) for t, b in zip(caches.values(), before, strict=True))
     # Slow again: shutdown does not unmap the pool (or close the store) under a late write.
     _native.set_fault_delays(True)
-    (res,) = [
-        ex.submit(StoreJob(5, (keys[2],), (2,), (2,), (WRITE_SSD,))).wait(WAIT_S)
-    ]
+    (res,) = [ex.submit(StoreJob(5, (keys[2],), (2,), (2,), (WRITE_SSD,))).wait(WAIT_S)]
     assert res.write_failed_on(Tier.SSD) == {keys[2]}
     assert not ex.shutdown(timeout=0.1)
     _native.set_fault_delays(False)

@@ -333,8 +333,7 @@ class CacheEngine:
         rest = list(keys)
         while rest:
             job = self.manager.prepare_load(rest, None, in_rounds=True)
-            if job is None:
-                return out + [None] * len(rest) if out else []
+            assert job is not None  # None only for no keys
             result = self.executor.submit(job).wait(timeout)
             tensor = self.pool.tensor  # type: ignore[attr-defined]
             # Read while the blocks are still pinned (complete releases them).

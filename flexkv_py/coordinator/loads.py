@@ -86,7 +86,6 @@ class LoadPlanner(HostEviction):
         """The job of `prepare_load` once its leading blocks are pinned (`acquired`, lock
         held), when not every block is in host memory (that case: `_host_load`)."""
         with self._lock:
-            self._note_admitted(keys[: len(acquired)], stored=False)
             host = Tier.HOST
             n_lower = sum(t.tier is not host for t in acquired)
             chained: list[Victim] = []
@@ -98,8 +97,10 @@ class LoadPlanner(HostEviction):
                 # promised them counting one shared staging slot, as a GPU load streams.
                 lower = [i for i, t in enumerate(acquired) if t.tier is not host]
                 cut = lower[len(staging)]
-                self.index.unpin(list(keys[cut : len(acquired)]))
+                # Loaded (and counted) in that later job, not this one.
+                self.index.unpin(list(keys[cut : len(acquired)]), uncount_hits=True)
                 keys, acquired, n_lower = keys[:cut], acquired[:cut], len(staging)
+            self._note_admitted(keys[: len(acquired)], stored=False)
             # Fewer staging slots than lower-tier blocks: the load streams through them in
             # rounds (job_bodies.py), lower-tier block j in slot j mod n; only each slot's
             # last block stays in host (promoted).

@@ -127,7 +127,9 @@ class TierIndex(HostFills):
                 e.pins += 1
                 self._refresh(key, e)
 
-    def unpin(self, keys: Iterable[bytes]) -> None:
+    def unpin(self, keys: Iterable[bytes], *, uncount_hits: bool = False) -> None:
+        """`uncount_hits`: take back the hit `acquire(count_hits=True)` recorded (a load that
+        let these blocks go unread; they are acquired, and counted, again later)."""
         with self._lock:
             entries, add, children = self._entries, self._policy.add, self._children
             for key in keys:
@@ -137,6 +139,8 @@ class TierIndex(HostFills):
                 if e.pins <= 0:
                     raise IndexStateError(f"unpin of unpinned key {key.hex()}")
                 e.pins -= 1
+                if uncount_hits and e.hits > 0:
+                    e.hits -= 1
                 if e.pins == 0 and e.host_ready and not (e.releasing or e.stale or e.evicting):
                     # The common case (a loaded host block): it only becomes evictable again
                     # (a pinned key is in no policy, so no membership test first).
