@@ -50,7 +50,7 @@ def read_pattern(fd: int, nbytes: int, chunk: int, depth: int) -> float:
                     off = offsets[nxt[0]]
                     nxt[0] += 1
                 os.preadv(fd, [buf], off)
-        except BaseException as e:  # noqa: BLE001 - reported by the caller
+        except BaseException as e:  # reported by the caller
             errors.append(e)
         finally:
             buf.close()
@@ -106,7 +106,8 @@ def main() -> None:
     print(f"{nbytes / 2**30:.1f} GiB, block {block} B, {args.reps} interleaved rounds")
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"  {name:<14} {med:5.2f} GB/s [{min(r):.2f}-{max(r):.2f}]  /seq-8M-qd1 {med / ref:.2f}")
+        spread = f"[{min(r):.2f}-{max(r):.2f}]"
+        print(f"  {name:<14} {med:5.2f} GB/s {spread}  /seq-8M-qd1 {med / ref:.2f}")
     if args.json:
         print(json.dumps({"bytes": nbytes, "block_bytes": block, "gbps": rates}))
 
