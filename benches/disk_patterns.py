@@ -20,12 +20,17 @@ import json
 import mmap
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-CHUNK_8M = 8 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tier_bench import RAW_CHUNK, RawDisk
+
+CHUNK_8M = RAW_CHUNK  # tier_bench's raw read size
 PAGE = 4096
 
 
@@ -85,22 +90,14 @@ def main() -> None:
         patterns[f"seq-blk-qd{d}"] = (block, d)
         patterns[f"seq-8M-qd{d}"] = (CHUNK_8M, d)
     base = Path(tempfile.mkdtemp(prefix="flexkv-disk-patterns-", dir=args.dir or Path.cwd()))
-    path = base / "patterns.dat"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
     rates: dict[str, list[float]] = {k: [] for k in patterns}
+    disk = RawDisk(base, nbytes)  # tier_bench's raw file: written with O_DIRECT, fsynced
     try:
-        buf = mmap.mmap(-1, CHUNK_8M)
-        buf.write(os.urandom(CHUNK_8M))
-        for off in range(0, nbytes, CHUNK_8M):
-            os.pwrite(fd, buf, off)
-        os.fsync(fd)
-        buf.close()
         for _ in range(args.reps):
             for name, (chunk, depth) in patterns.items():
-                rates[name].append(nbytes / 1e9 / read_pattern(fd, nbytes, chunk, depth))
+                rates[name].append(nbytes / 1e9 / read_pattern(disk.fd, nbytes, chunk, depth))
     finally:
-        os.close(fd)
-        path.unlink(missing_ok=True)
+        disk.close()
         base.rmdir()
     ref = statistics.median(rates["seq-8M-qd1"])
     print(f"{nbytes / 2**30:.1f} GiB, block {block} B, {args.reps} interleaved rounds")

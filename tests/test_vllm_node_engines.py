@@ -24,9 +24,14 @@ pytestmark = pytest.mark.usefixtures("connector_form")
 BS = 16
 
 
-def side_stats(e: vh.Engine) -> dict[str, Any]:
+def side_manager(e: vh.Engine) -> Any:
+    """The scheduler side's CacheManager."""
     (side,) = e.flexkv_scheduler_sides()
-    return dict(side._mgr.stats())
+    return side._mgr
+
+
+def side_stats(e: vh.Engine) -> dict[str, Any]:
+    return dict(side_manager(e).stats())
 
 
 def worker_stats(e: vh.Engine, rank: int = 0) -> dict[str, Any]:
@@ -128,8 +133,7 @@ def test_b_follows_what_a_stores_and_evicts_after_b_started(
         # background and reports the change on a later step, so right after a refresh that
         # evicted 4 and added 4 the scheduler's count already matches while its keys do not.
         held = set(a_ssd.keys())
-        (side,) = b.flexkv_scheduler_sides()
-        offered = side._mgr.index
+        offered = side_manager(b).index
         return (
             set(b_node.keys()) == held
             and side_stats(b)["index_on_node"] == len(held)
