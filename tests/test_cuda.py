@@ -34,7 +34,6 @@ from flexkv_py.tiers import host_pool as host_pool_module
 from flexkv_py.tiers.host_pool import HostPool
 from flexkv_py.transfer import TransferEngine, describe_kv_caches
 from flexkv_py.transfer.kv_layout import VLLM_LAYOUTS, KVPageGeometry
-from flexkv_py.transfer.staged_path import StagedCopyPath, chunk_bounds
 
 pytestmark = [
     pytest.mark.cuda,
@@ -549,66 +548,6 @@ def test_host_pool_registers_in_chunks_and_unregisters_all(
         pool.close()
     for s, a in enumerate(addresses):
         assert not is_registered(a), s
-
-
-@pytest.mark.parametrize("registration", ["eager", "background"])
-def test_staged_path_merges_consecutive_slots_within_each_registration(
-    monkeypatch: pytest.MonkeyPatch, registration: str
-) -> None:
-    """Consecutive slots move as one DMA per run, cut at every registration boundary (3 slots
-    here, eager or background pinning): bit-exact both ways, and fewer copies than pages."""
-    caches = vllm_caches("LBNHC", _device(), num_blocks=NUM_BLOCKS)
-    fill_random(caches, seed=41)
-    geom = describe_kv_caches(caches)
-    assert geom.slot_nbytes == geom.page_nbytes  # merging needs slot == page
-    if registration == "eager":
-        monkeypatch.setattr(host_pool_module, "MAX_REGISTER_CHUNK", 3 * geom.slot_nbytes)
-        pool = HostPool(12, geom.slot_nbytes, pin=True)
-        assert len(pool._registered) == 4
-    else:
-        pool = HostPool(
-            12,
-            geom.slot_nbytes,
-            pin=True,
-            background=True,
-            background_chunk_bytes=3 * geom.slot_nbytes,
-        )
-        pool.allow_registration()
-        assert pool.background is not None and pool.background.wait_ready(12, timeout_s=60)
-    assert pool.registration_slots == 3
-    before = {name: t.clone() for name, t in caches.items()}
-    src = [23, 1, 17, 8, 12, 5, 0, 19, 9, 14, 2]
-    slots = [1, 2, 3, 4, 5, 6, 7, 11, 10, 8, 9]  # runs 1-2, 3-5, 6-7, 11, 10, 8-9 by slots
-    dst = [4, 11, 6, 2, 22, 10, 15, 20, 3, 21, 13]
-    try:
-        with TransferEngine(caches, pool, backend="staged", staged_chunk_pages=4) as eng:
-            d2h, h2d = eng.backend["d2h"], eng.backend["h2d"]
-            assert isinstance(d2h, StagedCopyPath) and isinstance(h2d, StagedCopyPath)
-            pool.tensor.fill_(HOST_POISON)
-            eng.submit_d2h(src, slots).wait(timeout=60)
-            for s, b in zip(slots, src, strict=True):
-                assert torch.equal(pool.tensor[s].to(geom.device), reference_page(geom, b)), s
-            assert bool((pool.tensor[0] == HOST_POISON).all())
-            for t in caches.values():
-                for b in dst:
-                    block(t, b, 0).view(torch.uint8).fill_(0x5A)
-            eng.submit_h2d(slots, dst).wait(timeout=60)
-            torch.cuda.synchronize()
-            for path, direction in ((d2h, "d2h"), (h2d, "h2d")):
-                want = sum(
-                    expected_runs(slots[a:b], span=3)
-                    for a, b in chunk_bounds(len(slots), 4, direction)
-                )
-                assert path.copies_issued == want < len(slots), direction
-    finally:
-        pool.close()
-    assert_blocks_moved(caches, before, src, dst, 0)
-
-
-def expected_runs(slots: list[int], span: int) -> int:
-    """Copies for one chunk: a new one wherever a slot does not follow the last one within a
-    registration."""
-    return sum(1 for i, s in enumerate(slots) if i == 0 or s != slots[i - 1] + 1 or s % span == 0)
 
 
 # -- spill path (host tier smaller than what is stored) and SSD restart --------------------------

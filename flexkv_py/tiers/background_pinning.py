@@ -71,11 +71,6 @@ class BackgroundPinner:
         self._thread.start()
 
     @property
-    def slots_per_chunk(self) -> int:
-        """Slots per registered chunk (chunks start at slot 0)."""
-        return self._slots_per_chunk
-
-    @property
     def ready_slots(self) -> int:
         with self._lock:
             return self._ready

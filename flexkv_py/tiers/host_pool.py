@@ -192,17 +192,10 @@ class HostPool:
         if self._pinner is not None:
             self._pinner.allow_registration()
 
-    @property
-    def registration_slots(self) -> int:
-        """Slots per `cudaHostRegister` range, from slot 0: a copy over consecutive slots must
-        not cross a multiple of this (it would span two registrations)."""
-        if self._pinner is not None:
-            return self._pinner.slots_per_chunk
-        return max(1, min(self.num_slots, MAX_REGISTER_CHUNK // self.slot_nbytes))
-
     def _chunks(self) -> list[tuple[int, int]]:
         # Chunk boundaries fall on slot boundaries: a copy never spans two registrations.
-        step = self.registration_slots * self.slot_nbytes
+        per_chunk = max(1, min(self.num_slots, MAX_REGISTER_CHUNK // self.slot_nbytes))
+        step = per_chunk * self.slot_nbytes
         return [
             (self.address + off, min(step, self.nbytes - off))
             for off in range(0, self.nbytes, step)

@@ -246,7 +246,6 @@ class TransferEngine:
                     chunk_pages=self._staged_chunk_pages,
                     programs=self._triton["programs"],
                     prefer_overlap=self._prefer_overlap,
-                    merge_span_slots=self.pool.registration_slots,
                 )
             else:
                 raise ValueError(f"unknown transfer backend {name!r}")

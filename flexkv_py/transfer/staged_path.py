@@ -17,17 +17,6 @@ stream wait for it), and a D2H completes on the DMA stream (returned to the engi
 the batch's event there: every gather of the batch precedes its DMA); an H2D ends on the current
 stream with its last scatter.
 
-Two cuts of the time around the copies themselves:
-
-* Host slots that follow each other (as a batch's slots mostly do) move in one DMA, since the
-  staging rows always do: fewer, larger copies for the driver to feed. A merged copy stops at
-  the pool's registration boundaries (``merge_span_slots``): one copy never spans two
-  ``cudaHostRegister`` ranges.
-* The chunk whose SM work nothing hides is made small: a D2H's first gather runs before any
-  DMA and an H2D's last scatter after every DMA, so chunks grow 1, 2, 4, ... pages at a D2H's
-  head and shrink the same way at an H2D's tail (each one's SM work still fits under its
-  neighbour's DMA).
-
 Device memory cost: 2 x ``chunk_pages`` pages (e.g. 2 x 32 x 2.25 MiB = 144 MiB).
 """
 
@@ -39,42 +28,6 @@ import torch
 from flexkv_py.transfer.copy_engine_path import BatchCopier
 from flexkv_py.transfer.kv_layout import KVPageGeometry
 from flexkv_py.transfer.triton_path import TritonCopyPath
-
-
-def chunk_bounds(
-    n: int, chunk: int, direction: str, *, taper: bool = True
-) -> list[tuple[int, int]]:
-    """[start, end) of each chunk of an n-page batch: at most `chunk` pages each, the unhidden
-    end (a D2H's head, an H2D's tail) in chunks of 1, 2, 4, ... pages when `taper`."""
-    sizes: list[int] = []
-    rest = n
-    if taper:
-        step = 1
-        while step < chunk and rest > 0:
-            sizes.append(min(step, rest))
-            rest -= sizes[-1]
-            step *= 2
-    sizes += [chunk] * (rest // chunk) + ([rest % chunk] if rest % chunk else [])
-    if taper and direction != "d2h":
-        sizes.reverse()
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
-
-
-def merged_runs(slots: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first index, length) of each run of consecutive slots that stays within one
-    `span`-slot registration: chunk row i+1 follows row i, so such a run is one copy."""
-    k = len(slots)
-    if k == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    s = slots.astype(np.int64)
-    joins = (s[1:] == s[:-1] + 1) & (s[1:] // span == s[:-1] // span)
-    starts = np.concatenate(([0], np.flatnonzero(~joins) + 1))
-    lengths = np.diff(np.concatenate((starts, [k])))
-    return starts, lengths
 
 
 class StagedCopyPath:
@@ -90,10 +43,7 @@ class StagedCopyPath:
         tile_bytes: int = 32768,
         num_warps: int = 16,
         prefer_overlap: bool = True,
-        merge_span_slots: int = 1,
-        taper: bool = True,
     ) -> None:
-        """`merge_span_slots`: slots per pinned registration of `host` (1: no merged copies)."""
         if geometry.device.type != "cuda":
             raise ValueError("the staged path needs CUDA tensors")
         dev = geometry.device
@@ -102,10 +52,6 @@ class StagedCopyPath:
         self._row = host.shape[1]
         self._page = geometry.page_nbytes
         self._host_addr = host.data_ptr()
-        # A merged copy also moves the bytes between pages, so only where a slot is one page.
-        self._span = merge_span_slots if self._row == self._page else 1
-        self._taper = taper
-        self.copies_issued = 0  # DMA descriptors sent (tests see the merging)
         self._stages = [
             torch.empty((chunk_pages, self._row), dtype=torch.uint8, device=dev) for _ in range(2)
         ]
@@ -127,12 +73,18 @@ class StagedCopyPath:
         """On the current stream; a D2H completes on the DMA stream, returned (no join)."""
         main = torch.cuda.current_stream()
         dma = self._dma_stream
-        for start, end in chunk_bounds(len(gpu_ids), self._chunk, direction, taper=self._taper):
+        sizes = np.full(self._chunk, self._page, dtype=np.uint64)
+        for start in range(0, len(gpu_ids), self._chunk):
             b = self._next_buffer
             self._next_buffer = 1 - b
-            ids = gpu_ids[start:end]
-            rows = np.arange(len(ids), dtype=np.int64)
-            stage, host, sizes = self._page_copies(b, slots[start:end])
+            ids = gpu_ids[start : start + self._chunk]
+            sl = slots[start : start + self._chunk].astype(np.uint64)
+            k = len(ids)
+            rows = np.arange(k, dtype=np.int64)
+            stage = np.uint64(self._stages[b].data_ptr()) + rows.astype(np.uint64) * np.uint64(
+                self._row
+            )
+            host = np.uint64(self._host_addr) + sl * np.uint64(self._row)
             ready = torch.cuda.Event()
             if direction == "d2h":
                 if self._used[b]:
@@ -140,27 +92,15 @@ class StagedCopyPath:
                 self._kernels[b].enqueue("d2h", ids, rows)  # gather into staging (main)
                 ready.record(main)
                 dma.wait_event(ready)
-                self._copier.copy(host, stage, sizes, dma.cuda_stream)
+                self._copier.copy(host, stage, sizes[:k], dma.cuda_stream)
                 self._free[b].record(dma)
             else:
                 if self._used[b]:
                     dma.wait_event(self._free[b])  # previous scatter from this buffer is done
-                self._copier.copy(stage, host, sizes, dma.cuda_stream)
+                self._copier.copy(stage, host, sizes[:k], dma.cuda_stream)
                 ready.record(dma)
                 main.wait_event(ready)
                 self._kernels[b].enqueue("h2d", ids, rows)  # scatter from staging (main)
                 self._free[b].record(main)
             self._used[b] = True
-            self.copies_issued += len(sizes)
         return dma if direction == "d2h" else None
-
-    def _page_copies(
-        self, buffer: int, slots: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(staging addresses, host addresses, sizes) of a chunk's page copies, merged."""
-        firsts, lengths = merged_runs(slots, self._span)
-        row = np.uint64(self._row)
-        stage = np.uint64(self._stages[buffer].data_ptr()) + firsts.astype(np.uint64) * row
-        host = np.uint64(self._host_addr) + slots[firsts].astype(np.uint64) * row
-        sizes = (lengths.astype(np.uint64) - np.uint64(1)) * row + np.uint64(self._page)
-        return stage, host, sizes
