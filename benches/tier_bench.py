@@ -141,6 +141,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reps", type=int, default=None, help="paired runs per phase (5; --quick: 2)")
+    p.add_argument(
+        "--iouring-entries",
+        type=int,
+        default=None,
+        help="the SSD tier's queue depth (config iouring_entries; default the config's)",
+    )
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     reps = args.reps or (2 if args.quick or not cuda else 5)
@@ -166,6 +172,11 @@ def main() -> None:
                 "ssd_cache_gb": 2.5 * (n + 16) * (page + 8192) / 2**30,
                 "ssd_cache_dir": str(directory),
                 "admission": admission,
+                **(
+                    {}
+                    if args.iouring_entries is None
+                    else {"iouring_entries": args.iouring_entries}
+                ),
             },
             env={},
         )
@@ -199,6 +210,7 @@ def main() -> None:
         "blocks": n,
         "page_bytes": page,
         "reps": reps,
+        "iouring_entries": cfg_wt.iouring_entries,
         "host_mismatches": 0,
         "ssd_mismatches": 0,
     }
