@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from transfer_bench import make_caches
 
+from flexkv_py.cli.inspect import DATA_FILE
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.index.namespace import Namespace
@@ -40,6 +41,7 @@ from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 RAW_CHUNK = 8 << 20
+STORE_DATA_FILE = DATA_FILE  # the SSD store's one data file per directory
 
 
 def sync(cuda: bool) -> None:
@@ -79,6 +81,7 @@ class RawDisk:
         import mmap
 
         self.nbytes = nbytes
+        self.owned = True  # written here: close() deletes it
         self.path = directory / "raw-read.dat"
         self.buf = mmap.mmap(-1, RAW_CHUNK)
         self.buf.write(os.urandom(RAW_CHUNK))
@@ -86,6 +89,18 @@ class RawDisk:
         for off in range(0, nbytes, RAW_CHUNK):
             os.pwrite(self.fd, self.buf, off)
         os.fsync(self.fd)
+
+    @classmethod
+    def existing(cls, path: Path, nbytes: int) -> RawDisk:
+        """The first nbytes of a file already written (read only; close() leaves it)."""
+        import mmap
+
+        disk = cls.__new__(cls)
+        disk.nbytes, disk.path = nbytes, path
+        disk.buf = mmap.mmap(-1, RAW_CHUNK)
+        disk.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        disk.owned = False
+        return disk
 
     def read_seconds(self) -> float:
         t0 = time.perf_counter()
@@ -95,7 +110,8 @@ class RawDisk:
 
     def close(self) -> None:
         os.close(self.fd)
-        self.path.unlink()
+        if self.owned:
+            self.path.unlink()
 
 
 def raw_disk_read(directory: Path, nbytes: int) -> float:
@@ -215,7 +231,9 @@ def main() -> None:
         "ssd_mismatches": 0,
     }
     # Seconds per run: ours and the baseline measured right before it.
-    t: dict[str, list[float]] = {k: [] for k in ("store", "d2h", "host", "h2d", "ssd", "raw")}
+    t: dict[str, list[float]] = {
+        k: [] for k in ("store", "d2h", "host", "h2d", "ssd", "raw", "raw_store")
+    }
 
     def timed_load(engine: CacheEngine, tier: str) -> None:
         """Load every block into the destination blocks, all from `tier`; time it, check it."""
@@ -257,6 +275,10 @@ def main() -> None:
         assert engine.store(keys, src_ids).ok
         engine.close()
         disk = RawDisk(base, nbytes)
+        # The same raw reader over the store's own data file (blocks lie from its start, each
+        # with its header page): whether the gap to `raw` is the read path or where the bytes lie.
+        (data_file,) = (base / "wt").rglob(STORE_DATA_FILE)  # in the shard's subdirectory
+        store_file = RawDisk.existing(data_file, n * (page + 4096))
         try:
             for _ in range(reps):
                 engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
@@ -265,8 +287,10 @@ def main() -> None:
                 t["raw"].append(disk.read_seconds())
                 timed_load(engine, "ssd")
                 engine.close()
+                t["raw_store"].append(store_file.read_seconds())
         finally:
             disk.close()
+            store_file.close()
 
         # Spill path (not timed): a host tier of a quarter of the blocks, so stores must first
         # copy evicted blocks to SSD (the chained-copy path on a side stream); then everything
@@ -309,12 +333,14 @@ def main() -> None:
         ("memcpy_d2h_gbps", "d2h"),
         ("memcpy_h2d_gbps", "h2d"),
         ("raw_disk_read_gbps", "raw"),
+        ("raw_store_file_gbps", "raw_store"),
     ):
         results[name] = gb / statistics.median(t[key])  # the median run's speed
     for name, ours, base_key in (
         ("store_ratio", "store", "d2h"),
         ("load_host_ratio", "host", "h2d"),
         ("load_ssd_ratio", "ssd", "raw"),
+        ("load_ssd_vs_store_file_ratio", "ssd", "raw_store"),
     ):
         results[name], results[name + "_min"], results[name + "_max"] = paired(t[ours], t[base_key])
     r = results
@@ -322,6 +348,13 @@ def main() -> None:
         ("store GPU->host", "store_gbps", "memcpy D2H", "memcpy_d2h_gbps", "store_ratio"),
         ("load host->GPU", "load_host_gbps", "memcpy H2D", "memcpy_h2d_gbps", "load_host_ratio"),
         ("load SSD->GPU", "load_ssd_gbps", "raw disk", "raw_disk_read_gbps", "load_ssd_ratio"),
+        (
+            "  same",
+            "load_ssd_gbps",
+            "store file",
+            "raw_store_file_gbps",
+            "load_ssd_vs_store_file_ratio",
+        ),
     ]
     print(
         f"{n} blocks x {page / 2**20:.2f} MiB on {r['device']} (pinned={r['pinned']}, "
