@@ -5,18 +5,21 @@ Phases (N scattered blocks of a Qwen3-8B-like cache, LBNHC, 2.25 MiB per block):
   store      GPU -> host (write-through to SSD)     vs  contiguous pinned D2H memcpy
   load_host  host -> GPU                            vs  contiguous pinned H2D memcpy
   load_ssd   SSD -> host -> GPU, after a restart    vs  raw sequential O_DIRECT read, same disk
+             (a file written for it), and the same reader over the store's own data file
 Every loaded block is checked bit-exact against what was stored. Each phase runs --reps times
-(default 5 on CUDA), each run paired with its baseline measured right before it, so drift of the
-machine (clocks, a neighbour) moves both sides of one ratio; the ratio printed is the median of
-the paired ratios, with their range. `--json` ends with one JSON line. Without CUDA it runs on CPU
-tensors with small sizes.
+(default 5 on CUDA), each run paired with its baseline measured right before it (the store-file
+read: right after the load, over the same bytes), so drift of the machine (clocks, a neighbour)
+moves both sides of one ratio; the ratio printed is the median of the paired ratios, with their
+range. `--json` ends with one JSON line. Without CUDA it runs on CPU tensors with small sizes.
 
     python3 benches/tier_bench.py [--blocks 2000] [--reps 5] [--json] [--ssd-dir DIR] [--quick]
+                                  [--iouring-entries N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,7 +44,6 @@ from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 RAW_CHUNK = 8 << 20
-STORE_DATA_FILE = DATA_FILE  # the SSD store's one data file per directory
 
 
 def sync(cuda: bool) -> None:
@@ -82,6 +84,7 @@ class RawDisk:
 
         self.nbytes = nbytes
         self.owned = True  # written here: close() deletes it
+        self.offset = 0
         self.path = directory / "raw-read.dat"
         self.buf = mmap.mmap(-1, RAW_CHUNK)
         self.buf.write(os.urandom(RAW_CHUNK))
@@ -91,12 +94,12 @@ class RawDisk:
         os.fsync(self.fd)
 
     @classmethod
-    def existing(cls, path: Path, nbytes: int) -> RawDisk:
-        """The first nbytes of a file already written (read only; close() leaves it)."""
+    def existing(cls, path: Path, nbytes: int, *, offset: int = 0) -> RawDisk:
+        """nbytes from `offset` of a file already written (read only; close() leaves it)."""
         import mmap
 
         disk = cls.__new__(cls)
-        disk.nbytes, disk.path = nbytes, path
+        disk.nbytes, disk.path, disk.offset = nbytes, path, offset
         disk.buf = mmap.mmap(-1, RAW_CHUNK)
         disk.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         disk.owned = False
@@ -104,12 +107,15 @@ class RawDisk:
 
     def read_seconds(self) -> float:
         t0 = time.perf_counter()
+        view = memoryview(self.buf)
         for off in range(0, self.nbytes, RAW_CHUNK):
-            os.preadv(self.fd, [self.buf], off)
+            os.preadv(self.fd, [view[: min(RAW_CHUNK, self.nbytes - off)]], self.offset + off)
+        view.release()
         return time.perf_counter() - t0
 
     def close(self) -> None:
         os.close(self.fd)
+        self.buf.close()
         if self.owned:
             self.path.unlink()
 
@@ -274,12 +280,15 @@ def main() -> None:
         engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
         assert engine.store(keys, src_ids).ok
         engine.close()
-        disk = RawDisk(base, nbytes)
-        # The same raw reader over the store's own data file (blocks lie from its start, each
-        # with its header page): whether the gap to `raw` is the read path or where the bytes lie.
-        (data_file,) = (base / "wt").rglob(STORE_DATA_FILE)  # in the shard's subdirectory
-        store_file = RawDisk.existing(data_file, n * (page + 4096))
-        try:
+        with contextlib.ExitStack() as stack:
+            disk = RawDisk(base, nbytes)
+            stack.callback(disk.close)
+            # The same raw reader over the store's own data file, exactly the bytes a load reads
+            # (blocks lie in order from its second page, each with its header page): whether
+            # the gap to `raw` is lost by the read path or lies in where the bytes are.
+            (data_file,) = (base / "wt").rglob(DATA_FILE)  # in the shard's subdirectory
+            store_file = RawDisk.existing(data_file, n * (page + 4096), offset=4096)
+            stack.callback(store_file.close)
             for _ in range(reps):
                 engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
                 assert engine.lookup(keys) == n
@@ -288,9 +297,6 @@ def main() -> None:
                 timed_load(engine, "ssd")
                 engine.close()
                 t["raw_store"].append(store_file.read_seconds())
-        finally:
-            disk.close()
-            store_file.close()
 
         # Spill path (not timed): a host tier of a quarter of the blocks, so stores must first
         # copy evicted blocks to SSD (the chained-copy path on a side stream); then everything
@@ -325,7 +331,7 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    gb = nbytes / 1e9
+    gb = nbytes / 1e9  # payload; the store-file read covers the load's bytes, headers included
     for name, key in (
         ("store_gbps", "store"),
         ("load_host_gbps", "host"),
