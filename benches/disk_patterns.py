@@ -91,7 +91,7 @@ def main() -> None:
         patterns[f"seq-8M-qd{d}"] = (CHUNK_8M, d)
     base = Path(tempfile.mkdtemp(prefix="flexkv-disk-patterns-", dir=args.dir or Path.cwd()))
     rates: dict[str, list[float]] = {k: [] for k in patterns}
-    disk = RawDisk(base, nbytes)  # tier_bench's raw file: written with O_DIRECT, fsynced
+    disk = RawDisk.written(base, nbytes)  # tier_bench's raw file: written with O_DIRECT, fsynced
     try:
         for _ in range(args.reps):
             for name, (chunk, depth) in patterns.items():

@@ -44,6 +44,7 @@ from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd_tier import SsdTier
 
 RAW_CHUNK = 8 << 20
+STORE_PAGE = 4096  # the store's superblock, and each block's header page
 
 
 def sync(cuda: bool) -> None:
@@ -77,32 +78,25 @@ class MemcpyCeiling:
 
 
 class RawDisk:
-    """nbytes written once with O_DIRECT, then read back sequentially on demand."""
+    """Sequential O_DIRECT reads of nbytes from `offset` of one file, on demand."""
 
-    def __init__(self, directory: Path, nbytes: int) -> None:
+    def __init__(self, path: Path, nbytes: int, *, offset: int = 0, owned: bool = False) -> None:
+        """`owned`: created here (`written`), and deleted by close(); else read only, left."""
         import mmap
 
-        self.nbytes = nbytes
-        self.owned = True  # written here: close() deletes it
-        self.offset = 0
-        self.path = directory / "raw-read.dat"
-        self.buf = mmap.mmap(-1, RAW_CHUNK)
-        self.buf.write(os.urandom(RAW_CHUNK))
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-        for off in range(0, nbytes, RAW_CHUNK):
-            os.pwrite(self.fd, self.buf, off)
-        os.fsync(self.fd)
+        self.nbytes, self.path, self.offset, self.owned = nbytes, path, offset, owned
+        self.buf = mmap.mmap(-1, RAW_CHUNK)  # page-aligned, as O_DIRECT needs
+        flags = os.O_RDWR | os.O_CREAT if owned else os.O_RDONLY
+        self.fd = os.open(path, flags | os.O_DIRECT, 0o600)
 
     @classmethod
-    def existing(cls, path: Path, nbytes: int, *, offset: int = 0) -> RawDisk:
-        """nbytes from `offset` of a file already written (read only; close() leaves it)."""
-        import mmap
-
-        disk = cls.__new__(cls)
-        disk.nbytes, disk.path, disk.offset = nbytes, path, offset
-        disk.buf = mmap.mmap(-1, RAW_CHUNK)
-        disk.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        disk.owned = False
+    def written(cls, directory: Path, nbytes: int) -> RawDisk:
+        """A new file of nbytes in `directory`, written once with O_DIRECT and fsynced."""
+        disk = cls(directory / "raw-read.dat", nbytes, owned=True)
+        disk.buf.write(os.urandom(RAW_CHUNK))
+        for off in range(0, nbytes, RAW_CHUNK):
+            os.pwrite(disk.fd, disk.buf, off)
+        os.fsync(disk.fd)
         return disk
 
     def read_seconds(self) -> float:
@@ -122,7 +116,7 @@ class RawDisk:
 
 def raw_disk_read(directory: Path, nbytes: int) -> float:
     """Write then read nbytes sequentially with O_DIRECT; seconds of the read."""
-    disk = RawDisk(directory, nbytes)
+    disk = RawDisk.written(directory, nbytes)
     try:
         return disk.read_seconds()
     finally:
@@ -188,20 +182,15 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="flexkv-tier-bench-", dir=args.ssd_dir or Path.cwd()))
 
     def config(admission: str, directory: Path):  # type: ignore[no-untyped-def]
-        return load_config(
-            {
-                "cpu_cache_gb": 1.25 * (n + 16) * (page + 4096) / 2**30,  # all of N fit
-                "ssd_cache_gb": 2.5 * (n + 16) * (page + 8192) / 2**30,
-                "ssd_cache_dir": str(directory),
-                "admission": admission,
-                **(
-                    {}
-                    if args.iouring_entries is None
-                    else {"iouring_entries": args.iouring_entries}
-                ),
-            },
-            env={},
-        )
+        values = {
+            "cpu_cache_gb": 1.25 * (n + 16) * (page + 4096) / 2**30,  # all of N fit
+            "ssd_cache_gb": 2.5 * (n + 16) * (page + 8192) / 2**30,
+            "ssd_cache_dir": str(directory),
+            "admission": admission,
+        }
+        if args.iouring_entries is not None:
+            values["iouring_entries"] = args.iouring_entries
+        return load_config(values, env={})
 
     (base / "wb").mkdir(mode=0o700)
     (base / "wt").mkdir(mode=0o700)
@@ -281,13 +270,13 @@ def main() -> None:
         assert engine.store(keys, src_ids).ok
         engine.close()
         with contextlib.ExitStack() as stack:
-            disk = RawDisk(base, nbytes)
+            disk = RawDisk.written(base, nbytes)
             stack.callback(disk.close)
             # The same raw reader over the store's own data file, exactly the bytes a load reads
             # (blocks lie in order from its second page, each with its header page): whether
             # the gap to `raw` is lost by the read path or lies in where the bytes are.
             (data_file,) = (base / "wt").rglob(DATA_FILE)  # in the shard's subdirectory
-            store_file = RawDisk.existing(data_file, n * (page + 4096), offset=4096)
+            store_file = RawDisk(data_file, n * (page + STORE_PAGE), offset=STORE_PAGE)
             stack.callback(store_file.close)
             for _ in range(reps):
                 engine = CacheEngine.from_kv_caches(cfg_wt, ns, caches)
