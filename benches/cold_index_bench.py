@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [measure(int(s)) for s in args.sizes.split(",")]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows}))  # one line, as `flexkv-py bench` reads every bench
         return
     print(
         f"{'blocks':>9} {'py B':>11} {'rust B':>11} {'B/block':>8} {'adopt s':>8} {'lookup us':>10}"

@@ -122,8 +122,17 @@ def main() -> int:
         f"loaded bytes x{on['load_bytes_per_prefix'] / max(1, off['load_bytes_per_prefix']):.2f}, "
         f"stored bytes x{on['store_bytes_per_prefix'] / max(1, off['store_bytes_per_prefix']):.2f}"
     )
-    if args.json:
-        print(json.dumps(rows))
+    if args.json:  # one object on one line, as `flexkv-py bench` reads every bench
+        print(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "gpu_blocks_on_vs_off": on["gpu_blocks"] / off["gpu_blocks"],
+                    "load_bytes_on_vs_off": on["load_bytes_per_prefix"]
+                    / max(1, off["load_bytes_per_prefix"]),
+                }
+            )
+        )
     return 0
 
 
