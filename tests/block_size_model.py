@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 import vllm_harness as vh
 from vllm.config import VllmConfig
-from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     SlidingWindowSpec,
 )
+from vllm_versions import kv_cache_groups, plan_kv_cache_configs
 
 WINDOW = 128
 LAYERS = 4
@@ -81,10 +81,10 @@ def layer_specs(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
 def plan_kv_cache(vllm_config: VllmConfig, num_blocks: int) -> KVCacheConfig:
     """vLLM's engine-core planning for `num_blocks` blocks (one largest page per layer slot)."""
     specs = layer_specs(vllm_config)
-    groups = get_global_kv_cache_groups(vllm_config, [specs])
     page = max(s.page_size_bytes for s in specs.values())
+    groups = kv_cache_groups(vllm_config, specs)
     memory = num_blocks * page * max(len(g.layer_names) for g in groups)
-    return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
+    return plan_kv_cache_configs(vllm_config, [specs], [memory])[0]
 
 
 def fake_model(

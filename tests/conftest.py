@@ -9,12 +9,16 @@ too-slow health check): on a loaded 2-core CI machine one slow example would fai
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 
 # vLLM picks its platform once per process, at the first use: every test module sees the CPU one
 # (NixlConnector, for one, refuses an unresolved platform), whichever imports vLLM first.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+
 import pytest
+import vllm_platform  # noqa: F401  (vLLM's CPU platform on every release)
 from hypothesis import HealthCheck, settings
 
 _UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -31,6 +35,17 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _shutdown_open_engines() -> Iterator[None]:
+    """An engine a test left open (it failed or stalled before `shutdown`) is shut down before
+    the next test: its connectors' threads and SSD locks, and vLLM's process-wide distributed
+    state, would otherwise leak into later tests."""
+    yield
+    harness = sys.modules.get("vllm_harness")
+    if harness is not None:
+        harness.shutdown_open_engines()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # vLLM connector tests run with both ways of naming the connector (see vllm_harness).
     if "connector_form" in metafunc.fixturenames:
@@ -45,6 +60,16 @@ def connector_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(vllm_harness, "CONNECTOR_FORM", request.param)
     return str(request.param)
+
+
+@pytest.fixture(params=["bfloat16", "float32"])
+def ssm_state_dtype(request: pytest.FixtureRequest) -> Iterator[str]:
+    """State-space tests run with both SSM state dtypes on any CPU: vLLM's CPU platform picks one
+    by a CPU feature (tests/ssm_model.py `state_dtype`)."""
+    import ssm_model
+
+    with ssm_model.state_dtype(request.param):
+        yield str(request.param)
 
 
 @pytest.fixture(scope="session")

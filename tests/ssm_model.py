@@ -3,10 +3,11 @@ at 0 and 2, planned by vLLM 0.33's own code on CPU (`config.json` only, no weigh
 
 vLLM's path: `VllmConfig` post-init turns Mamba prefix caching to "align" mode, the executor's
 `update_block_size_for_backend` raises the block size until an attention page holds a (padded)
-Mamba page (16 -> 96 here), each layer's spec is what `Attention.get_kv_cache_spec` /
-`MambaBase.get_kv_cache_spec` return (state shapes from the model class), and
-`get_kv_cache_configs` groups and sizes them. The one stub: the platform finds the attention
-backends by walking instantiated layers, which a config-only model has none of.
+Mamba page (16 -> 64 with bfloat16 states, 96 with float32 ones: `state_dtype`), each layer's
+spec is what `Attention.get_kv_cache_spec` / `MambaBase.get_kv_cache_spec` return (state shapes
+from the model class), and `get_kv_cache_configs` groups and sizes them. The one stub: the
+platform finds the attention backends by walking instantiated layers, which a config-only model
+has none of.
 
 `StateModel` extends the harness's FakeModel: besides per-position attention KV it keeps, per
 Mamba layer, a "state" that is a deterministic function of the whole token prefix, written into
@@ -18,17 +19,20 @@ first computed token), so a missing, stale or foreign state is caught when vLLM 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import vllm_harness as vh
 from vllm.config import VllmConfig
 from vllm.model_executor.models.registry import ModelRegistry
-from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
+from vllm_versions import kv_cache_groups, plan_kv_cache_configs
 
 JAMBA_CONFIG = {
     "architectures": ["JambaForCausalLM"],
@@ -105,6 +109,62 @@ def jamba_model_dir(root: Path, config: dict[str, Any] = JAMBA_CONFIG) -> str:
     return str(d)
 
 
+# The SSM state dtypes a test runs with: bfloat16 (the model's, what a GPU keeps) and float32.
+STATE_DTYPES = ("bfloat16", "float32")
+_CONV_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+
+
+@contextmanager
+def state_dtype(dtype: str) -> Iterator[None]:
+    """SSM states in `dtype` for the VllmConfigs made inside, on any CPU.
+
+    vLLM's CPU platform (`check_and_update_config`, run by every VllmConfig) resets the state
+    dtype to float32 where `torch.cpu._is_avx512_bf16_supported()` and keeps the model's
+    bfloat16 elsewhere; the two plan different block and page sizes. The probe is faked so both
+    run everywhere (`plan` checks vLLM still reads it)."""
+    if dtype not in STATE_DTYPES:
+        raise ValueError(f"state dtype {dtype!r} is not one of {STATE_DTYPES}")
+    # Seeing the feature, vLLM also exports its conv-state layout: keep that inside too.
+    layout = os.environ.get(_CONV_LAYOUT_ENV)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: dtype == "float32")
+        try:
+            yield
+        finally:
+            if layout is None:
+                os.environ.pop(_CONV_LAYOUT_ENV, None)
+            else:
+                os.environ[_CONV_LAYOUT_ENV] = layout
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What vLLM plans for a state-space hybrid: the numbers tests derive their sizes from."""
+
+    model_dir: str
+    block_size: int  # raised by vLLM until an attention page holds a state page
+    state_dtype: torch.dtype  # the SSM (temporal) state's
+    page_bytes: int  # one layer slot's page per block (the state's is padded to it)
+
+    def blocks(self, tokens: int) -> int:
+        """Blocks of this size that hold `tokens` tokens (a pool of that many tokens)."""
+        return -(-tokens // self.block_size)
+
+
+def plan(model_dir: str, model: str, dtype: str) -> Planned:
+    """vLLM's plan for `model` ("jamba" / "qwen3next") under `state_dtype(dtype)` (entered by
+    the caller); fails if vLLM did not keep the states in `dtype`."""
+    cfg = vh.make_vllm_config(model_dir, None)
+    block_size = align_block_size(cfg)
+    specs = jamba_layer_specs(cfg, layer_names(model))
+    state = next(s for s in specs.values() if isinstance(s, MambaSpec))
+    attention = next(s for s in specs.values() if isinstance(s, FullAttentionSpec))
+    got = state.dtypes[-1]
+    assert got == getattr(torch, dtype), f"vLLM kept {model}'s SSM state in {got}, not {dtype}"
+    assert state.page_size_bytes == attention.page_size_bytes  # padded to the same slot
+    return Planned(model_dir, block_size, got, attention.page_size_bytes)
+
+
 def align_block_size(vllm_config: VllmConfig) -> int:
     """The executor's `update_block_size_for_backend` (uniproc_executor.py), which for a Mamba
     hybrid raises the block size to fit the state page; returns the block size."""
@@ -165,10 +225,10 @@ def plan_jamba_kv_cache(
     """vLLM's plan for `num_blocks` blocks: one page per layer slot (the largest group's layer
     count) per block."""
     specs = jamba_layer_specs(vllm_config, names)
-    groups = get_global_kv_cache_groups(vllm_config, [specs])
     page = next(s for n, s in specs.items() if n.endswith("self_attn.attn")).page_size_bytes
+    groups = kv_cache_groups(vllm_config, specs)
     memory = num_blocks * page * max(len(g.layer_names) for g in groups)
-    return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
+    return plan_kv_cache_configs(vllm_config, [specs], [memory])[0]
 
 
 def _digest(tokens: Sequence[int]) -> int:

@@ -98,9 +98,11 @@ def _caches(num_blocks: int = 8) -> dict[str, torch.Tensor]:
     }
 
 
-def test_store_through_slow_ssd_never_blocks_the_copy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _executor_on_a_slow_ssd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io_timeout_s: float
+) -> tuple[dict[str, torch.Tensor], JobExecutor, list[bytes]]:
+    """Two job threads over a host tier of 8 slots and an SSD whose every write takes SLOW_MS;
+    returns the KV caches, the executor and three keys."""
     caches = _caches()
     geom = describe_kv_caches(caches)
     ns = Namespace("m", "r", "float16", geom.layout, 16, page_bytes=geom.page_nbytes)
@@ -110,13 +112,19 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
             "cpu_cache_gb": 8 * geom.slot_nbytes / (1 << 30),
             "ssd_cache_gb": 64 * (geom.slot_nbytes + 4096) / (1 << 30),
             "ssd_cache_dir": str(tmp_path / "ssd"),
-            "ssd_io_timeout_s": TIMEOUT_S,
+            "ssd_io_timeout_s": io_timeout_s,
         },
         env={},
     )
     monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"write:DELAY{SLOW_MS}:1")
     ex = JobExecutor.from_kv_caches(cfg, ns, caches, options=ExecutorOptions(max_workers=2))
-    keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(3)])
+    return caches, ex, ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(3)])
+
+
+def test_store_through_slow_ssd_never_blocks_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caches, ex, keys = _executor_on_a_slow_ssd(tmp_path, monkeypatch, TIMEOUT_S)
     started = time.monotonic()
     ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (WRITE_SSD,)))
     ex.wait_gpu_reads([1], timeout=WAIT_S)  # the copy is done while the write is stuck
@@ -382,4 +390,29 @@ def test_staged_load_sub_batch_timeout_fences_only_its_own_slots(
     assert res.ok and _same_block(caches, 2, n + 2) and _same_block(caches, 3, n + 3)
     res = _staged_load(ex, 4, keys[8:], 8, n).wait(30)
     assert res.ok and _same_block(caches, 8, n + 8) and _same_block(caches, 9, n + 9)
+    assert ex.shutdown(timeout=30)
+
+
+def test_load_never_queues_behind_stores_stuck_on_a_slow_ssd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With write-through, every job thread can be waiting on an SSD write
+    # (seconds on a busy disk); a load queued behind them kept its request, and the GPU blocks
+    # it holds, waiting that long (the engine stalled). Loads have threads of their own.
+    # The stores wait on the device, not on a timeout.
+    caches, ex, keys = _executor_on_a_slow_ssd(tmp_path, monkeypatch, WAIT_S)
+    # A block in host memory only (no device write), from GPU block 0.
+    (res,) = [ex.submit(StoreJob(1, (keys[0],), (0,), (0,), (WRITE_NONE,))).wait(WAIT_S)]
+    assert res.ok
+    # Both job threads now wait on a stuck SSD write.
+    for job_id, i in ((2, 1), (3, 2)):
+        ex.submit(StoreJob(job_id, (keys[i],), (i,), (i,), (WRITE_SSD,)))
+    ex.wait_gpu_reads([2, 3], timeout=WAIT_S)
+    started = time.monotonic()
+    (res,) = [ex.submit(LoadJob(4, (keys[0],), (5,), (0,), (Tier.HOST,))).wait(WAIT_S)]
+    assert res.ok and time.monotonic() - started < MARGIN_S
+    assert all(torch.equal(t[:, 5], t[:, 0]) for t in caches.values())  # bit-exact
+    assert {r.job_id for r in ex.poll()} <= {1, 4}  # the stores are still writing
+    _native.set_fault_delays(False)
+    assert all(r.ok and not r.write_failed for r in ex.wait([2, 3], timeout=WAIT_S))
     assert ex.shutdown(timeout=30)

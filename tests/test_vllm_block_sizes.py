@@ -16,8 +16,10 @@ import pytest
 import vllm_harness as vh
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.request import RequestStatus
+from vllm_versions import needs_kv_groups
 
-pytestmark = pytest.mark.usefixtures("connector_form")
+# Several KV cache groups: vLLM 0.31+ (compat.check_kv_groups).
+pytestmark = [pytest.mark.usefixtures("connector_form"), needs_kv_groups]
 
 SWA_GROUP, FULL_GROUP = 0, 1
 HASH_BS, SWA_BS = 16, 32

@@ -18,6 +18,7 @@ import torch
 import vllm_harness as vh
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.v1.request import RequestStatus
+from vllm_versions import needs_kv_groups
 
 pytestmark = pytest.mark.usefixtures("connector_form")
 
@@ -86,6 +87,7 @@ def test_hma_stays_on_builtin_module_path_multiconnector_pd(
     assert not [m for m in vllm_warnings if hh.TURNING_OFF in m]
 
 
+@needs_kv_groups
 def test_kv_plan_blocks_match_no_connector(hybrid_dir: str) -> None:
     def plan(transfer: dict[str, Any] | None, **kw: Any) -> Any:
         cfg = vh.make_vllm_config(hybrid_dir, transfer, **kw)
@@ -100,6 +102,7 @@ def test_kv_plan_blocks_match_no_connector(hybrid_dir: str) -> None:
 
 
 # ----------------------------------------------------------------------------- store / load
+@needs_kv_groups
 def test_hybrid_store_then_external_hit_is_bit_identical(hybrid_dir: str) -> None:
     e = engine(hybrid_dir, HOST)
     assert len(e.kv_cache_config.kv_cache_groups) == 2
@@ -134,6 +137,7 @@ def test_hybrid_store_then_external_hit_is_bit_identical(hybrid_dir: str) -> Non
     e.shutdown()
 
 
+@needs_kv_groups
 def test_hybrid_offload_during_chunked_prefill(hybrid_dir: str) -> None:
     # 64-token chunks: the sliding group frees (and vLLM reuses) blocks while A still prefills,
     # so stores of those blocks run under the reuse fence.
@@ -143,6 +147,7 @@ def test_hybrid_offload_during_chunked_prefill(hybrid_dir: str) -> None:
     hh.finish_clean(e, "A", "B")
 
 
+@needs_kv_groups
 def test_hybrid_preemption_keeps_kv_correct(hybrid_dir: str) -> None:
     # 36 blocks for 3 requests that each grow past a third of them: decode must preempt.
     e = engine(hybrid_dir, HOST, num_blocks=36, max_model_len=256)
@@ -158,6 +163,7 @@ def test_hybrid_preemption_keeps_kv_correct(hybrid_dir: str) -> None:
     e.shutdown()
 
 
+@needs_kv_groups
 def test_hybrid_tp2_each_rank_own_shard(hybrid_dir: str) -> None:
     e = engine(hybrid_dir, HOST, tp_size=2)
     hh.compute_then_reload(e, vh.prompt_tokens(5, PROMPT_BLOCKS * BS))
@@ -167,6 +173,7 @@ def test_hybrid_tp2_each_rank_own_shard(hybrid_dir: str) -> None:
 
 
 # ----------------------------------------------------------------------------- SSD
+@needs_kv_groups
 def test_hybrid_restart_same_ssd_dir_hits(hybrid_dir: str, tmp_path: Path) -> None:
     prompt = vh.prompt_tokens(6, PROMPT_BLOCKS * BS)
     e = engine(hybrid_dir, vh.with_ssd(tmp_path / "ssd"))
@@ -182,6 +189,7 @@ def test_hybrid_restart_same_ssd_dir_hits(hybrid_dir: str, tmp_path: Path) -> No
     hh.finish_clean(e2)
 
 
+@needs_kv_groups
 def test_hybrid_corrupt_ssd_fails_request_via_failed_recving(
     hybrid_dir: str, tmp_path: Path
 ) -> None:
@@ -206,6 +214,7 @@ def test_hybrid_corrupt_ssd_fails_request_via_failed_recving(
 
 
 # ----------------------------------------------------------------------------- reuse fence
+@needs_kv_groups
 def test_swa_block_reused_while_store_pending_is_flushed(
     hybrid_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,6 +278,7 @@ def test_mamba_group_is_refused_by_name() -> None:
         read_groups(cfg, base)
 
 
+@needs_kv_groups
 def test_sliding_store_interval_stores_boundary_windows_and_hits_on_them(hybrid_dir: str) -> None:
     # Interval 16: the sliding group keeps the 8-block window before block 16 and A's last
     # window (12..19): 12 of 20 blocks. C shares A's first 17 blocks: the window before 17
@@ -290,6 +300,7 @@ def test_sliding_store_interval_stores_boundary_windows_and_hits_on_them(hybrid_
 
 
 # ----------------------------------------------------------------------------- KV events
+@needs_kv_groups
 def test_hybrid_kv_events_name_each_group(hybrid_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.distributed.kv_events import BlockStored
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash

@@ -35,7 +35,8 @@ def _replay_all(replay_endpoint: str, timeout_s: float = 10.0) -> list[KVEventBa
         while time.monotonic() < deadline:
             if not sock.poll(100):
                 continue
-            _, _topic, seq, payload = sock.recv_multipart()
+            # [_, topic, seq, payload]; before vLLM 0.31 the replay sends no topic frame.
+            seq, payload = sock.recv_multipart()[-2:]
             if seq == (-1).to_bytes(8, "big", signed=True) or not payload:
                 return batches
             batches.append(decoder.decode(payload))

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 import vllm_harness as vh
 from vllm.v1.request import RequestStatus
+from vllm_versions import needs_kv_groups, needs_nixl_on_cpu
 
 from flexkv_py.integration.vllm import FlexKVConnectorV1
+
+pytestmark = needs_nixl_on_cpu
 
 # Dynamo's disaggregated prefill worker, exactly as its recipe writes it.
 PD_PREFILL = {
@@ -87,7 +90,7 @@ def test_prefill_line_with_nixl_end_to_end(
     prompt = vh.prompt_tokens(303, 4 * 32)
     e = pd_engine(model_dir, transfer)
     assert type(e.connector) is wrapper_cls
-    flexkv, nixl = e.connector.sub_connectors
+    flexkv, nixl = vh.children(e.connector)
     assert type(flexkv) is FlexKVConnectorV1 and isinstance(nixl, NixlConnector)
     # Left at vLLM's default, the policy became "recompute" where the scheduler reads it.
     assert e.scheduler.recompute_kv_load_failures
@@ -142,6 +145,7 @@ def test_pd_connector_preemption(model_dir: str, monkeypatch: pytest.MonkeyPatch
     e.shutdown()
 
 
+@needs_kv_groups
 @pytest.mark.parametrize("wrapper", ["PdConnector", "MultiConnector"])
 def test_pd_connector_with_nixl_keeps_hma(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrapper: str

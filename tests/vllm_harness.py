@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import vllm_platform  # noqa: F401  (vLLM's CPU platform on every release, before vLLM imports)
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -59,15 +60,10 @@ from vllm.distributed.utils import get_pp_indices
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.plugins import load_general_plugins
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_planning import (
-    get_global_kv_cache_groups,
-    get_kv_cache_config_from_groups,
-    get_kv_cache_configs,
-)
+from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import (
     generate_scheduler_kv_cache_config,
     get_request_block_hasher,
-    init_none_hash,
 )
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -79,10 +75,16 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm.v1.worker.utils import allocate_kv_cache
+from vllm_versions import (
+    allocate_kv_cache,
+    get_kv_cache_config_from_groups,
+    kv_connector_output,
+    plan_kv_cache_configs,
+    transfer_results,
+)
 
 CONNECTOR = "FlexKVConnectorV1"
 MODULE_PATH = "flexkv_py.integration.vllm"
@@ -190,8 +192,7 @@ def plan_hybrid_kv_cache(vllm_config: VllmConfig, memory: int) -> KVCacheConfig:
     """vLLM's engine-core planning (get_global_kv_cache_groups + get_kv_cache_configs) of the
     hybrid model for `memory` bytes of KV cache: several groups with HMA on, one without."""
     specs = hybrid_layer_specs(vllm_config)
-    groups = get_global_kv_cache_groups(vllm_config, [specs])
-    return get_kv_cache_configs(vllm_config, [specs], [memory], groups)[0]
+    return plan_kv_cache_configs(vllm_config, [specs], [memory])[0]
 
 
 def hybrid_block_bytes(vllm_config: VllmConfig) -> int:
@@ -236,8 +237,9 @@ def make_vllm_config(
 ) -> VllmConfig:
     model_config = copy.copy(_model_config(model_dir))
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
-    # The engine core resolves the layout before connectors exist; do the same.
-    cache_config.kv_cache_layout = layout
+    # The engine core resolves the layout before connectors exist; do the same (vLLM 0.31+).
+    if hasattr(cache_config, "kv_cache_layout"):
+        cache_config.kv_cache_layout = layout
     cfg = VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
@@ -331,7 +333,9 @@ def make_request(
 ) -> Request:
     global _NONE_HASH_READY
     if not _NONE_HASH_READY:
-        init_none_hash(sha256)  # what the engine core does at start
+        # What the engine core does after building the scheduler (the module's name, which the
+        # connector wraps on a vLLM that draws a random root: compat.pin_none_hash).
+        kv_cache_utils.init_none_hash(sha256)
         _NONE_HASH_READY = True
     return Request(
         request_id=req_id,
@@ -495,13 +499,24 @@ class StepRecord:
     failed_recving: set[str] = field(default_factory=set)
 
 
+_OPEN_ENGINES: list[Engine] = []
+
+
+def shutdown_open_engines() -> int:
+    """Shut down every engine a test left open; returns how many there were."""
+    left = list(_OPEN_ENGINES)
+    for e in left:
+        e.shutdown()
+    return len(left)
+
+
 class Engine:
     """Scheduler + N worker-role connectors on CPU tensors, stepped like vLLM's engine core."""
 
     def __init__(
         self,
         model_dir: str,
-        transfer: dict[str, Any],
+        transfer: dict[str, Any] | None,
         *,
         num_blocks: int = 64,
         block_size: int = 16,
@@ -519,6 +534,7 @@ class Engine:
     ) -> None:
         """`kv_events`: a KVEventsConfig (vLLM's --kv-events-config); vLLM's own publisher is
         kept. Without it, what the scheduler publishes is recorded in `events`.
+        `transfer` None: plain vLLM without a connector (a baseline; one worker only).
         `process_group`: vLLM's distributed state on a one-process gloo group, as a worker has it
         (NixlConnector's worker reads its TP rank from it); TP and PP must be 1.
         `pp_size`: tp_size x pp_size workers, global rank = pp_rank * tp_size + tp_rank as vLLM
@@ -532,6 +548,7 @@ class Engine:
         "jamba" / "qwen3next": tests/ssm_model.py's state-space hybrids (vLLM raises their block
         size: the engine's `block_size` is the one vLLM chose); "gemma4": tests/
         block_size_model.py's groups of different block sizes (`block_size` is the hash one)."""
+        assert transfer is not None or tp_size == pp_size == 1, "no connector: one worker"
         self.block_size = block_size
         self.hybrid = hybrid
         self.vllm_config = make_vllm_config(
@@ -551,9 +568,14 @@ class Engine:
 
             self.block_size = block_size = ssm_model.align_block_size(self.vllm_config)
         self._process_group: Path | None = None
+        self.workers: list[Worker] = []
+        self.scheduler: Any = None
         if process_group:
             assert tp_size == pp_size == 1, "a one-process group holds one rank"
             self._process_group = _init_process_group(self.vllm_config)
+        # Shut down after the test even if it fails or stalls first (conftest): a process group
+        # left behind makes every later engine's workers TP/PP rank 0.
+        _OPEN_ENGINES.append(self)
         if hybrid:
             # vLLM's planning checks that one max-length request fits: keep the tests' pools small.
             self.vllm_config.model_config.max_model_len = max_model_len
@@ -590,7 +612,8 @@ class Engine:
             self.scheduler.kv_event_publisher = _RecordingPublisher(self.events)
         self.tp_size, self.pp_size = tp_size, pp_size
         self.world_size = world = tp_size * pp_size
-        self.workers = [self._make_worker(rank, layout) for rank in range(world)]
+        for rank in range(world):
+            self.workers.append(self._make_worker(rank, layout))
         # One for the engine's lifetime, as vLLM's executor keeps it: a request is finished
         # once every worker (all TP ranks of all stages) has reported it, possibly in different
         # steps.
@@ -610,13 +633,17 @@ class Engine:
         cfg.parallel_config.rank = rank
         pp_rank = rank // self.tp_size
         stage_config = self.stage_kv_cache_configs[pp_rank]
-        connector = KVConnectorFactory.create_connector(
-            config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=stage_config
-        )
-        from vllm.v1.kv_cache_layout import KVCacheLayout
+        from vllm.config import set_current_vllm_config
 
-        kv = allocate_kv_cache(stage_config, torch.device("cpu"), KVCacheLayout[layout])
-        connector.register_kv_caches(kv)
+        kv = allocate_kv_cache(stage_config, layout)
+        connector = None  # `transfer` None: plain vLLM, no connector (a baseline)
+        if cfg.kv_transfer_config is not None:
+            # As a worker builds it: under its config (NixlConnector's worker reads it, 0.23+).
+            with set_current_vllm_config(cfg):
+                connector = KVConnectorFactory.create_connector(
+                    config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=stage_config
+                )
+            connector.register_kv_caches(kv)
         if not self.hybrid:
             return Worker(connector, kv, FakeModel(rank, kv, stage_layers(pp_rank, self.pp_size)))
         if self.hybrid in ("jamba", "qwen3next"):
@@ -659,24 +686,37 @@ class Engine:
         req_ids = list(so.num_scheduled_tokens)
         for rank, w in enumerate(self.workers):
             c = w.connector
+            if c is None:  # no connector: the forward and the sampled tokens only
+                if so.total_num_scheduled_tokens > 0:
+                    self._forward(w, so)
+                per_rank.append(
+                    ModelRunnerOutput(
+                        req_ids=req_ids,
+                        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                        sampled_token_ids=self._sample(so) if rank == self._output_rank else [],
+                    )
+                )
+                continue
             meta = pickle.loads(blob)
             c.handle_preemptions(meta)
             c.bind_connector_metadata(meta)
             started = False
-            if so.has_sync_kv_loads:
+            # vLLM before 0.31 has no such flag: its V1 runner always starts loads first.
+            if getattr(so, "has_sync_kv_loads", True):
                 self._start_load(c)
                 started = True
             if so.total_num_scheduled_tokens > 0:
                 self._forward(w, so)
-            c.finish_forward()
+            if hasattr(c, "finish_forward"):  # vLLM 0.31+
+                c.finish_forward()
             if not started:
                 self._start_load(c)
             c.wait_for_save()
-            results = c.get_transfer_results(so.finished_req_ids)
-            out = KVConnectorOutput(
-                finished_sending=results.finished_sending or None,
-                finished_recving=results.finished_recving or None,
-                failed_recving=results.failed_recving,
+            sending, recving, failed = transfer_results(c, so.finished_req_ids)
+            out = kv_connector_output(
+                finished_sending=sending or None,
+                finished_recving=recving or None,
+                failed_recving=failed,
                 invalid_block_ids=c.get_block_ids_with_load_errors(),
                 kv_connector_stats=c.get_kv_connector_stats(),
                 kv_cache_events=c.get_kv_connector_kv_cache_events(),
@@ -747,7 +787,7 @@ class Engine:
             finished_recving=set(kvo.finished_recving or ()) if kvo else set(),
             invalid_block_ids=set(kvo.invalid_block_ids) if kvo else set(),
             loaded_req_ids=set(),
-            failed_recving=set(kvo.failed_recving or ()) if kvo else set(),
+            failed_recving=set(getattr(kvo, "failed_recving", None) or ()) if kvo else set(),
         )
         engine_outputs = self.scheduler.update_from_output(so, mro)
         for eco in engine_outputs.values():
@@ -762,7 +802,17 @@ class Engine:
 
     def run(self, timeout_s: float = 120.0) -> int:
         """Step until the scheduler holds no request (including delayed frees)."""
-        return self.run_until(lambda: not self.scheduler.has_requests(), timeout_s, first=False)
+        # Before 0.26 vLLM's has_requests() ignores requests whose blocks wait for the
+        # connector's stores and the stores in flight (an idle engine core stops stepping; its
+        # next request's steps collect them): step on, as those steps would.
+        s = self.scheduler
+        sides = self.flexkv_scheduler_sides()
+
+        def idle() -> bool:
+            pending = any(side.has_pending_stores() for side in sides)
+            return not s.has_requests() and not s.requests and not pending
+
+        return self.run_until(idle, timeout_s, first=False)
 
     def run_until(self, cond: Any, timeout_s: float = 120.0, *, first: bool = True) -> int:
         """Step until `cond()`; idle steps (nothing scheduled, transfers in flight) are cheap,
@@ -786,7 +836,7 @@ class Engine:
         from flexkv_py.integration.vllm.connector import FlexKVConnectorV1
 
         c = self.connector
-        subs = [] if c is None else list(getattr(c, "sub_connectors", None) or [c])
+        subs = [] if c is None else children(c) or [c]
         return [s.scheduler_side for s in subs if isinstance(s, FlexKVConnectorV1)]
 
     def wait_recovered(self, timeout_s: float = 30.0) -> int:
@@ -802,9 +852,14 @@ class Engine:
         assert self.scheduler.reset_prefix_cache(), "GPU prefix cache reset refused"
 
     def shutdown(self) -> None:
+        if self not in _OPEN_ENGINES:
+            return  # already shut down
+        _OPEN_ENGINES.remove(self)
         for w in self.workers:
-            w.connector.shutdown()
-        self.scheduler.shutdown()
+            if w.connector is not None:
+                w.connector.shutdown()
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
         if self._process_group is not None:
             import shutil
 
@@ -813,6 +868,20 @@ class Engine:
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
             shutil.rmtree(self._process_group, ignore_errors=True)
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def children(connector: Any) -> list[Any]:
+    """A MultiConnector's (or PdConnector's) children: `sub_connectors` (0.31+), else its list."""
+    subs = getattr(connector, "sub_connectors", None)
+    if subs is None:
+        subs = getattr(connector, "_connectors", None)
+    return list(subs or ())
 
 
 def _init_process_group(vllm_config: VllmConfig) -> Path:

@@ -54,10 +54,13 @@ class ExecutorOptions:
     """How to build a JobExecutor beyond its config (CacheEngine passes these through).
 
     `tiers`: the lower tiers to run jobs on; None opens this rank's tiers from the config
-    (tiers/lower_tiers.py). `max_workers`: job threads."""
+    (tiers/lower_tiers.py). `max_workers`: threads of stores, spills and drops' writes;
+    `load_workers`: threads of loads, apart, so a load never queues behind stores waiting on a
+    slow device (a request waiting for its load holds GPU blocks and stalls the engine)."""
 
     tiers: Mapping[Tier, LowerTier] | None = None
     max_workers: int = 4
+    load_workers: int = 2
 
 
 def _then_fail(run: Callable[[], JobResult], fenced: tuple[bytes, ...]) -> JobResult:
@@ -118,6 +121,12 @@ class JobExecutor:
             {Tier.OBJECT: config.object_store_io_timeout_s},
         )
         self._threads = ThreadPoolExecutor(options.max_workers, thread_name_prefix="flexkv-job")
+        # Loads have threads of their own: with write-through, every job thread can be waiting
+        # on an SSD write (seconds on a busy disk, up to ssd_io_timeout_s); a load queued behind
+        # them would keep its request waiting, with its GPU blocks, that long.
+        self._load_threads = ThreadPoolExecutor(
+            options.load_workers, thread_name_prefix="flexkv-load"
+        )
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a submit call ends
         self._handles: dict[int, JobHandle] = {}
@@ -206,7 +215,8 @@ class JobExecutor:
             if fenced:
                 run = functools.partial(_then_fail, run, fenced)
             # `shown`: a crash fails every block of the job, fenced ones included.
-            future = self._threads.submit(self._guard, shown, started, run)
+            pool = self._load_threads if isinstance(job, LoadJob) else self._threads
+            future = pool.submit(self._guard, shown, started, run)
         handle = JobHandle(shown, future)
         with self._lock:
             self._handles[job.job_id] = handle
@@ -363,6 +373,7 @@ class JobExecutor:
             running.append(-2)  # -2: lower-tier I/O that timed out is still in flight
         if running:
             self._threads.shutdown(wait=False)
+            self._load_threads.shutdown(wait=False)
             logger.error(
                 "shutdown: %d jobs still running after %s s (ids %s); leaving the host pool, "
                 "transfer engine and lower tiers open rather than unmapping memory they may use",
@@ -372,6 +383,7 @@ class JobExecutor:
             )
             return False
         self._threads.shutdown(wait=True)
+        self._load_threads.shutdown(wait=True)
         self._released = True
         # Each one, even after one failed (an SSD whose journal cannot take its clean-shutdown
         # record): the host pool and transfer engine are not leaked; the first error is raised.

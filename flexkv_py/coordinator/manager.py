@@ -18,6 +18,7 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
 from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
@@ -134,13 +135,20 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
         *,
         adopt: bool = True,
         parents: Mapping[bytes, bytes] | None = None,
+        before: AdoptedBefore | None = None,
+        checked: bool = False,
     ) -> int:
         """Restart: index the blocks every rank's SSD tier holds (from JobExecutor.stored_keys).
         Blocks only some ranks hold are useless and get deleted. Returns how many were adopted.
         `adopt` False (the cache was reset before the reports came): delete them all.
         `parents`: logical key -> its chain parent's logical key (what the store persisted),
-        so eviction stays tail-first across restarts; None: blocks adopted unlinked."""
-        return self.adopt_keys(Tier.SSD, keys_per_rank, adopt=adopt, parents=parents)
+        so eviction stays tail-first across restarts; None: blocks adopted unlinked.
+        `before`: blocks adopted already from a read-only read of the shards: not adopted
+        again, and those not on every rank now are forgotten (adopted_before.py). `checked`:
+        every key is of this namespace already (that read kept only those)."""
+        return self.adopt_keys(
+            Tier.SSD, keys_per_rank, adopt=adopt, parents=parents, before=before, checked=checked
+        )
 
     def adopt_keys(
         self,
@@ -149,11 +157,13 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
         *,
         adopt: bool = True,
         parents: Mapping[bytes, bytes] | None = None,
+        before: AdoptedBefore | None = None,
+        checked: bool = False,
     ) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
             owns = self.namespace.owns
-            owned = [[k for k in ks if owns(k)] for ks in keys_per_rank]
+            owned = [list(ks) if checked else [k for k in ks if owns(k)] for ks in keys_per_rank]
             if not owned:
                 return 0
             if not adopt:
@@ -169,15 +179,19 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
                 common = [k for k in common if all(k in o for o in others)]
                 kept = set(common)
                 orphans = sorted({k for ks in owned for k in ks if k not in kept})
+            if before is not None:  # adopted already: settle the difference
+                common, gone = before.settle(common)
+                forgotten = self.index.set_present(gone, tier, False)
+                self._events_of("removed", forgotten, tier)
+                self._stats[f"{tier.value}_forgotten_blocks"] += len(forgotten)
             adopted = self.index.set_present(common, tier, True)
-            if parents:
+            if parents:  # links made before are skipped
                 self.index.link_parents(parents)
             self.index.fit_lower_capacity(tier)  # linked first: what goes is chain tails
             self._drop_evicted()
             # Only the newest max_events fit the event queue: the older would be dropped unread.
             maxlen = self._events.maxlen or len(adopted)
-            for key in adopted[-maxlen:]:
-                self._event("stored", key, tier)
+            self._events_of("stored", adopted[-maxlen:], tier)
             if orphans:
                 self._background.append(DropJob(next(self._ids), tuple(orphans), (tier,)))
             self._stats[f"{tier.value}_adopted_blocks"] += len(adopted)

@@ -6,8 +6,9 @@ scheduler-side and CPU-only paths, which must not pay for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flexkv_py._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from flexkv_py.transfer.engine import TransferEngine, TransferHandle
@@ -35,10 +36,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE, globals())

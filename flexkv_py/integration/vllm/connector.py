@@ -1,4 +1,4 @@
-"""`FlexKVConnectorV1`: vLLM 0.33's KV connector API over the FlexKV tiers.
+"""`FlexKVConnectorV1`: vLLM's KV connector API (0.23 to 0.33) over the FlexKV tiers.
 
 vLLM builds one instance per role: SCHEDULER (engine core process) and WORKER (one per rank).
 This class only routes each hook to `SchedulerSide` or `WorkerSide`.
@@ -10,7 +10,9 @@ original FlexKV) is skipped, and every hook the shim forwards is overridden here
 
 It implements `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on (sliding-window models
 get their full GPU block count), alone, under the built-in name, or inside a MultiConnector /
-PdConnector whose other children support HMA too.
+PdConnector whose other children support HMA too. What older vLLM releases lack is handled
+in `compat.py`; importing this module under a vLLM older than the supported range raises an
+error that names the range.
 """
 
 from __future__ import annotations
@@ -19,36 +21,38 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+from flexkv_py.integration.vllm import compat
+
+compat.check_supported()  # before importing what an older vLLM may lack
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (
+from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import (  # noqa: E402
     FlexKVConnectorV1 as VllmFlexKVConnectorV1,
 )
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from flexkv_py.errors import InternalStateError
-from flexkv_py.index.tier_names import Tier
-from flexkv_py.integration.vllm.coexistence import check_flexkv_owner
-from flexkv_py.integration.vllm.composition import find_parent
-from flexkv_py.integration.vllm.engine_info import (
+from flexkv_py.errors import InternalStateError  # noqa: E402
+from flexkv_py.index.tier_names import Tier  # noqa: E402
+from flexkv_py.integration.vllm.coexistence import check_flexkv_owner  # noqa: E402
+from flexkv_py.integration.vllm.composition import find_parent  # noqa: E402
+from flexkv_py.integration.vllm.engine_info import (  # noqa: E402
     read_engine_info,
     read_flexkv_config,
     worker_rank,
 )
-from flexkv_py.integration.vllm.failure_policy import apply_load_failure_policy
-from flexkv_py.integration.vllm.metadata import FlexKVConnectorMetadata
-from flexkv_py.integration.vllm.scheduler_side import SchedulerSide
-from flexkv_py.integration.vllm.stats import (
+from flexkv_py.integration.vllm.failure_policy import apply_load_failure_policy  # noqa: E402
+from flexkv_py.integration.vllm.metadata import FlexKVConnectorMetadata  # noqa: E402
+from flexkv_py.integration.vllm.scheduler_side import SchedulerSide  # noqa: E402
+from flexkv_py.integration.vllm.stats import (  # noqa: E402
     FlexKVConnectorStats,
     FlexKVPromMetrics,
     metrics_enabled,
 )
-from flexkv_py.integration.vllm.worker_side import WorkerSide
+from flexkv_py.integration.vllm.worker_side import WorkerSide  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -74,8 +78,6 @@ logger = logging.getLogger(__name__)
 
 
 class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
-    _cache_hit_source = CacheHitSource.HOST
-
     def __init__(
         self,
         vllm_config: VllmConfig,
@@ -85,6 +87,8 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
         # The base connector's constructor, not the shim's (which imports the original FlexKV).
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
         check_flexkv_owner()
+        compat.log_features_once()
+        compat.check_kv_groups(len(kv_cache_config.kv_cache_groups))
         self._parent = find_parent()
         self._config = read_flexkv_config(vllm_config)
         self._info = read_engine_info(vllm_config, kv_cache_config, self._config)
@@ -92,7 +96,9 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             apply_load_failure_policy(vllm_config, self._parent, self._config.load_failure_policy)
-            self._scheduler = SchedulerSide(self._info, self._config, self._bound_kv_cache_manager)
+            compat.pin_none_hash(vllm_config)
+            tables = self._bound_kv_cache_manager_tables if compat.BINDS_KV_CACHE_MANAGER else None
+            self._scheduler = SchedulerSide(self._info, self._config, tables)
         else:
             tp_rank, pp_rank = worker_rank(vllm_config)
             self._worker = WorkerSide(self._info, self._config, tp_rank, pp_rank)
@@ -110,12 +116,13 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
         # A best-effort cache: a dropped store is a future miss, never a wrong token.
         return False
 
-    def _bound_kv_cache_manager(self) -> Any:
-        if self._kv_cache_manager is None:
+    def _bound_kv_cache_manager_tables(self, req_id: str) -> tuple[list[int], ...]:
+        manager = getattr(self, "_kv_cache_manager", None)
+        if manager is None:
             raise InternalStateError(
                 "FlexKVConnectorV1: the scheduler did not bind its KV cache manager"
             )
-        return self._kv_cache_manager
+        return manager.get_block_ids(req_id)  # type: ignore[no-any-return]
 
     @property
     def scheduler_side(self) -> SchedulerSide:
@@ -168,9 +175,10 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self.worker_side.get_finished(finished_req_ids)
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        # vLLM 0.31+ (compat.KVConnectorTransferResults); older releases call get_finished.
         sending, recving = self.worker_side.get_finished(finished_req_ids)
-        return KVConnectorTransferResults(
+        return compat.KVConnectorTransferResults(
             finished_sending=set(sending or ()),
             finished_recving=set(recving or ()),
             failed_recving=self.worker_side.take_failed_recving(),
@@ -216,13 +224,15 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
-    ) -> dict[CacheHitSource, int]:
-        """External hits split into host memory (HOST), SSD (DISK) and object-store tokens."""
+    ) -> dict[Any, int]:
+        """External hits split into host memory (HOST), SSD (DISK) and object-store tokens
+        (vLLM 0.33+, compat.CacheHitSource)."""
         split = self.scheduler_side.take_hit_sources(request)
-        if not num_external_tokens:
+        CacheHitSource = compat.CacheHitSource
+        if not num_external_tokens or CacheHitSource is None:
             return {}
         if not split or sum(split.values()) != num_external_tokens:
-            return {self._cache_hit_source: num_external_tokens}
+            return {CacheHitSource.HOST: num_external_tokens}
         disk = CacheHitSource.DISK  # a sibling engine's shard is SSD too
         names = {
             Tier.HOST: CacheHitSource.HOST,
@@ -230,7 +240,7 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
             Tier.NODE: disk,
             Tier.OBJECT: CacheHitSource.EXTERNAL_UNSPECIFIED,  # vLLM's name for a remote store
         }
-        out: dict[CacheHitSource, int] = {}
+        out: dict[Any, int] = {}
         for tier, tokens in split.items():
             out[names[tier]] = out.get(names[tier], 0) + tokens
         return out

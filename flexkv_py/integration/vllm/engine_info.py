@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
+from flexkv_py.integration.vllm import compat
 from flexkv_py.integration.vllm.events import events_enabled
 from flexkv_py.integration.vllm.identity import kv_cache_format, model_identity
 from flexkv_py.integration.vllm.pipeline_stages import check_even_stages
@@ -213,7 +214,7 @@ def read_engine_info(
     _group_kind(0, spec)  # a clear error before anything reads the spec's fields
     check_even_stages(vllm_config)  # PP: the page below is this stage's, the same on every stage
     cache_config = vllm_config.cache_config
-    layout = kv_cache_config.kv_cache_layout or cache_config.kv_cache_layout or "LBNHC"
+    layout = compat.kv_cache_layout(vllm_config, kv_cache_config)
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
     # An operator's model_identity replaces everything about this copy, its path included.

@@ -23,8 +23,9 @@ from vllm.v1.core.kv_cache_utils import (
     BlockHash,
     generate_block_hash_extra_keys,
     maybe_convert_block_hash,
-    to_event_extra_keys,
 )
+
+from flexkv_py.integration.vllm.compat import event_fields, to_event_extra_keys
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -157,7 +158,8 @@ def to_vllm_events(
             if origin is not None and scale > 1 and not whole_origins:
                 origin = scaled_origin(origins, origin, scale)
             out.append(
-                BlockStored(
+                _event(
+                    BlockStored,
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                     parent_block_hash=(
                         maybe_convert_block_hash(BlockHash(origin.parent_hash))
@@ -178,10 +180,23 @@ def to_vllm_events(
             )
         elif ev.kind == "removed":
             out.append(
-                BlockRemoved(
+                _event(
+                    BlockRemoved,
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                     medium=medium,
                     group_idx=group_idx,
                 )
             )
     return out
+
+
+def _event(struct: type, **fields: Any) -> Any:
+    """`struct(**fields)` with only the fields this vLLM's event struct has (the group fields
+    came with vLLM 0.23, later ones may go)."""
+    known = _FIELDS.get(struct)
+    if known is None:
+        known = _FIELDS[struct] = event_fields(struct)
+    return struct(**{k: v for k, v in fields.items() if k in known})
+
+
+_FIELDS: dict[type, frozenset[str]] = {}

@@ -8,8 +8,10 @@ The plugin swaps the factory's lazy loader for that name, so the published launc
 shim (which passes no `kv_cache_config` and forwards only some hooks).
 
 Idempotent: running it again installs the same loader. It never raises (vLLM does not catch a
-failing plugin, and a broken plugin would stop vLLM for every model); a problem found here, such
-as the original FlexKV installed beside flexkv-py, is raised when the connector is requested.
+failing plugin, and a broken plugin would stop vLLM for every model) and imports nothing of the
+connector; a problem, such as the original FlexKV installed beside flexkv-py or a vLLM outside
+the supported range (compat.py), is raised when the connector is requested, so the name never
+falls back to vLLM's shim, whose error would be about the original FlexKV.
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ def _load_connector_class() -> type:
 def register() -> None:
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        registry = KVConnectorFactory._registry
+        if registry.get(CONNECTOR_NAME) is _load_connector_class:
+            return
+        registry[CONNECTOR_NAME] = _load_connector_class
     except Exception:  # a broken plugin must not stop vLLM for every model
         logger.warning(
-            "flexkv_py plugin: vLLM's KV connector factory failed to import", exc_info=True
+            "flexkv_py plugin: could not register %s with vLLM's KV connector factory",
+            CONNECTOR_NAME,
+            exc_info=True,
         )
         return
-    registry = KVConnectorFactory._registry
-    if registry.get(CONNECTOR_NAME) is _load_connector_class:
-        return
-    registry[CONNECTOR_NAME] = _load_connector_class
     logger.debug("flexkv_py plugin: %s -> flexkv_py.integration.vllm", CONNECTOR_NAME)

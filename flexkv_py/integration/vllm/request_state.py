@@ -23,6 +23,8 @@ class RequestState:
     # Between the async-load answer and the request's finished_recving (vLLM's view).
     loading: bool = False
     finished: bool = False
+    # A load of this request failed (vLLM recomputes): it is never offered another one.
+    load_failed: bool = False
 
     @property
     def done(self) -> bool:

@@ -6,18 +6,32 @@ be loaded only if every worker has its shard, so the scheduler gathers all tp_si
 reports and adopts the keys every one of them holds; a report keyed by TP rank alone would let
 one stage's report replace another's, and a block one stage lost would be loaded and fail there.
 
-Lookups never wait for it: until every report is in, those blocks are not in the index and
-lookups miss them (0). Waiting ("ask again later", None) would stall serving: vLLM skips a
-request that gets None.
+So that the first request after a restart can hit, the scheduler side reads the shards itself
+when it is built, read-only (tiers/ssd_inventory.py) and on a thread of its own that the first
+scheduler call waits for (restart_read.py), and adopts what every shard holds (`adopt_read`).
+The reports stay the authority: when they are all in, blocks they do not all list leave the
+index and blocks only they list are adopted (coordinator/adopted_before.py); nothing is
+adopted or counted twice. A shard the scheduler cannot read leaves it as before.
+
+Lookups never wait for the reports: blocks not adopted yet are missed (0). Waiting ("ask again
+later", None) would stall serving: vLLM skips a request that gets None.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from flexkv_py.config import FlexKVConfig
+from flexkv_py.coordinator.adopted_before import AdoptedBefore
+from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
 from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
+from flexkv_py.integration.vllm.restart_read import RestartRead
+from flexkv_py.tiers.ssd_inventory import SsdInventory, read_ssd_inventory
+
+if TYPE_CHECKING:
+    from flexkv_py.integration.vllm.engine_info import EngineInfo
 
 WorkerRank = tuple[int, int]  # (tp_rank, pp_rank)
 
@@ -37,6 +51,10 @@ class RestartInventory:
         # Logical key -> its chain parent's, from the reports (for prefix-aware adoption).
         self._parents: dict[bytes, bytes] = {}
         self._announcer: RecoveredAnnouncer | None = None
+        # Blocks adopted from the scheduler's own read of the shards, until the reports settle.
+        self._before: AdoptedBefore | None = None
+        self.adopted_early = 0  # how many (for logs and tests)
+        self._read: RestartRead[SsdInventory | None] | None = None
 
     def announce_with(
         self,
@@ -48,13 +66,41 @@ class RestartInventory:
         `groups`: each block's KV cache group by its key prefix (hybrid models)."""
         self._announcer = RecoveredAnnouncer(origins, block_size, groups)
 
+    def start_read(self, manager: Any, config: FlexKVConfig, info: EngineInfo) -> None:
+        """Read the engine's shards on a thread and adopt what they hold into `manager` (a
+        CacheManager); `wait_read` before using the index."""
+        ns = info.namespace
+        # More blocks than the index holds on SSD: it evicts at adoption, so it needs the links.
+        capacity = ssd_capacity_blocks(config, ns, info.page_bytes)
+        self._read = RestartRead(
+            lambda: read_ssd_inventory(config, ns, parents_over=capacity),
+            lambda found: self.adopt_read(manager, found),
+        )
+
+    def wait_read(self) -> None:
+        """Until the shards' blocks are adopted, or their read was given up (bounded)."""
+        if self._read is not None:
+            self._read.wait()
+            self._read = None
+
+    def adopt_read(self, manager: Any, inventory: SsdInventory | None) -> None:
+        """Adopt what the scheduler read from the shards itself (None: they could not be read),
+        before any report; the reports then settle the difference."""
+        if inventory is None or not inventory.keys or self.ready:
+            return
+        self.adopted_early = manager.adopt_ssd_keys(
+            [inventory.keys], parents=inventory.parents, checked=True
+        )
+        self._before = AdoptedBefore(inventory.keys)
+
     def adopt_reports(self, manager: Any, meta: Any) -> None:
         """Take a step's worker metadata (FlexKVWorkerMetadata): reports, parents, metas; adopt
         into `manager` (a CacheManager) once every worker reported."""
         ranks = self.add(meta.inventories, meta.inventory_parents)
         if ranks is not None:
             parents = self.take_parents()
-            manager.adopt_ssd_keys(ranks, adopt=not self.stale, parents=parents)
+            before, self._before = self._before, None
+            manager.adopt_ssd_keys(ranks, adopt=not self.stale, parents=parents, before=before)
         if self._announcer is not None and meta.recovered_metas and not self.stale:
             self._announcer.add(meta.recovered_metas)
 
@@ -65,8 +111,10 @@ class RestartInventory:
         return self._announcer.take_events(True, known)
 
     def forget(self) -> None:
-        """A cache reset: reports still to come list blocks to delete."""
+        """A cache reset: reports still to come list blocks to delete (the reset forgot
+        those adopted early too)."""
         self.stale = not self.ready
+        self._before = None
         if self._announcer is not None:
             self._announcer.clear()
 

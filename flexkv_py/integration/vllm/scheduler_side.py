@@ -17,12 +17,14 @@ vLLM's request lifecycle into manager calls and picklable jobs:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import CacheManager, JobResult
 from flexkv_py.coordinator.planning import host_pool_in_background
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.integration.vllm import compat
 from flexkv_py.integration.vllm.block_meta import with_block_metas
 from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import BlockOrigins, event_groups, to_vllm_events
@@ -62,13 +64,17 @@ class SchedulerSide:
         self,
         info: EngineInfo,
         config: FlexKVConfig,
-        kv_cache_manager_getter: Any,
+        block_tables: Callable[[str], Sequence[Sequence[int]]] | None,
     ) -> None:
+        """`block_tables`: req_id -> the request's GPU block ids per KV cache group, from the
+        KV cache manager vLLM binds to the connector; None where vLLM binds none (before 0.31):
+        they are then followed in the scheduler output (compat.BlockTables)."""
         self._info = info
         self._config = config
         self._ns = info.namespace
         self._bs = info.block_size
-        self._get_kv_cache_manager = kv_cache_manager_getter
+        self._followed_tables = compat.BlockTables() if block_tables is None else None
+        tables = block_tables or self._followed_tables.get  # type: ignore[union-attr]
         background = host_pool_in_background(config, self._ns, info.page_bytes, serving=True)
         # A background pool has no usable slot until every worker reported its ready slots.
         self._mgr = CacheManager(
@@ -83,12 +89,22 @@ class SchedulerSide:
         self._hit_sources: dict[str, dict[Tier, int]] = {}
         self._jobs: dict[int, JobInfo] = {}
         self._loading_keys = LoadingKeys()
+        # Where vLLM stops stepping while stores are in flight (no has_pending_push_work hook,
+        # before 0.26), a request arriving after an idle spell would be looked up before the
+        # results of the stores of its own prefix came back, and miss: such a request is asked
+        # again (None) until they do, for at most store_wait_s.
+        self._storing_keys = None if compat.ENGINE_STEPS_FOR_STORES else LoadingKeys()
+        self._store_waits: dict[str, float] = {}
+        self._store_wait_s = float(config.ssd_io_timeout_s)
         self._step_jobs: list[JobEntry] = []
         self._delayed_free: set[str] = set()
-        # What survived a restart on every worker's SSD: adopted once all reported. Until then the
-        # index lacks those blocks and lookups miss them (0), never "ask again later" (None):
-        # vLLM skips a request that gets None, so waiting would stall serving.
+        # What survived a restart on every worker's SSD: read from the shards on a thread the
+        # first scheduler call waits for (bounded), settled by the workers' reports. A block not
+        # adopted is missed (0), never "ask again later" (None): vLLM skips a request that gets
+        # None, so waiting for the reports would stall serving.
         self._inventory = RestartInventory(info.num_workers, enabled=config.ssd_enabled)
+        if config.ssd_enabled:  # read now, so the first request can hit; the reports settle it
+            self._inventory.start_read(self._mgr, config, info)
         self._origins = BlockOrigins()
         # Groups whose blocks are several hash blocks: their SSD metadata covers whole blocks.
         self._event_groups, self._scales = event_groups(info.groups)
@@ -108,7 +124,6 @@ class SchedulerSide:
             if info.hybrid
             else None
         )
-        tables = lambda req_id: self._get_kv_cache_manager().get_block_ids(req_id)  # noqa: E731
         self._store_planner = StorePlanner(self._ns, self._bs, self._hybrid, tables)
         self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
@@ -120,11 +135,21 @@ class SchedulerSide:
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        self._inventory.wait_read()
         if not self._info.can_load:
             return 0, False
         hashes = request.block_hashes
         first = num_computed_tokens // self._bs
         if first >= len(hashes):
+            return 0, False
+        state = self._reqs.get(request.request_id)
+        if state is not None and state.load_failed:
+            # Recompute, as the failed load promised. Offered again, the same blocks can fail
+            # the same way (no host slot to stage them: a loop of load errors), and vLLM keeps
+            # a request whose async load failed in its in-flight prefills: a second async load
+            # reserves the request's own blocks against itself, and when they do not fit twice
+            # it is refused at the head of the queue every step (nothing is scheduled again).
+            self._stats.add("lookups_after_failed_load", 1)
             return 0, False
         variant = self._variants.variant(request.lora_request)
         hit = self._load_planner.hit(request, first, variant, self._mgr.readable_hashes)
@@ -133,6 +158,8 @@ class SchedulerSide:
             if remote is None:
                 return None, False
             hit = remote
+        if self._storing_keys and self._waits_for_store(request, variant, first + hit):
+            return None, False
         self._mgr.count_lookup(hit)
         self._stats.add("lookup_blocks", len(hashes) - first)
         if hit == 0:
@@ -148,6 +175,20 @@ class SchedulerSide:
         self._lookups[request.request_id] = (num_computed_tokens, hit)
         return ext_tokens, True
 
+    def _waits_for_store(self, request: Request, variant: bytes, position: int) -> bool:
+        """Whether the block at `position` (the first the hit lacks) is being stored, and the
+        request has not waited for it longer than the bound."""
+        if position >= len(request.block_hashes):
+            return False
+        key = self._load_planner.hit_keys(request, variant, position, position + 1)
+        assert self._storing_keys is not None
+        if not self._storing_keys.any_of(key):
+            self._store_waits.pop(request.request_id, None)
+            return False
+        now = time.monotonic()
+        since = self._store_waits.setdefault(request.request_id, now)
+        return now - since < self._store_wait_s
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
@@ -160,6 +201,8 @@ class SchedulerSide:
         count = -(-num_external_tokens // self._bs)
         variant = self._variants.variant(request.lora_request)
         tables = blocks.get_block_ids()
+        if self._followed_tables is not None:
+            self._followed_tables.set(request.request_id, tables)
         keys, block_ids, n_full = self._load_planner.plan(
             request, variant, tables, first, count, self._stats
         )
@@ -172,6 +215,7 @@ class SchedulerSide:
         self._hit_sources[request.request_id] = split
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
+            state.load_failed = True
         else:
             self._jobs[job.job_id] = JobInfo(job.job_id, request.request_id, "load", tuple(keys))
             state.load_job = job.job_id
@@ -187,7 +231,10 @@ class SchedulerSide:
 
     # ---------------------------------------------------------------- per-step planning
     def build_connector_meta(self, so: SchedulerOutput) -> FlexKVConnectorMetadata:
+        self._inventory.wait_read()
         meta = FlexKVConnectorMetadata()
+        if self._followed_tables is not None:
+            self._followed_tables.offer(so)
         if self._hybrid is not None:
             if len(self._hybrid.fence):
                 # Before this step's stores are planned: those read blocks computed this step.
@@ -246,11 +293,14 @@ class SchedulerSide:
         if self._hybrid is not None:
             self._hybrid.planned_store(job, plan.reused, self._stats)
         self._jobs[job.job_id] = JobInfo(job.job_id, req.request_id, "store", tuple(job.keys))
+        if self._storing_keys is not None:
+            self._storing_keys.add(job.keys)
         state.store_jobs.add(job.job_id)
         self._step_jobs.append(JobEntry(req.request_id, "store", job, tuple(gpu_ids)))
 
     # ---------------------------------------------------------------- completions
     def update_connector_output(self, output: KVConnectorOutput) -> None:
+        self._inventory.wait_read()  # the reports settle what it adopted
         for req_id in output.finished_recving or ():
             state = self._reqs.get(req_id)
             if state is not None:
@@ -311,6 +361,8 @@ class SchedulerSide:
         self._mgr.complete(merged)  # deletes too: they name the keys they resolved (events)
         if info.kind == "load" and info.req_id is not None:  # not a background prefetch
             self._loading_keys.release(info.keys)
+        if info.kind == "store" and self._storing_keys is not None:
+            self._storing_keys.release(info.keys)
         if info.req_id is None:
             return
         state = self._reqs.get(info.req_id)
@@ -323,6 +375,7 @@ class SchedulerSide:
             if not merged.ok:
                 # Failed blocks are recomputed by vLLM; let the planner store them again.
                 state.planned_blocks = 0
+                state.load_failed = True
         self._maybe_forget(info.req_id)
 
     # ---------------------------------------------------------------- request end
@@ -338,12 +391,16 @@ class SchedulerSide:
         if self._hybrid is not None:
             self._hybrid.forget(request.request_id)
         self._hit_sources.pop(request.request_id, None)
+        self._store_waits.pop(request.request_id, None)
+        followed = self._followed_tables
+        if followed is not None:
+            followed.forget(request.request_id)
         if state is None:
             return False, None
         state.finished = True
         if self._info.can_store and not state.loading:
             # Blocks whose hash became known only now (the last decode tokens).
-            tables = block_ids if self._hybrid is not None else None
+            tables = block_ids if self._hybrid is not None or followed is not None else None
             self._plan_store(state, request.num_computed_tokens, tables, final=True)
         if state.loading:
             # vLLM frees the blocks when the load reports finished_recving.
@@ -375,6 +432,7 @@ class SchedulerSide:
         return events + self._inventory.take_events(self._mgr.known)
 
     def reset_cache(self) -> bool:
+        self._inventory.wait_read()
         self._inventory.forget()
         self._step_jobs.append(JobEntry(None, "reset", None))  # workers forget host-only blocks
         job = self._mgr.reset()
@@ -402,6 +460,7 @@ class SchedulerSide:
         return any(info.kind == "store" for info in self._jobs.values())
 
     def shutdown(self) -> None:
+        self._inventory.wait_read()
         for part in (self._objects, self._mgr):  # the bucket's lookups, then the manager
             close = getattr(part, "close", None)
             if close is not None:
