@@ -41,5 +41,7 @@ def test_workers_share_one_bucket(s3: S3Server) -> None:
     assert r["stored_blocks"] == r["unique_blocks"], "one stored copy per logical block"
     assert r["created_per_block"] == 1.0, "each block created once, whoever raced"
     assert r["hit_rate"] >= 0.8 * r["shared_cache_hit_rate"] > 0, r
-    assert r["max_lookup_requests_per_miss"] <= 1 + 7 + 6, r
+    # A miss: the end manifest, the segments' manifests, one round of 2 HEADs (even while
+    # another worker's uploads of the same prompt race it).
+    assert r["max_lookup_requests_per_miss"] <= 1 + 7 + 2, r
     assert r["lookup_requests_per_matched_block"] < 0.2, r

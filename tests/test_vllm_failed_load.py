@@ -1,4 +1,5 @@
-"""A request whose async load failed is recomputed, never offered the same load again.
+"""A request whose async load failed is recomputed, never offered the same load again, and a
+shorter load only while vLLM accepts it.
 
 Found by the load tests (tests/test_vllm_pd_load.py, tests/test_soak.py) on a small host tier:
 a load promised at lookup found no host slot free to stage its SSD blocks (`load_no_slot_blocks`)
@@ -20,6 +21,8 @@ import pytest
 import vllm_harness as vh
 from hybrid_helpers import stat_total
 
+from flexkv_py.index.tier_names import Tier
+
 BS = 16
 NUM_BLOCKS = 16  # the prompt's 9 blocks fit once, not twice (vLLM's reservation above)
 
@@ -28,9 +31,13 @@ def manager(e: vh.Engine) -> Any:
     return e.connector._scheduler._mgr
 
 
-def no_slot_for_the_first_load(mgr: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def no_slot_for_the_first_load(
+    mgr: Any, monkeypatch: pytest.MonkeyPatch, forget_after: int | None = None
+) -> list[int]:
     """The manager's first load gets no staging slot, as when every host slot is taken by
-    stores in flight. Returns the number of loads planned so far (a one-item list)."""
+    stores in flight; with `forget_after`, the SSD tier also loses the load's blocks from
+    there on meanwhile (evicted), so the next lookup is shorter. Returns the number of loads
+    planned so far (a one-item list)."""
     loads = [0]
     take_slots = mgr._take_slots
     prepare_load = mgr.prepare_load
@@ -43,6 +50,9 @@ def no_slot_for_the_first_load(mgr: Any, monkeypatch: pytest.MonkeyPatch) -> lis
         nonlocal starved
         loads[0] += 1
         starved = loads[0] == 1
+        if starved and forget_after is not None:
+            keys = args[0] if args else kw["keys"]
+            assert mgr.forget_on(Tier.SSD, keys[forget_after:]) > 0
         try:
             return prepare_load(*args, **kw)
         finally:
@@ -74,5 +84,35 @@ def test_a_failed_load_is_recomputed_and_not_offered_again(
     assert any(rec.invalid_block_ids for rec in e.history), "the load did not fail"
     assert stat_total(e, "lookups_after_failed_load") >= 1
     assert not e.mismatches()  # recomputed, so every block it holds is right
+    vh.assert_no_leaks(e)
+    e.shutdown()
+
+
+def test_a_shorter_reload_that_vllm_refuses_is_recomputed(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed load's tail left the SSD meanwhile: the next lookup ends sooner, so a load is
+    offered again. vLLM (0.33) counts the request's own freed blocks, still reserved for it as
+    an in-flight prefill, against that second load: its 10 blocks and the load's 8 do not fit
+    in a pool of 16, refused at the head of the queue every step. Asked again without an allocation, the lookup answers
+    "recompute" and the request runs (before: the engine scheduled nothing, forever)."""
+    transfer = vh.connector_transfer_config(vh.with_ssd(tmp_path / "ssd"))
+    prompt = [*vh.prompt_tokens(3, 9 * BS), *vh.prompt_tokens(4, 5)]
+    first = vh.Engine(model_dir, transfer, num_blocks=NUM_BLOCKS)
+    first.add(vh.make_request("store", prompt, max_tokens=1))
+    first.run()
+    expected = first.outputs["store"]
+    first.shutdown()
+
+    e = vh.Engine(model_dir, transfer, num_blocks=NUM_BLOCKS)
+    loads = no_slot_for_the_first_load(manager(e), monkeypatch, forget_after=8)
+    req = e.add(vh.make_request("again", prompt, max_tokens=1))
+    e.run(timeout_s=30)
+
+    assert req.is_finished()
+    assert e.outputs["again"] == expected
+    assert loads[0] == 1, "vLLM allocated for the second load: the scenario did not refuse it"
+    assert stat_total(e, "reloads_refused_by_vllm") == 1
+    assert not e.mismatches()
     vh.assert_no_leaks(e)
     e.shutdown()

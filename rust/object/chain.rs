@@ -9,7 +9,8 @@
 //! writer's uploads land in any order), unless a chain's end manifest at the answer vouches.
 //! A new prompt pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests in
 //! sequence, plus, for a hit that ends inside a segment, that manifest and up to `SEGMENT - 1`
-//! HEADs at once. The manifest search assumes a chain's stored segments form a prefix
+//! HEADs at once. The HEAD search's first round also asks the segment's first block, so a miss
+//! costs `1 + log2(n / SEGMENT + 1) + 2` requests even while a writer's uploads race it. The manifest search assumes a chain's stored segments form a prefix
 //! (writers store a chain's blocks before its manifests, GC deletes deepest first); where a
 //! fault broke that, the load of a missing block fails and is recomputed — every read is
 //! verified, so never wrong KV.
@@ -105,9 +106,31 @@ async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
     let start = found.matched;
     let (mut have, mut limit) = (start, n.min(start + SEGMENT));
     let mut seen = Vec::new();
+    // The segment's first block is asked in the search's first round too: a miss (it is
+    // missing) ends there, where a racing writer's out-of-order uploads further in would
+    // otherwise lead the search on and cost a round of confirming HEADs.
+    let mut first_round = true;
     while have < limit {
         let mid = (have + limit).div_ceil(2) - 1; // test position mid
-        match ctx.exists(object_path(prefix, &keys[mid])).await {
+        let asked = if std::mem::take(&mut first_round) && mid > start {
+            let (head, at_mid) = futures::future::join(
+                ctx.exists(object_path(prefix, &keys[start])),
+                ctx.exists(object_path(prefix, &keys[mid])),
+            )
+            .await;
+            match head {
+                Ok(true) => {
+                    seen.push(start);
+                    have = start + 1;
+                    at_mid
+                }
+                Ok(false) => break, // a miss: nothing of this segment is stored
+                Err(msg) => Err(msg),
+            }
+        } else {
+            ctx.exists(object_path(prefix, &keys[mid])).await
+        };
+        match asked {
             Ok(true) => {
                 seen.push(mid);
                 have = mid + 1;

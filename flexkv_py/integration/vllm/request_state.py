@@ -23,8 +23,15 @@ class RequestState:
     # Between the async-load answer and the request's finished_recving (vLLM's view).
     loading: bool = False
     finished: bool = False
-    # A load of this request failed (vLLM recomputes): it is never offered another one.
-    load_failed: bool = False
+    # Where this request's load ends (a block count), while one is planned or in flight.
+    load_end: int = 0
+    # Where its last failed load ended: a load is offered again only if it ends before (the
+    # failure made the index forget the blocks it could not bring: progress, never a loop).
+    failed_load_end: int | None = None
+    # Such a load was offered and vLLM has not allocated for it yet: asked again before it
+    # does, vLLM refused it (see scheduler_side.get_num_new_matched_tokens), so no more loads.
+    reoffer_pending: bool = False
+    no_more_loads: bool = False
 
     @property
     def done(self) -> bool:

@@ -143,12 +143,7 @@ class SchedulerSide:
         if first >= len(hashes):
             return 0, False
         state = self._reqs.get(request.request_id)
-        if state is not None and state.load_failed:
-            # Recompute, as the failed load promised. Offered again, the same blocks can fail
-            # the same way (no host slot to stage them: a loop of load errors), and vLLM keeps
-            # a request whose async load failed in its in-flight prefills: a second async load
-            # reserves the request's own blocks against itself, and when they do not fit twice
-            # it is refused at the head of the queue every step (nothing is scheduled again).
+        if state is not None and state.no_more_loads:
             self._stats.add("lookups_after_failed_load", 1)
             return 0, False
         variant = self._variants.variant(request.lora_request)
@@ -172,8 +167,32 @@ class SchedulerSide:
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
         if ext_tokens <= 0:
             return 0, False
+        if state is not None and state.failed_load_end is not None and self._no_reload(
+            state, first + hit
+        ):
+            return 0, False
         self._lookups[request.request_id] = (num_computed_tokens, hit)
         return ext_tokens, True
+
+    def _no_reload(self, state: RequestState, end: int) -> bool:
+        """Whether a request whose load failed is refused a load that ends at `end` (and
+        recomputes instead). Offered again, the same blocks can fail the same way (no host slot
+        to stage them: a loop of load errors), so a load is offered again only if it ends
+        before the failed one did: the failure made the index forget what it could not bring.
+        And vLLM (0.33) keeps a request whose async load failed with no valid token in its
+        in-flight prefills: a second async load reserves the request's own blocks against
+        itself, and when they do not fit twice vLLM refuses it at the head of the queue every
+        step, scheduling nothing. Asked again before vLLM allocated for the load offered, it
+        was refused: from then on the request recomputes."""
+        assert state.failed_load_end is not None
+        if state.reoffer_pending:
+            state.no_more_loads = True
+            self._stats.add("reloads_refused_by_vllm", 1)
+        if state.no_more_loads or end >= state.failed_load_end:
+            self._stats.add("lookups_after_failed_load", 1)
+            return True
+        state.reoffer_pending = True
+        return False
 
     def _waits_for_store(self, request: Request, variant: bytes, position: int) -> bool:
         """Whether the block at `position` (the first the hit lacks) is being stored, and the
@@ -193,6 +212,7 @@ class SchedulerSide:
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         state = self._state(request)
+        state.reoffer_pending = False
         lookup = self._lookups.pop(request.request_id, None)
         if num_external_tokens == 0 or lookup is None:
             return
@@ -213,9 +233,10 @@ class SchedulerSide:
         # Hit sources by tier from the first group's blocks (the hit's tokens, once).
         split = tokens_by_tier(job, n_full, num_external_tokens, self._bs)
         self._hit_sources[request.request_id] = split
+        state.load_end = first + count
         if job is None:
             logger.warning("%s: blocks vanished before load; recomputing", request.request_id)
-            state.load_failed = True
+            state.failed_load_end = state.load_end
         else:
             self._jobs[job.job_id] = JobInfo(job.job_id, request.request_id, "load", tuple(keys))
             state.load_job = job.job_id
@@ -375,7 +396,7 @@ class SchedulerSide:
             if not merged.ok:
                 # Failed blocks are recomputed by vLLM; let the planner store them again.
                 state.planned_blocks = 0
-                state.load_failed = True
+                state.failed_load_end = state.load_end
         self._maybe_forget(info.req_id)
 
     # ---------------------------------------------------------------- request end

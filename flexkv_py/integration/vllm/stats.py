@@ -37,6 +37,10 @@ COUNTERS = (
     "store_abandoned_jobs",  # stores failed because their GPU blocks were reused mid-copy
     "ssd_io_timeout_blocks",  # blocks whose SSD I/O ran past ssd_io_timeout_s (recomputed)
     "ssd_unavailable",  # workers whose SSD tier could not be opened (host tier only)
+    # Requests whose load failed: lookups answered "recompute", and loads offered again that
+    # vLLM refused (scheduler_side._no_reload).
+    "lookups_after_failed_load",
+    "reloads_refused_by_vllm",
     # The object tier (tiers/object_counters.py): the workers' requests and failures, the
     # scheduler's lookups ("ask again later" answers, give-ups after the wait, its requests).
     "object_requests",
