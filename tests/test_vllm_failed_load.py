@@ -94,8 +94,9 @@ def test_a_shorter_reload_that_vllm_refuses_is_recomputed(
     """The failed load's tail left the SSD meanwhile: the next lookup ends sooner, so a load is
     offered again. vLLM (0.33) counts the request's own freed blocks, still reserved for it as
     an in-flight prefill, against that second load: its 10 blocks and the load's 8 do not fit
-    in a pool of 16, refused at the head of the queue every step. Asked again without an allocation, the lookup answers
-    "recompute" and the request runs (before: the engine scheduled nothing, forever)."""
+    in a pool of 16, refused at the head of the queue every step. Asked again without an
+    allocation, the lookup answers "recompute" and the request runs (before: the engine
+    scheduled nothing, forever)."""
     transfer = vh.connector_transfer_config(vh.with_ssd(tmp_path / "ssd"))
     prompt = [*vh.prompt_tokens(3, 9 * BS), *vh.prompt_tokens(4, 5)]
     first = vh.Engine(model_dir, transfer, num_blocks=NUM_BLOCKS)
