@@ -167,8 +167,10 @@ class SchedulerSide:
         ext_tokens = min(hit * self._bs, request.num_tokens - num_computed_tokens)
         if ext_tokens <= 0:
             return 0, False
-        if state is not None and state.failed_load_end is not None and self._no_reload(
-            state, first + hit
+        if (
+            state is not None
+            and state.failed_load_end is not None
+            and self._no_reload(state, first + hit)
         ):
             return 0, False
         self._lookups[request.request_id] = (num_computed_tokens, hit)
