@@ -71,8 +71,11 @@ class LateIo:
             if not bound > 0:
                 raise ValueError(f"{tier.value} I/O timeout must be > 0, got {bound}")
         self._lock = threading.Lock()
-        # host slot -> the late batch that may touch it, and its tier
-        self._held: dict[int, tuple[BatchLike, Tier]] = {}
+        # host slot -> the late batches that may touch it, each with its tier. Several: a slot
+        # fenced by a late write still holds its block, which another write may read (a spill)
+        # and time out on too; the fence holds until the last of them completes, whatever order
+        # the device completes them in.
+        self._held: dict[int, list[tuple[BatchLike, Tier]]] = {}
         self._tiers = dict.fromkeys(tiers)
         self._stats: Counter[str] = Counter()
         self._timeout_blocks = 0
@@ -95,7 +98,7 @@ class LateIo:
             pass
         with self._lock:
             for slot in slots:
-                self._held[slot] = (batch, tier)
+                self._held.setdefault(slot, []).append((batch, tier))
             self._tiers.setdefault(tier)
             self._stats[f"{tier.value}_io_timeouts"] += 1
             self._stats[f"{tier.value}_io_timeout_blocks"] += len(slots)
@@ -113,9 +116,12 @@ class LateIo:
 
     def _prune(self) -> None:
         """Drop fences of batches that completed (lock held)."""
-        done = [s for s, (b, _) in self._held.items() if b.done()]
-        for s in done:
-            del self._held[s]
+        for slot in list(self._held):
+            late = [(b, t) for b, t in self._held[slot] if not b.done()]
+            if late:
+                self._held[slot] = late
+            else:
+                del self._held[slot]
 
     def fenced(self, slots: Iterable[int]) -> set[int]:
         """Those of `slots` that a timed-out batch may still read or write."""
@@ -137,7 +143,7 @@ class LateIo:
         """Wait (bounded) until no late batch is left; True if none is."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            batches = list({id(b): b for b, _ in self._held.values()}.values())
+            batches = list({id(b): b for late in self._held.values() for b, _ in late}.values())
         for b in batches:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -156,7 +162,7 @@ class LateIo:
         with self._lock:
             self._prune()
             out = dict(self._stats)
-            fenced = Counter(tier for _, tier in self._held.values())
+            fenced = Counter(late[0][1] for late in self._held.values())
             for tier in self._tiers:
                 out[f"{tier.value}_fenced_slots"] = fenced[tier]
         return out
