@@ -173,3 +173,37 @@ def test_pd_connector_with_nixl_keeps_hma(
     assert not e.mismatches()
     vh.assert_no_leaks(e)
     e.shutdown()
+
+
+@pytest.mark.parametrize("transfer", [PD_PREFILL, MULTI_PREFILL], ids=["PdConnector", "Multi"])
+def test_each_job_runs_once_under_the_wrapper(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transfer: dict[str, Any]
+) -> None:
+    """Dynamo's PdConnector binds its children's metadata twice per step (MultiConnector's
+    bind, then its own loop). Taken twice, every store and load ran twice on the worker: the
+    first run's end freed the job's host slots and GPU blocks while the second still copied
+    into them, so SSD blocks were written from slots holding other KV (content hash failures)
+    and loads landed in GPU blocks vLLM had handed to other requests (wrong KV, under slow
+    SSD writes: tests/test_vllm_pd_load.py). Each job must reach the executor once."""
+    from flexkv_py.coordinator.executor import JobExecutor
+
+    (tmp_path / "ssd").mkdir()
+    monkeypatch.setenv("FLEXKV_SSD_CACHE_DIR", str(tmp_path / "ssd"))
+    monkeypatch.setenv("FLEXKV_SSD_CACHE_GB", "0.03")
+    monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", "0.004")
+    submitted: list[int] = []
+    submit = JobExecutor.submit
+
+    def counting_submit(self: JobExecutor, job: Any, fill: Any = None) -> Any:
+        submitted.append(job.job_id)
+        return submit(self, job, fill)
+
+    monkeypatch.setattr(JobExecutor, "submit", counting_submit)
+    e = pd_engine(model_dir, transfer)
+    run_twice(e, vh.prompt_tokens(7, 4 * 32 + 5), 32)
+    assert loaded(e, "B")
+    assert len(submitted) >= 2, "a store and a load"
+    assert len(submitted) == len(set(submitted)), f"jobs run twice: {sorted(submitted)}"
+    assert not e.mismatches()
+    vh.assert_no_leaks(e)
+    e.shutdown()

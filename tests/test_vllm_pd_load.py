@@ -6,7 +6,11 @@ sometimes takes seconds for a write; the fault injector makes that repeatable: e
 are held for a while.
 
 The stall: a load that found no host slot to stage its SSD blocks failed, and the request was
-offered the same load again (tests/test_vllm_failed_load.py)."""
+offered the same load again (tests/test_vllm_failed_load.py). Then about 1 run in 4 ended with a
+loaded block's KV wrong, beside SSD blocks failing their content hash: PdConnector binds its
+children's metadata twice per step, so every job ran twice, and the second run copied into host
+slots and GPU blocks the first run's end had freed (test_vllm_pd.py
+test_each_job_runs_once_under_the_wrapper)."""
 
 from __future__ import annotations
 
@@ -27,13 +31,6 @@ STEP_BOUND = 5000  # the reported bound, on steps that scheduled tokens
 IDLE_BOUND_S = 30.0
 
 
-# Not strict: open, and timing-dependent. The stall is fixed (tests/test_vllm_failed_load.py);
-# about 1 run in 4 still ends with one loaded block's KV wrong, alongside SSD reads that fail
-# their content hash, while writes are held: a host slot changes under a write in flight.
-@pytest.mark.xfail(
-    strict=False,
-    reason="one loaded block mismatched in 1 of 4 runs while SSD writes were held: not analysed",
-)
 def test_pd_connector_many_requests_with_slow_ssd_writes(
     model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

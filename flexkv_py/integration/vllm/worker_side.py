@@ -83,6 +83,9 @@ class WorkerSide:
         self._reads_unreported: set[int] = set()
         self._await_free: set[str] = set()
         self._pending: list[JobEntry] = []
+        # The step's metadata last taken: Dynamo's PdConnector binds each child's metadata twice
+        # per step (through MultiConnector and again itself), which must not run its jobs twice.
+        self._bound: FlexKVConnectorMetadata | None = None
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()  # hybrid models: failed loads, per request
         self._load_errors: set[int] = set()
@@ -135,7 +138,12 @@ class WorkerSide:
 
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
-        """Take the step's jobs; they are submitted after the forward (wait_for_save)."""
+        """Take the step's jobs; they are submitted after the forward (wait_for_save). The same
+        metadata bound again is ignored: a job run twice ends twice, and its first end frees its
+        host slots and GPU blocks while the second still copies into them (wrong KV)."""
+        if meta is self._bound:
+            return
+        self._bound = meta
         if not self._stepping:
             # The first engine step: vLLM's start-up CUDA graph captures are over, so a pool
             # prepared in the background may call cudaHostRegister now.
