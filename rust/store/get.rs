@@ -92,7 +92,11 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 if status == Status::Corrupt {
                     Counters::add(&shared.counters.corrupt_reads, 1);
                     corrupt.push((p.content, p.loc.clone()));
-                    tracing::warn!(key = ?String::from_utf8_lossy(&items[p.item].0), reason = %msg, "corrupt block");
+                    // The key's last 8 bytes in hex, as the Python side logs it (keys are binary).
+                    let key = &items[p.item].0;
+                    let tail: String =
+                        key[key.len().saturating_sub(8)..].iter().map(|b| format!("{b:02x}")).collect();
+                    tracing::warn!(key = %tail, reason = %msg, "corrupt block");
                 } else {
                     Counters::add(&shared.counters.io_errors, 1);
                 }
