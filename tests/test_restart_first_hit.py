@@ -81,6 +81,7 @@ def prompt_done(req: Any) -> Any:
 
 def side_stats(e: vh.Engine) -> dict[str, Any]:
     (side,) = e.flexkv_scheduler_sides()
+    side._inventory.wait_read()  # as every scheduler call does first: the read runs on a thread
     return side._mgr.stats()  # type: ignore[no-any-return]
 
 
@@ -150,6 +151,7 @@ def test_a_corrupt_journal_is_a_miss_and_the_engine_serves(restarted: Any) -> No
     journal.write_bytes(b"\xff" * 64 + journal.read_bytes()[64:])
     e = start()
     (side,) = e.flexkv_scheduler_sides()
+    side._inventory.wait_read()
     assert side._inventory.adopted_early == 0
     computed_in_first_step(e)
     assert side_stats(e).get("ssd_adopted_blocks", 0) == 0  # the worker cannot open it either
@@ -190,6 +192,7 @@ def test_a_shard_locked_by_another_process_never_serves_its_blocks(restarted: An
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         e = start()
         (side,) = e.flexkv_scheduler_sides()
+        side._inventory.wait_read()  # the read runs on a thread; scheduler calls wait for it
         assert side._inventory.adopted_early == BLOCKS
         b = e.add(vh.make_request("B", second_prompt(), max_tokens=2))
         e.run()

@@ -217,6 +217,7 @@ def test_reset_before_the_restart_inventory_deletes_what_it_lists(
     _store_and_stop(model_dir, extra, prompt)
     e2 = engine(model_dir, extra, recover=False)
     (side,) = e2.flexkv_scheduler_sides()
+    side._inventory.wait_read()  # as every scheduler call does first: the read runs on a thread
     adopted_early = side._mgr.stats()["ssd_adopted_blocks"]  # the scheduler's own read
     assert adopted_early == 4
     assert e2.scheduler.reset_prefix_cache(reset_connector=True)
