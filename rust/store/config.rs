@@ -47,7 +47,8 @@ pub struct StoreConfig {
     pub durability: Durability,
     pub preallocate: bool,
     pub read_only: bool,
-    /// Threads that hash, compress and verify batches (and wait on the device queues).
+    /// Threads that hash, compress and verify batches (and wait on the device queues), for
+    /// puts and again for gets (a get never waits for a thread behind slow writes).
     pub batch_threads: usize,
     /// Testing only: make the device fail some I/Os (see `io::fault`).
     pub fault_injection: Option<crate::io::fault::FaultPlan>,

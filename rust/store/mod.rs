@@ -37,16 +37,32 @@ use stats::StatsSnapshot;
 
 pub struct BlockStore {
     shared: Arc<Shared>,
-    executor: Mutex<Option<executor::Executor>>,
+    executor: Mutex<Option<Pools>>,
+}
+
+/// Batch threads, apart for puts and gets: a put waits on its device writes on its thread, so
+/// a slow or stuck device would take every thread of a shared pool and a get (a load waiting
+/// to serve a request) would queue behind writes it has nothing to do with.
+struct Pools {
+    puts: executor::Executor,
+    gets: executor::Executor,
+}
+
+#[derive(Clone, Copy)]
+enum Lane {
+    Put,
+    Get,
 }
 
 impl BlockStore {
     pub fn open(cfg: StoreConfig) -> Result<Self> {
         let batch_threads = cfg.batch_threads;
         let shared = open::open(cfg)?;
-        let executor = executor::Executor::new(batch_threads)
-            .map_err(|e| StoreError::io("starting batch threads", e))?;
-        Ok(BlockStore { shared: Arc::new(shared), executor: Mutex::new(Some(executor)) })
+        let start = || {
+            executor::Executor::new(batch_threads).map_err(|e| StoreError::io("starting batch threads", e))
+        };
+        let pools = Pools { puts: start()?, gets: start()? };
+        Ok(BlockStore { shared: Arc::new(shared), executor: Mutex::new(Some(pools)) })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -75,6 +91,7 @@ impl BlockStore {
 
     fn spawn(
         &self,
+        lane: Lane,
         batch: Arc<Batch>,
         job: impl FnOnce(&Shared) -> Vec<BlockResult> + Send + 'static,
     ) -> Result<()> {
@@ -94,9 +111,13 @@ impl BlockStore {
             shared.end();
         });
         let guard = self.executor.lock();
-        let Some(executor) = guard.as_ref() else {
+        let Some(pools) = guard.as_ref() else {
             self.shared.end();
             return Err(StoreError::Closed);
+        };
+        let executor = match lane {
+            Lane::Put => &pools.puts,
+            Lane::Get => &pools.gets,
         };
         if executor.spawn(task).is_err() {
             self.shared.end();
@@ -129,7 +150,7 @@ impl BlockStore {
         check_extras(&items, &extras)?;
         self.check_keys(extras.iter().filter_map(|x| x.parent.as_deref()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
-        self.spawn(batch.clone(), move |shared| put::run(shared, &items, &extras))?;
+        self.spawn(Lane::Put, batch.clone(), move |shared| put::run(shared, &items, &extras))?;
         Ok(batch)
     }
 
@@ -166,7 +187,7 @@ impl BlockStore {
     ) -> Result<Arc<Batch>> {
         self.check_keys(items.iter().map(|(k, _)| k.as_slice()))?;
         let batch = Arc::new(Batch::new(items.len(), keepalive));
-        self.spawn(batch.clone(), move |shared| get::run(shared, &items))?;
+        self.spawn(Lane::Get, batch.clone(), move |shared| get::run(shared, &items))?;
         Ok(batch)
     }
 

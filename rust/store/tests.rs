@@ -393,3 +393,33 @@ fn owner_ordered_store_still_evicts_when_full_and_lists_by_write_after_a_reopen(
         assert_eq!(read(&store, k).unwrap(), data(k, 20_000));
     }
 }
+
+#[test]
+fn a_get_never_waits_for_a_batch_thread_behind_slow_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 8 << 20);
+    cfg.batch_threads = 2;
+    // Every device write is held 3 s: each put keeps its batch thread that long.
+    cfg.fault_injection = Some(crate::io::fault::FaultPlan::parse("write:DELAY3000:1").unwrap());
+    let store = BlockStore::open(cfg).unwrap();
+    let keys: Vec<Vec<u8>> = (0..4).map(|i| format!("slow{i}").into_bytes()).collect();
+    let mut bufs: Vec<Vec<u8>> = keys.iter().map(|k| data(k, 9000)).collect();
+    // More puts than put threads: both threads wait on the device, the rest queue.
+    let puts: Vec<_> = keys
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, b)| {
+            store.submit_put(vec![(k.clone(), RawBuf { ptr: b.as_mut_ptr(), len: b.len() })], None).unwrap()
+        })
+        .collect();
+    let mut out = vec![0u8; 9000];
+    let get = store
+        .submit_get(vec![(b"absent".to_vec(), RawBuf { ptr: out.as_mut_ptr(), len: out.len() })], None)
+        .unwrap();
+    let got = get.wait(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(got[0].status, Status::NotFound);
+    assert!(puts.iter().all(|p| !p.done()), "the get waited for a put's thread");
+    for p in &puts {
+        assert!(p.wait(Some(Duration::from_secs(60))).unwrap().iter().all(|r| r.status == Status::Ok));
+    }
+}
