@@ -112,7 +112,7 @@ import json, os, sys, time
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
-from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
+from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.integration.vllm.restart_read import RestartRead
 from flexkv_py.tiers.ssd_inventory import read_ssd_inventory
 sys.path.insert(0, os.path.dirname(sys.argv[4]))

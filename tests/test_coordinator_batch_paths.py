@@ -70,9 +70,9 @@ def test_events_of_builds_the_same_frozen_events_as_event() -> None:
     mgr = CacheManager(cfg, ns, page_bytes=4096, num_host_slots=16)
     keys = _keys(ns, 4, b"e")
     for key in keys:
-        mgr._event("stored", key, Tier.HOST)
+        mgr.events.add("stored", (key,), Tier.HOST)
     one_by_one = mgr.take_events()
-    mgr._events_of("stored", keys, Tier.HOST)
+    mgr.events.add("stored", keys, Tier.HOST)
     batch = mgr.take_events()
     assert batch == one_by_one
     assert [hash(e) for e in batch] == [hash(e) for e in one_by_one]
@@ -82,4 +82,4 @@ def test_events_of_builds_the_same_frozen_events_as_event() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch[0].kind = "removed"  # type: ignore[misc]
     with pytest.raises(ValueError, match="namespace"):
-        mgr._events_of("stored", [b"x" * 64], Tier.HOST)  # not a key of this namespace
+        mgr.events.add("stored", [b"x" * 64], Tier.HOST)  # not a key of this namespace

@@ -11,7 +11,7 @@ from pathlib import Path
 from test_coordinator import PAGE_BYTES, _config, _engine, _keys, _ns, _pages
 
 from flexkv_py.coordinator import CacheManager, DropJob, JobResult, SpillJob, StoreJob
-from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
+from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.index.cold_blocks import key_print
 from flexkv_py.index.lower_capacity import STORE_PAGE, block_pages, store_capacity_blocks
 from flexkv_py.index.tier_names import Tier

@@ -106,7 +106,7 @@ def test_a_prefetch_takes_at_most_its_cap_and_free_host_slots(tmp_path: Path) ->
         other = _keys(ns, SLOTS - 3, "other")  # fills the rest of the host tier
         assert b.store_pages(other, _pages(other)).ok
         b.flush()
-        assert b.manager.index.free_slots <= b.manager._free_target
+        assert b.manager.index.free_slots <= b.manager.host.free_target
         assert b.manager.prefetch_object(keys[3:]) is None  # no free room: never evicts
         assert b.load_pages(keys) == pages  # the rest staged by the load itself
     off = _config(

@@ -39,7 +39,7 @@ def no_slot_for_the_first_load(
     there on meanwhile (evicted), so the next lookup is shorter. Returns the number of loads
     planned so far (a one-item list)."""
     loads = [0]
-    take_slots = mgr._take_slots
+    take_slots = mgr.host.take_slots
     prepare_load = mgr.prepare_load
     starved = False
 
@@ -58,7 +58,7 @@ def no_slot_for_the_first_load(
         finally:
             starved = False
 
-    monkeypatch.setattr(mgr, "_take_slots", starving_take_slots)
+    monkeypatch.setattr(mgr.host, "take_slots", starving_take_slots)
     monkeypatch.setattr(mgr, "prepare_load", counting_prepare_load)
     return loads
 

@@ -41,8 +41,9 @@ class _Clock:
 def _manager(tmp_path: Path, slots: int = 32, **kw: object) -> tuple[CacheManager, _Clock]:
     mgr = CacheManager(_config(tmp_path, slots, 256, **kw), _ns(), PAGE_BYTES, free_target=0)
     clock = _Clock()
-    wb = mgr._write_behind  # a job writes at most slots // 8 blocks
-    assert wb is not None, "write-behind is on by default with an SSD tier"
+    writer = mgr.spill_writer  # a job writes at most slots // 8 blocks
+    assert writer is not None, "write-behind is on by default with an SSD tier"
+    wb = writer.queue
     wb.clock = clock
     wb._last = clock.now
     return mgr, clock

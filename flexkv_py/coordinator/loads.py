@@ -7,16 +7,42 @@ that turns out lost or bad is forgotten."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
-from flexkv_py.coordinator.eviction import HostEviction
-from flexkv_py.coordinator.jobs import JobResult, LoadJob
-from flexkv_py.coordinator.manager_state import LoadPlan
+from flexkv_py.coordinator.drain_admitted import DrainAdmitted
+from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob
+from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.lost_copies import forget_lost_copy
+from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.entry import IndexStateError, Located, Victim
+from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
 
 
-class LoadPlanner(HostEviction):
+class LoadPlanner:
+    """Every method runs under the manager's lock."""
+
+    def __init__(
+        self,
+        index: TierIndex,
+        host: HostSpace,
+        drain: DrainAdmitted,
+        outbox: Outbox,
+        events: EventQueue,
+        stats: Counter[str],
+        *,
+        page_bytes: int,
+    ) -> None:
+        self._index = index
+        self._host = host
+        self._drain = drain
+        self._outbox = outbox
+        self._events = events
+        self._stats = stats
+        self._page_bytes = page_bytes
+
     def prepare_load(
         self,
         keys: Sequence[bytes],
@@ -33,12 +59,11 @@ class LoadPlanner(HostEviction):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
         if not keys:
             return None
-        with self._lock:
-            job = self._host_load(keys, gpu_block_ids)
-            if job is not None:
-                return job
-            acquired = self.index.acquire(keys, count_hits=True)
-            return self._plan_load(keys, gpu_block_ids, acquired, in_rounds=in_rounds)
+        job = self._host_load(keys, gpu_block_ids)
+        if job is not None:
+            return job
+        acquired = self._index.acquire(keys, count_hits=True)
+        return self._plan_load(keys, gpu_block_ids, acquired, in_rounds=in_rounds)
 
     def prepare_load_part(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None, end: int
@@ -52,27 +77,24 @@ class LoadPlanner(HostEviction):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
         if not keys:
             return None
-        with self._lock:
-            job = self._host_load(
-                keys[:end], None if gpu_block_ids is None else gpu_block_ids[:end]
-            )
-            if job is not None:
-                return job
-            acquired = self.index.acquire(keys[:end], count_hits=True)
-            if len(acquired) == end and end < len(keys):
-                acquired += self.index.acquire(keys[end:], count_hits=True)
-            return self._plan_load(keys, gpu_block_ids, acquired)
+        job = self._host_load(keys[:end], None if gpu_block_ids is None else gpu_block_ids[:end])
+        if job is not None:
+            return job
+        acquired = self._index.acquire(keys[:end], count_hits=True)
+        if len(acquired) == end and end < len(keys):
+            acquired += self._index.acquire(keys[end:], count_hits=True)
+        return self._plan_load(keys, gpu_block_ids, acquired)
 
     def _host_load(
         self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None
     ) -> LoadJob | None:
         """The common case (lock held): every block is in host memory, pinned and its slot
         taken in one index call (no `Located` per block). None, nothing pinned, otherwise."""
-        slots = self.index.acquire_host(keys, count_hits=True)
+        slots = self._index.acquire_host(keys, count_hits=True)
         if slots is None:
             return None
         n = len(keys)
-        self._note_admitted(keys, stored=False)
+        self._drain.note(keys, stored=False)
         return self._new_load_job(keys, gpu_block_ids, slots, (Tier.HOST,) * n, [False] * n, [])
 
     def _plan_load(
@@ -85,58 +107,57 @@ class LoadPlanner(HostEviction):
     ) -> LoadJob:
         """The job of `prepare_load` once its leading blocks are pinned (`acquired`, lock
         held), when not every block is in host memory (that case: `_host_load`)."""
-        with self._lock:
-            host = Tier.HOST
-            n_lower = sum(t.tier is not host for t in acquired)
-            chained: list[Victim] = []
-            staging = self._take_slots(n_lower, chained) if n_lower else []
-            if in_rounds and gpu_block_ids is None and 0 < len(staging) < n_lower:
-                # Host-only: its caller reads every slot after the job, so a lower-tier block
-                # needs a slot of its own. The job ends before the first one without; the
-                # caller loads the rest in a later job (`CacheEngine.load_pages`). A lookup
-                # promised them counting one shared staging slot, as a GPU load streams.
-                lower = [i for i, t in enumerate(acquired) if t.tier is not host]
-                cut = lower[len(staging)]
-                # Loaded (and counted) in that later job, not this one.
-                self.index.unpin(list(keys[cut : len(acquired)]), uncount_hits=True)
-                keys, acquired, n_lower = keys[:cut], acquired[:cut], len(staging)
-            self._note_admitted(keys[: len(acquired)], stored=False)
-            # Fewer staging slots than lower-tier blocks: the load streams through them in
-            # rounds (job_bodies.py), lower-tier block j in slot j mod n; only each slot's
-            # last block stays in host (promoted).
-            # Not a host-only load: its caller reads every slot after the job.
-            stream = bool(staging) and gpu_block_ids is not None
-            through = n_lower - len(staging) if stream else 0
-            sources: list[Tier | None] = []
-            slots: list[int] = []
-            promoted: list[bool] = []
-            j = 0  # lower-tier blocks seen
-            for i, key in enumerate(keys):
-                src: Tier | None = None
-                slot, promote = -1, False
-                if i < len(acquired):
-                    got = acquired[i]
-                    if got.tier is host:
-                        assert got.host_slot is not None
-                        src, slot = host, got.host_slot
-                    elif j < len(staging) or stream:
-                        src, slot = got.tier, staging[j % len(staging)]
-                        j += 1
-                        if j > through:
-                            try:
-                                self.index.begin_host_fill(key, slot, count_access=False)
-                                promote = True
-                            except IndexStateError:
-                                pass  # another job is filling its host copy: stage only
-                    else:  # no staging slot: cannot load
-                        self.index.unpin([key])
-                        self._stats["load_no_slot_blocks"] += 1
-                sources.append(src)
-                slots.append(slot)
-                promoted.append(promote)
-            self._stats["load_streamed_blocks"] += through
-            self._stats["load_missing_blocks"] += len(keys) - len(acquired)
-            return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
+        host = Tier.HOST
+        n_lower = sum(t.tier is not host for t in acquired)
+        chained: list[Victim] = []
+        staging = self._host.take_slots(n_lower, chained) if n_lower else []
+        if in_rounds and gpu_block_ids is None and 0 < len(staging) < n_lower:
+            # Host-only: its caller reads every slot after the job, so a lower-tier block
+            # needs a slot of its own. The job ends before the first one without; the
+            # caller loads the rest in a later job (`CacheEngine.load_pages`). A lookup
+            # promised them counting one shared staging slot, as a GPU load streams.
+            lower = [i for i, t in enumerate(acquired) if t.tier is not host]
+            cut = lower[len(staging)]
+            # Loaded (and counted) in that later job, not this one.
+            self._index.unpin(list(keys[cut : len(acquired)]), uncount_hits=True)
+            keys, acquired, n_lower = keys[:cut], acquired[:cut], len(staging)
+        self._drain.note(keys[: len(acquired)], stored=False)
+        # Fewer staging slots than lower-tier blocks: the load streams through them in
+        # rounds (job_bodies.py), lower-tier block j in slot j mod n; only each slot's
+        # last block stays in host (promoted).
+        # Not a host-only load: its caller reads every slot after the job.
+        stream = bool(staging) and gpu_block_ids is not None
+        through = n_lower - len(staging) if stream else 0
+        sources: list[Tier | None] = []
+        slots: list[int] = []
+        promoted: list[bool] = []
+        j = 0  # lower-tier blocks seen
+        for i, key in enumerate(keys):
+            src: Tier | None = None
+            slot, promote = -1, False
+            if i < len(acquired):
+                got = acquired[i]
+                if got.tier is host:
+                    assert got.host_slot is not None
+                    src, slot = host, got.host_slot
+                elif j < len(staging) or stream:
+                    src, slot = got.tier, staging[j % len(staging)]
+                    j += 1
+                    if j > through:
+                        try:
+                            self._index.begin_host_fill(key, slot, count_access=False)
+                            promote = True
+                        except IndexStateError:
+                            pass  # another job is filling its host copy: stage only
+                else:  # no staging slot: cannot load
+                    self._index.unpin([key])
+                    self._stats["load_no_slot_blocks"] += 1
+            sources.append(src)
+            slots.append(slot)
+            promoted.append(promote)
+        self._stats["load_streamed_blocks"] += through
+        self._stats["load_missing_blocks"] += len(keys) - len(acquired)
+        return self._new_load_job(keys, gpu_block_ids, slots, sources, promoted, chained)
 
     def prepare_load_parts(
         self,
@@ -149,28 +170,25 @@ class LoadPlanner(HostEviction):
         copies). Every block is pinned before the first part runs. Only a load served wholly
         from host memory is split: lower-tier blocks stage through slots whose spills must come
         first."""
-        with self._lock:
-            job = self.prepare_load(keys, gpu_block_ids)
-            if job is None:
-                return []
-            if len(bounds) < 2 or job.spill_keys or job.drop_first or not job.all_from_host:
-                return [job]
-            del self._inflight[job.job_id]
-            del self._load_plans[job.job_id]
-            ids = job.gpu_block_ids
-            parts = []
-            for start, end in bounds:
-                part = LoadJob(
-                    job_id=next(self._ids),
-                    keys=job.keys[start:end],
-                    gpu_block_ids=None if ids is None else ids[start:end],
-                    host_slots=job.host_slots[start:end],
-                    sources=job.sources[start:end],
-                )
-                self._inflight[part.job_id] = part
-                self._load_plans[part.job_id] = LoadPlan([False] * (end - start))
-                parts.append(part)
-            return parts
+        job = self.prepare_load(keys, gpu_block_ids)
+        if job is None:
+            return []
+        if len(bounds) < 2 or job.spill_keys or job.drop_first or not job.all_from_host:
+            return [job]
+        self._outbox.forget(job.job_id)
+        ids = job.gpu_block_ids
+        parts = []
+        for start, end in bounds:
+            part = LoadJob(
+                job_id=self._outbox.new_id(),
+                keys=job.keys[start:end],
+                gpu_block_ids=None if ids is None else ids[start:end],
+                host_slots=job.host_slots[start:end],
+                sources=job.sources[start:end],
+            )
+            self._track(part, [False] * (end - start))
+            parts.append(part)
+        return parts
 
     def _new_load_job(
         self,
@@ -183,35 +201,45 @@ class LoadPlanner(HostEviction):
     ) -> LoadJob:
         """Register a load job whose blocks are pinned (lock held)."""
         job = LoadJob(
-            job_id=next(self._ids),
+            job_id=self._outbox.new_id(),
             keys=tuple(keys),
             gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
             host_slots=tuple(slots),
             sources=tuple(sources),
             spill_keys=tuple(v.key for v in chained),
             spill_slots=tuple(v.host_slot for v in chained),
-            spill_tier=self.spill_tier or Tier.SSD,
-            drop_first=self._take_drops(),  # room the index made for the spills (eviction.py)
+            spill_tier=self._host.spill_tier or Tier.SSD,
+            drop_first=self._host.take_drops(),  # room the index made for the spills (eviction.py)
         )
-        self._inflight[job.job_id] = job
-        self._load_plans[job.job_id] = LoadPlan(promoted)
-        self._keep_reserve()
+        self._track(job, promoted)
+        self._host.keep_reserve()
         return job
 
-    def _complete_load(self, job: LoadJob, result: JobResult, plan: LoadPlan) -> None:
+    def _track(self, job: LoadJob, promoted: list[bool]) -> None:
+        """Register a load job: its result comes back with `promoted` (block i: a host fill
+        was begun, the lower-tier block stays in host)."""
+
+        def loaded(job: Job, result: JobResult) -> None:
+            assert isinstance(job, LoadJob)
+            self._host.complete_chained(job, result)
+            self._complete(job, result, promoted)
+
+        self._outbox.track(job, loaded)
+
+    def _complete(self, job: LoadJob, result: JobResult, promoted: list[bool]) -> None:
         failed = result.failed
         if not failed and job.all_from_host:
             # The common case, in one pass: every block came from host memory and loaded.
-            self.index.unpin(job.keys)
+            self._index.unpin(job.keys)
             self._stats["load_host_blocks"] += len(job.keys)
-            self._stats["load_host_bytes"] += self.page_bytes * len(job.keys)
+            self._stats["load_host_bytes"] += self._page_bytes * len(job.keys)
             return
         # Staging slots no promoted block keeps, each once (a streamed load reuses them).
-        kept = {job.host_slots[i] for i, p in enumerate(plan.promoted) if p}
+        kept = {job.host_slots[i] for i, p in enumerate(promoted) if p}
         staged = {
             job.host_slots[i] for i, s in enumerate(job.sources) if s not in (None, Tier.HOST)
         }
-        self.index.release_slots(staged - kept)
+        self._index.release_slots(staged - kept)
         for i, key in enumerate(job.keys):
             src = job.sources[i]
             if src is None:
@@ -219,12 +247,12 @@ class LoadPlanner(HostEviction):
                 continue
             reason = failed.get(key)
             if src is not Tier.HOST:
-                if plan.promoted[i] and self.index.commit_host_fill(key, reason is None):
-                    self._event("stored", key, Tier.HOST)
-                self._forget_lost_copy(key, src, reason)
-            self.index.unpin([key])
+                if promoted[i] and self._index.commit_host_fill(key, reason is None):
+                    self._events.add("stored", (key,), Tier.HOST)
+                forget_lost_copy(self._index, self._events, self._stats, key, src, reason)
+            self._index.unpin([key])
             if reason is None:
                 self._stats[f"load_{src.value}_blocks"] += 1
-                self._stats[f"load_{src.value}_bytes"] += self.page_bytes
+                self._stats[f"load_{src.value}_bytes"] += self._page_bytes
             else:
                 self._stats["load_failed_blocks"] += 1

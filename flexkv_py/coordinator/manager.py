@@ -3,36 +3,194 @@
 Model: vLLM's kv_offload manager. `lookup` answers from the tier index (the source of truth for
 what each tier holds, see flexkv_py/index/tier_index.py); `prepare_store` and `prepare_load` pin
 what they use and return a job for every worker; background work (host -> lower-tier spills on
-eviction, lower-tier deletes) comes out of `take_jobs`; `complete` applies a job's (merged)
-result. Nothing a job still uses can be evicted or reused: stores pin their fresh slots, loads pin
-their blocks, and a spilled slot is free only once its lower-tier write is confirmed.
+eviction, write-behind, lower-tier deletes) comes out of `take_jobs`; `complete` applies a job's
+(merged) result. Nothing a job still uses can be evicted or reused: stores pin their fresh slots,
+loads pin their blocks, and a spilled slot is free only once its lower-tier write is confirmed.
 
-One planner per job, one file each: stores (stores.py), loads (loads.py), host space and spills
-(eviction.py), over the shared state and KV events (manager_state.py). This class adds lookups,
-result dispatch, the restart inventory, reset and stats.
+The manager is its parts, each given what it works on in its constructor, all under the
+manager's one lock:
+- `host` (host_space.py): host slots, eviction, spills to the spill tier, the free reserve;
+- `writers` (tier_writer.py): one write-behind per lower tier that takes it (SSD, object);
+- `stores` / `loads` (stores.py, loads.py): the store and load planners;
+- `prefetch` (object_prefetch.py): bucket hits moved to host ahead of their load;
+- `outbox` (outbox.py): jobs in flight with the part that applies each result, and the
+  background jobs for the next `take_jobs`.
+This class adds lookups, the restart inventory, reset and stats.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
-from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, SpillJob, StoreJob
-from flexkv_py.coordinator.kv_events import KVEvent
+from flexkv_py.coordinator.chain_links import ChainLinks
+from flexkv_py.coordinator.drain_admitted import DrainAdmitted
+from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.kv_events import EventQueue, KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
 from flexkv_py.coordinator.object_prefetch import ObjectPrefetch
+from flexkv_py.coordinator.outbox import Outbox
+from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
 from flexkv_py.coordinator.stores import StorePlanner
-from flexkv_py.index.cold_blocks import CHAIN_TIER
+from flexkv_py.coordinator.tier_writer import TierWriter
+from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
+from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
+from flexkv_py.index.lower_capacity import store_capacity_blocks
+from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
+from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+from flexkv_py.tiers.object_hints import ObjectHints
 
 __all__ = ["CacheManager", "KVEvent"]
 
 logger = logging.getLogger(__name__)
 
+# Object write-behind lag when the SSD's is off (write_behind_lag_s 0): the bucket has no
+# eviction path to catch blocks up, so its write-behind is always on.
+DEFAULT_OBJECT_LAG_S = 2.0
 
-class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
+
+def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> int:
+    """Blocks one rank's SSD store holds: its share of ssd_cache_gb over its directories, each
+    block a whole host slot (index/lower_capacity.py)."""
+    return store_capacity_blocks(
+        namespace.rank_share(config.ssd_cache_bytes),
+        len(config.ssd_cache_dir),
+        slot_nbytes_for(page_bytes),
+    )
+
+
+class CacheManager:
+    def __init__(
+        self,
+        config: FlexKVConfig,
+        namespace: Namespace,
+        page_bytes: int,
+        *,
+        num_host_slots: int | None = None,
+        usable_host_slots: int | None = None,
+        free_target: float = 0.05,
+        max_events: int = 100_000,
+    ) -> None:
+        """`page_bytes`: one block of one rank (all layers, K and V). `num_host_slots` overrides
+        the count planned from cpu_cache_gb (it must equal every worker's pool).
+        `usable_host_slots`: slots usable now (default all); the rest arrive through
+        `grow_host_slots` as the workers' pools are prepared in the background."""
+        self.config = config
+        self.namespace = namespace
+        self.page_bytes = page_bytes
+        slots = (
+            num_host_slots
+            if num_host_slots is not None
+            else host_slots_for(config, namespace, page_bytes)
+        )
+        self.admission = AdmissionPolicy(config.admission_spec)
+        # The lower tier that blocks leaving the host tier are written to (None: none exists).
+        self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
+        # Prefix-aware host eviction matters where a victim can be dropped: no spill tier, or an
+        # admission filter that leaves some victims out. Otherwise a victim stays matchable
+        # from the spill tier and the policy's own order is kept (a full SSD can still refuse
+        # one: its children are orphans then, never written down, index/index_core.py).
+        keep_chains = self.spill_tier is None or config.admission_spec.min_hits > 1
+        self.index = TierIndex(
+            slots,
+            make_eviction_policy(config.eviction_policy),
+            usable_host_slots=usable_host_slots,
+            keep_chains=keep_chains,
+        )
+        if self.spill_tier is Tier.SSD:  # the index decides every SSD eviction
+            self.index.set_lower_capacity(
+                Tier.SSD, ssd_capacity_blocks(config, namespace, page_bytes)
+            )
+        self.object_enabled = config.object_enabled
+        self._lock = threading.RLock()
+        self._stats: Counter[str] = Counter()
+        self.events = EventQueue(namespace, max_events)
+        self.outbox = Outbox()
+        index, outbox, events, stats = self.index, self.outbox, self.events, self._stats
+        self.host = HostSpace(
+            index,
+            self.admission,
+            self.spill_tier,
+            outbox,
+            events,
+            stats,
+            free_target=min(slots, math.ceil(free_target * slots)),
+        )
+        rate = config.write_behind_mib_s * (1 << 20) / max(1, page_bytes)
+        # Host blocks owed to the spill tier in the background (None: off).
+        self.spill_writer: TierWriter | None = None
+        if self.spill_tier is not None and config.write_behind_lag_s > 0:
+            self.spill_writer = TierWriter(
+                self.spill_tier,
+                WriteBehindQueue(config.write_behind_lag_s, rate),
+                stat="write_behind",
+                index=index,
+                host=self.host,
+                outbox=outbox,
+                events=events,
+                stats=stats,
+                admit=self.admission.admit_on_evict,
+                makes_room=True,
+            )
+            self.host.on_left_host = self.spill_writer.queue.discard
+        # The fleet's bucket: write-behind always on, chains for its manifests, blocks evicted
+        # from host before their turn uploaded from the spill tier.
+        self.links: ChainLinks | None = None
+        self.object_writer: TierWriter | None = None
+        if config.object_enabled:
+            self.links = ChainLinks()
+            lag = config.write_behind_lag_s or DEFAULT_OBJECT_LAG_S
+            self.object_writer = TierWriter(
+                Tier.OBJECT,
+                WriteBehindQueue(lag, rate),
+                stat="object_write_behind",
+                index=index,
+                host=self.host,
+                outbox=outbox,
+                events=events,
+                stats=stats,
+                links=self.links,
+                stage_from=self.spill_tier,
+                hints=ObjectHints(config.object_store_hint_cap),
+            )
+        self.writers = tuple(w for w in (self.spill_writer, self.object_writer) if w is not None)
+        self.drain = DrainAdmitted(
+            index, config.admission_spec.min_hits, has_spill_tier=self.spill_tier is not None
+        )
+        self.stores = StorePlanner(
+            index,
+            self.admission,
+            self.host,
+            self.writers,
+            self.drain,
+            outbox,
+            events,
+            stats,
+            links=self.links,
+            object_write_through=config.object_store_write_through,
+        )
+        self.loads = LoadPlanner(
+            index, self.host, self.drain, outbox, events, stats, page_bytes=page_bytes
+        )
+        self.prefetch = ObjectPrefetch(
+            index, self.host, outbox, events, stats, cap=config.object_store_prefetch_blocks
+        )
+        # A reset's DropJob -> what it cleared of the cold blocks (which deleted keys were ours).
+        self._reset_forgotten: dict[int, list[Forgotten]] = {}
+
+    @property
+    def num_host_slots(self) -> int:
+        return self.index.num_host_slots
+
     # ------------------------------------------------------------------ queries
     def known(self, key: bytes) -> bool:
         """The block is cached in some tier or being stored by a job (not to be stored again)."""
@@ -50,7 +208,8 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
         """The engine used these cached blocks from its own (GPU) prefix cache: they count as
         recently used here too, so the tiers below keep what the GPU keeps using."""
         self.index.touch(keys)
-        self._note_admitted(keys, stored=False)
+        with self._lock:
+            self.drain.note(keys, stored=False)
 
     def readable_hashes(self, head: bytes, hashes: Sequence[bytes], start: int, stop: int) -> int:
         """Index of the first unreadable key head + hashes[i] in [start, stop) (stop if none),
@@ -63,70 +222,159 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             self._stats["lookups"] += 1
             self._stats["lookup_hit_blocks"] += hit
 
-    # ------------------------------------------------------------------ jobs
-    def take_jobs(self) -> list[Job]:
-        """Background jobs (spills, lower-tier deletes) for every worker, in creation order."""
+    def take_drain_admitted(self) -> tuple[bytes, ...]:
+        """Keys whose access count reached `min_hits` since the last call (drain_admitted.py)."""
         with self._lock:
-            self._flush_spills()
-            self.take_write_behind()  # only when nothing else is queued (write_behind.py)
-            self.take_object_write_behind()  # after it (write_behind_object.py)
+            return self.drain.take()
+
+    def take_events(self) -> list[KVEvent]:
+        with self._lock:
+            return self.events.take()
+
+    # ------------------------------------------------------------------ stores and loads
+    def prepare_store(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        *,
+        parents: Sequence[bytes | None] | None = None,
+    ) -> StoreJob | None:
+        """StorePlanner.prepare_store (stores.py)."""
+        with self._lock:
+            return self.stores.prepare_store(keys, gpu_block_ids, parents=parents)
+
+    def prepare_load(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        *,
+        in_rounds: bool = False,
+    ) -> LoadJob | None:
+        """LoadPlanner.prepare_load (loads.py)."""
+        with self._lock:
+            return self.loads.prepare_load(keys, gpu_block_ids, in_rounds=in_rounds)
+
+    def prepare_load_part(
+        self, keys: Sequence[bytes], gpu_block_ids: Sequence[int] | None, end: int
+    ) -> LoadJob | None:
+        """LoadPlanner.prepare_load_part (loads.py)."""
+        with self._lock:
+            return self.loads.prepare_load_part(keys, gpu_block_ids, end)
+
+    def prepare_load_parts(
+        self,
+        keys: Sequence[bytes],
+        gpu_block_ids: Sequence[int] | None,
+        bounds: Sequence[tuple[int, int]],
+    ) -> list[LoadJob]:
+        """LoadPlanner.prepare_load_parts (loads.py)."""
+        with self._lock:
+            return self.loads.prepare_load_parts(keys, gpu_block_ids, bounds)
+
+    def grow_host_slots(self, usable: int) -> None:
+        """Every worker's pool has its first `usable` slots ready: the host tier may use them."""
+        with self._lock:
+            self.host.grow(usable)
+
+    # ------------------------------------------------------------------ object tier
+    def prefetch_object(self, keys: Sequence[bytes]) -> int | None:
+        """ObjectPrefetch.start (object_prefetch.py)."""
+        with self._lock:
+            return self.prefetch.start(keys)
+
+    def prefetch_in_flight(self, job_id: int) -> bool:
+        with self._lock:
+            return self.prefetch.in_flight(job_id)
+
+    def note_object_hits(self, keys: Sequence[bytes], start: int, count: int) -> int:
+        """The bucket holds `keys[:count]` (a prompt's chain, root first, from a lookup): the
+        index marks keys[start:count] present on the object tier (a hint, tier_writer.py) and
+        remembers their links. Returns how many became readable there."""
+        if count <= start:
+            return 0
+        with self._lock:
+            hit = list(keys[start:count])
+            if self.links is not None:
+                self.links.remember(hit, [keys[i - 1] if i else None for i in range(start, count)])
+            changed = self.index.set_present(hit, Tier.OBJECT, True)
+            if self.object_writer is not None:
+                self.object_writer.learned(hit)
+            self._stats["object_lookup_hit_blocks"] += count - start
+            return len(changed)
+
+    # ------------------------------------------------------------------ jobs
+    def take_write_behind(self, *, drain: bool = False) -> Job | None:
+        """The spill tier's next write-behind job (also queued for `take_jobs`), or None
+        (tier_writer.py). `drain`: ignore idleness and the rate (shutdown flush)."""
+        with self._lock:
+            w = self.spill_writer
+            return w.take(drain=drain) if w is not None else None
+
+    def take_object_write_behind(self, *, drain: bool = False) -> Job | None:
+        """The object tier's next write-behind job (also queued for `take_jobs`), or None."""
+        with self._lock:
+            w = self.object_writer
+            return w.take(drain=drain) if w is not None else None
+
+    def take_jobs_now(self, job: Job) -> Job:
+        """Hand `job` (from a take_*write_behind) to a caller that submits it at once, instead
+        of to the next `take_jobs`."""
+        with self._lock:
+            self.outbox.unqueue(job)
+            return job
+
+    def take_jobs(self) -> list[Job]:
+        """Background jobs (spills, write-behind, lower-tier deletes) for every worker, in
+        creation order."""
+        with self._lock:
+            self.host.flush_spills()
+            for writer in self.writers:  # only when nothing else is queued (tier_writer.py)
+                writer.take()
             self._drop_evicted()
-            jobs, self._background = self._background, []
-            return jobs
+            return self.outbox.take_background()
 
     def _drop_evicted(self) -> None:
         """Evictions no write job took (an adoption over capacity): deleted before the rest."""
-        drops = self._take_drops()
+        drops = self.host.take_drops()
         for tier in reversed([*dict.fromkeys([*drops.keys, *drops.prints])]):
             keys, prints = drops.keys_on(tier), drops.prints_on(tier)
-            self._background.insert(0, DropJob(next(self._ids), keys, (tier,), prints=prints))
+            job = DropJob(self.outbox.new_id(), keys, (tier,), prints=prints)
+            self.outbox.send(job, first=True)
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
         with self._lock:
-            job = self._inflight.pop(result.job_id, None)
-            if result.kind == "drop" and job is None:  # deletes are not tracked in flight
+            tracked = self.outbox.pop(result.job_id)
+            if result.kind == "drop" and tracked is None:  # deletes are not tracked in flight
                 self._complete_drop(result)
                 return
-            if job is None:
+            if tracked is None:
                 logger.warning("result for unknown or finished job %d ignored", result.job_id)
                 return
-            self._announce_dropped(result.dropped)  # cold victims of its `drop_first`
-            if isinstance(job, StoreJob):
-                self._complete_chained(job, result)
-                self._complete_store(job, result)
-            elif isinstance(job, LoadJob):
-                self._complete_chained(job, result)
-                if not self._complete_object_load(job, result):  # prefetch, SSD -> object
-                    self._complete_load(job, result, self._load_plans.pop(job.job_id))
-            elif isinstance(job, SpillJob):
-                if job.job_id in self._write_behind_jobs:
-                    self._complete_write_behind(job, result)
-                elif job.job_id in self._object_jobs:
-                    self._complete_object_write(job, result)
-                else:
-                    self._complete_spill(job, result)
+            job, done = tracked
+            self.host.announce_dropped(result.dropped)  # cold victims of its `drop_first`
+            done(job, result)
             for tier, keys in result.evicted.items():
                 # The store's own eviction: a safety net that fires only if sizes are wrong.
                 self._stats[f"{tier.value}_store_evicted_blocks"] += len(keys)
                 for key in self.index.set_present(keys, tier, False):
-                    self._event("removed", key, tier)
+                    self.events.add("removed", (key,), tier)
                     self._stats[f"{tier.value}_evicted_blocks"] += 1
             for tier, garbage in self.index.take_garbage().items():
-                self._background.append(DropJob(next(self._ids), tuple(garbage), (tier,)))
-            self._keep_reserve()
+                self.outbox.send(DropJob(self.outbox.new_id(), tuple(garbage), (tier,)))
+            self.host.keep_reserve()
 
     def _complete_drop(self, result: JobResult) -> None:
         """A DropJob's result: announce the blocks it deleted by fingerprint, and of a reset's
         namespace delete those the index held cold when it was reset."""
         forgotten = self._reset_forgotten.pop(result.job_id, None)
         if forgotten is None:
-            self._announce_dropped(result.dropped)
+            self.host.announce_dropped(result.dropped)
             return
         for tier, keys in result.dropped.items():
             held = [k for k in keys if any(f.held(k, tier) for f in forgotten)]
             # Newest first, as the reset announces its warm blocks.
-            self._announce_dropped({tier: held[::-1]})
+            self.host.announce_dropped({tier: held[::-1]})
 
     # ------------------------------------------------------------------ inventory / reset
     def adopt_ssd_keys(
@@ -169,7 +417,7 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             if not adopt:
                 stale = sorted({k for ks in owned for k in ks})
                 if stale:
-                    self._background.append(DropJob(next(self._ids), tuple(stale), (tier,)))
+                    self.outbox.send(DropJob(self.outbox.new_id(), tuple(stale), (tier,)))
                 logger.info("dropped %d %s blocks stored before a reset", len(stale), tier.value)
                 return 0
             # Rank 0's order (its store's); sets only with more than one rank (millions of keys).
@@ -182,7 +430,7 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             if before is not None:  # adopted already: settle the difference
                 common, gone = before.settle(common)
                 forgotten = self.index.set_present(gone, tier, False)
-                self._events_of("removed", forgotten, tier)
+                self.events.add("removed", forgotten, tier)
                 self._stats[f"{tier.value}_forgotten_blocks"] += len(forgotten)
             adopted = self.index.set_present(common, tier, True)
             if parents:  # links made before are skipped
@@ -190,10 +438,10 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             self.index.fit_lower_capacity(tier)  # linked first: what goes is chain tails
             self._drop_evicted()
             # Only the newest max_events fit the event queue: the older would be dropped unread.
-            maxlen = self._events.maxlen or len(adopted)
-            self._events_of("stored", adopted[-maxlen:], tier)
+            maxlen = self.events.maxlen or len(adopted)
+            self.events.add("stored", adopted[-maxlen:], tier)
             if orphans:
-                self._background.append(DropJob(next(self._ids), tuple(orphans), (tier,)))
+                self.outbox.send(DropJob(self.outbox.new_id(), tuple(orphans), (tier,)))
             self._stats[f"{tier.value}_adopted_blocks"] += len(adopted)
             logger.info(
                 "adopted %d %s blocks (%d orphans dropped)", len(adopted), tier.value, len(orphans)
@@ -214,11 +462,8 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
         deletes (one job: every key on every tier it names)."""
         with self._lock:
             removed = self.index.reset()
-            if self._write_behind is not None:
-                self._write_behind.clear()
-            if self._object_queue is not None:
-                self._object_queue.clear()
-            self._object_hints.clear()
+            for writer in self.writers:
+                writer.clear()
             drop: list[bytes] = []
             tiers: set[Tier] = set()
             # Newest first (insertion order reversed): a chain's blocks mostly leave from its
@@ -226,10 +471,10 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             # or a block still in use, can come out of order).
             for key, entry in reversed(removed):
                 if entry.host_slot is not None:
-                    self._event("removed", key, Tier.HOST)
+                    self.events.add("removed", (key,), Tier.HOST)
                 for tier in LOWER_TIERS:
                     if tier in entry.lower_tiers:
-                        self._event("removed", key, tier)
+                        self.events.add("removed", (key,), tier)
                 # The bucket is the fleet's: a reset forgets it here, deletes nothing there
                 # (a weight update changes every key through model_epoch anyway).
                 on = entry.lower_tiers - {Tier.OBJECT}
@@ -246,24 +491,45 @@ class CacheManager(StorePlanner, ObjectPrefetch, LoadPlanner):
             if not drop and not wipe:
                 return None
             drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers | wipe)
-            job = DropJob(next(self._ids), tuple(drop), drop_tiers, namespace=bool(wipe))
+            job = DropJob(self.outbox.new_id(), tuple(drop), drop_tiers, namespace=bool(wipe))
             if wipe:
                 self._reset_forgotten[job.job_id] = forgotten
             return job
 
     # ------------------------------------------------------------------ stats
+    def write_behind_pending(self) -> int:
+        """Blocks still owed to the spill tier (queued or being written)."""
+        with self._lock:
+            return self.spill_writer.pending() if self.spill_writer is not None else 0
+
+    def object_write_pending(self) -> int:
+        """Blocks still owed to the object tier (queued, waiting or being written)."""
+        with self._lock:
+            return self.object_writer.pending() if self.object_writer is not None else 0
+
+    def _written_per_served(self) -> float | None:
+        """SSD wear: blocks written to the spill tier per block it served (None: none served)."""
+        tier = self.spill_tier or Tier.SSD
+        s = self._stats
+        written = s[f"{tier.value}_written_blocks"] + s["spilled_blocks"]
+        written += s["write_behind_blocks"]
+        served = s[f"load_{tier.value}_blocks"]
+        return written / served if served else None
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self._stats)
             out.update({f"index_{k}": v for k, v in self.index.counts().items()})
             out["host_slots"] = self.num_host_slots
-            out["inflight_jobs"] = len(self._inflight)
-            out["spilling_slots"] = self._spilling
+            out["inflight_jobs"] = len(self.outbox)
+            out["spilling_slots"] = self.host.spilling
             out["write_behind_pending_blocks"] = self.write_behind_pending()
-            out["write_behind_inflight_jobs"] = len(self._write_behind_jobs)
-            if self.object_enabled:
-                out["object_write_pending_blocks"] = self.object_write_pending()
-                out["object_hints"] = len(self._object_hints)
+            w = self.spill_writer
+            out["write_behind_inflight_jobs"] = int(w is not None and w.in_flight())
+            if self.object_writer is not None:
+                out["object_write_pending_blocks"] = self.object_writer.pending()
+                hints = self.object_writer.hints
+                out["object_hints"] = len(hints) if hints is not None else 0
             wear = self._written_per_served()
             if wear is not None:  # SSD bytes written per byte it served
                 out[f"{(self.spill_tier or Tier.SSD).value}_written_per_served"] = round(wear, 3)

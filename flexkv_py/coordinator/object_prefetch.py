@@ -19,78 +19,91 @@ not promoted, and a lost or bad copy is forgotten (the load recomputes it).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
-from flexkv_py.coordinator.jobs import JobResult, LoadJob
-from flexkv_py.coordinator.write_behind_object import ObjectWriteBehind
+from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob
+from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.lost_copies import forget_lost_copy
+from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.entry import IndexStateError
+from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
 
 
-class ObjectPrefetch(ObjectWriteBehind):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._prefetch_jobs: set[int] = set()  # in flight
+class ObjectPrefetch:
+    """Every method runs under the manager's lock."""
 
-    def prefetch_object(self, keys: Sequence[bytes]) -> int | None:
+    def __init__(
+        self,
+        index: TierIndex,
+        host: HostSpace,
+        outbox: Outbox,
+        events: EventQueue,
+        stats: Counter[str],
+        *,
+        cap: int,
+    ) -> None:
+        self._index = index
+        self._host = host
+        self._outbox = outbox
+        self._events = events
+        self._stats = stats
+        self._cap = cap  # object_store_prefetch_blocks
+        self._jobs: set[int] = set()  # in flight
+
+    def start(self, keys: Sequence[bytes]) -> int | None:
         """Start moving `keys` (a matched run on the object tier, root first) object -> host;
         returns the job's id, None when nothing was started (see the module docstring)."""
-        cap = self.config.object_store_prefetch_blocks
-        with self._lock:
-            room = min(cap, self.index.free_slots - self._free_target, len(keys))
-            if room <= 0:
-                return None
-            located = self.index.acquire(keys[:room])  # pinned: not evicted nor dropped
-            wanted = [k for k, at in zip(keys, located, strict=False) if at.tier is Tier.OBJECT]
-            self.index.unpin(
-                [k for k, at in zip(keys, located, strict=False) if at.tier is not Tier.OBJECT]
-            )
-            slots = self.index.allocate_slots(len(wanted))
-            taken: list[bytes] = []
-            for key in wanted:
-                if len(taken) == len(slots):
-                    self.index.unpin([key])
-                    continue
-                try:
-                    self.index.begin_host_fill(key, slots[len(taken)], count_access=False)
-                except IndexStateError:  # filling already (another job): nothing to do
-                    self.index.unpin([key])
-                    continue
-                taken.append(key)
-            self.index.release_slots(slots[len(taken) :])
-            if not taken:
-                return None
-            job = LoadJob(
-                next(self._ids),
-                tuple(taken),
-                None,
-                tuple(slots[: len(taken)]),
-                (Tier.OBJECT,) * len(taken),
-            )
-            self._inflight[job.job_id] = job
-            self._prefetch_jobs.add(job.job_id)
-            self._background.append(job)
-            self._stats["object_prefetch_jobs"] += 1
-            self._stats["object_prefetch_started_blocks"] += len(taken)
-            return job.job_id
+        index = self._index
+        room = min(self._cap, self._host.free_beyond_reserve(), len(keys))
+        if room <= 0:
+            return None
+        located = index.acquire(keys[:room])  # pinned: not evicted nor dropped
+        wanted = [k for k, at in zip(keys, located, strict=False) if at.tier is Tier.OBJECT]
+        index.unpin([k for k, at in zip(keys, located, strict=False) if at.tier is not Tier.OBJECT])
+        slots = index.allocate_slots(len(wanted))
+        taken: list[bytes] = []
+        for key in wanted:
+            if len(taken) == len(slots):
+                index.unpin([key])
+                continue
+            try:
+                index.begin_host_fill(key, slots[len(taken)], count_access=False)
+            except IndexStateError:  # filling already (another job): nothing to do
+                index.unpin([key])
+                continue
+            taken.append(key)
+        index.release_slots(slots[len(taken) :])
+        if not taken:
+            return None
+        job = LoadJob(
+            self._outbox.new_id(),
+            tuple(taken),
+            None,
+            tuple(slots[: len(taken)]),
+            (Tier.OBJECT,) * len(taken),
+        )
+        self._outbox.track(job, self._complete, background=True)
+        self._jobs.add(job.job_id)
+        self._stats["object_prefetch_jobs"] += 1
+        self._stats["object_prefetch_started_blocks"] += len(taken)
+        return job.job_id
 
-    def prefetch_in_flight(self, job_id: int) -> bool:
-        with self._lock:
-            return job_id in self._prefetch_jobs
+    def in_flight(self, job_id: int) -> bool:
+        return job_id in self._jobs
 
-    def _complete_object_load(self, job: LoadJob, result: JobResult) -> bool:
-        """Apply `job` if it is a prefetch or an object write-behind's staging read (True)."""
-        if job.job_id not in self._prefetch_jobs:
-            return super()._complete_object_load(job, result)
-        self._prefetch_jobs.discard(job.job_id)
+    def _complete(self, job: Job, result: JobResult) -> None:
+        assert isinstance(job, LoadJob)
+        self._jobs.discard(job.job_id)
+        index = self._index
         for key in job.keys:
             reason = result.failed.get(key)
-            if self.index.commit_host_fill(key, reason is None):
-                self._event("stored", key, Tier.HOST)
-            self._forget_lost_copy(key, Tier.OBJECT, reason)
-            self.index.unpin([key])
+            if index.commit_host_fill(key, reason is None):
+                self._events.add("stored", (key,), Tier.HOST)
+            forget_lost_copy(index, self._events, self._stats, key, Tier.OBJECT, reason)
+            index.unpin([key])
             self._stats[
                 "object_prefetch_blocks" if reason is None else "object_prefetch_failed_blocks"
             ] += 1
-        return True

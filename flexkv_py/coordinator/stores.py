@@ -20,15 +20,52 @@ parent, and a block whose parent is in no tier is not stored (no prefix match co
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
-from flexkv_py.coordinator.jobs import JobResult, StoreJob
-from flexkv_py.coordinator.write_behind_object import ObjectWriteBehind
+from flexkv_py.coordinator.chain_links import ChainLinks
+from flexkv_py.coordinator.drain_admitted import DrainAdmitted
+from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.jobs import Job, JobResult, StoreJob
+from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.outbox import Outbox
+from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.index.entry import Victim
+from flexkv_py.index.policies import AdmissionPolicy
+from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 
-class StorePlanner(ObjectWriteBehind):
+class StorePlanner:
+    """Every method runs under the manager's lock."""
+
+    def __init__(
+        self,
+        index: TierIndex,
+        admission: AdmissionPolicy,
+        host: HostSpace,
+        writers: Sequence[TierWriter],
+        drain: DrainAdmitted,
+        outbox: Outbox,
+        events: EventQueue,
+        stats: Counter[str],
+        *,
+        links: ChainLinks | None,
+        object_write_through: bool,
+    ) -> None:
+        self._index = index
+        self._admission = admission
+        self._host = host
+        self._spill_tier = host.spill_tier
+        self._writers = tuple(writers)  # write-behind, in order: each queues what it lacks
+        self._object = next((w for w in writers if w.tier is Tier.OBJECT), None)
+        self._drain = drain
+        self._outbox = outbox
+        self._events = events
+        self._stats = stats
+        self._links = links  # None: no tier keeps chains (no object tier)
+        self._object_write_through = object_write_through
+
     def prepare_store(
         self,
         keys: Sequence[bytes],
@@ -46,74 +83,73 @@ class StorePlanner(ObjectWriteBehind):
             parents = [None, *keys[:-1]]
         elif len(parents) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
-        with self._lock:
-            todo, seen = self._store_todo(keys, parents)
-            # Parents outside this job are pinned while slots are taken: never their victims.
-            outside = list({p: 0 for i in todo if (p := parents[i]) is not None and p not in seen})
-            self.index.pin(outside)
-            chained: list[Victim] = []
-            slots = self._take_slots(len(todo), chained) if todo else []
-            passing = 0  # leading blocks streamed through reused slots (no host copy kept)
-            if len(slots) < len(todo):
-                if gpu_block_ids is not None:
-                    passing = self._stream_through(
-                        [keys[i] for i in todo], len(slots), [parents[i] for i in todo]
-                    )
-                kept = min(len(todo), passing + len(slots))
-                self._stats["store_skipped_no_slot"] += len(todo) - kept
-                todo = todo[:kept]
-            job = None
-            # Block j uses slot j mod n: round r (planning.store_rounds) refills the slots once
-            # round r-1 reached the lower tier; the blocks after the streamed ones keep theirs.
-            if len(slots) == len(todo):
-                host_slots = slots  # the common case: one slot per block
-            else:
-                host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
-            whole = len(todo) == len(keys)  # every block (the common case): no per-block pick
-            todo_keys = list(keys) if whole else [keys[i] for i in todo]
-            todo_parents = tuple(parents) if whole else tuple(parents[i] for i in todo)
-            if todo:
-                self.index.begin_host_fills(
-                    todo_keys[passing:], host_slots[passing:], parents=todo_parents[passing:]
+        todo, seen = self._store_todo(keys, parents)
+        # Parents outside this job are pinned while slots are taken: never their victims.
+        outside = list({p: 0 for i in todo if (p := parents[i]) is not None and p not in seen})
+        self._index.pin(outside)
+        chained: list[Victim] = []
+        slots = self._host.take_slots(len(todo), chained) if todo else []
+        passing = 0  # leading blocks streamed through reused slots (no host copy kept)
+        if len(slots) < len(todo):
+            if gpu_block_ids is not None:
+                passing = self._stream_through(
+                    [keys[i] for i in todo], len(slots), [parents[i] for i in todo]
                 )
-                self._note_admitted(todo_keys[passing:], stored=True)
-            self.index.unpin(outside)
-            if todo:
-                tier = self.spill_tier
-                if self.object_enabled:  # the object tier's manifests need the chain
-                    self._remember_links(todo_keys, todo_parents)
-                write_tiers: tuple[tuple[Tier, ...], ...]
-                if passing or self._writes_at_store():
-                    write_tiers = tuple(
-                        self._streamed_tiers(key)
-                        if j < passing and tier is not None
-                        else self._write_tiers(key)
-                        for j, key in enumerate(todo_keys)
-                    )
-                else:  # nothing is copied below at store time (write-back): no per-block ask
-                    write_tiers = ((),) * len(todo)
-                job = StoreJob(
-                    job_id=next(self._ids),
-                    keys=tuple(todo_keys),
-                    gpu_block_ids=(
-                        None
-                        if gpu_block_ids is None
-                        else tuple(gpu_block_ids)
-                        if whole
-                        else tuple(gpu_block_ids[i] for i in todo)
-                    ),
-                    host_slots=tuple(host_slots),
-                    write_tiers=write_tiers,
-                    parents=todo_parents if self.object_enabled else (),
-                    spill_keys=tuple(v.key for v in chained),
-                    spill_slots=tuple(v.host_slot for v in chained),
-                    streamed=passing,
-                    drop_first=self._take_drops(),  # after write_tiers: room for its writes
+            kept = min(len(todo), passing + len(slots))
+            self._stats["store_skipped_no_slot"] += len(todo) - kept
+            todo = todo[:kept]
+        job = None
+        # Block j uses slot j mod n: round r (planning.store_rounds) refills the slots once
+        # round r-1 reached the lower tier; the blocks after the streamed ones keep theirs.
+        if len(slots) == len(todo):
+            host_slots = slots  # the common case: one slot per block
+        else:
+            host_slots = [slots[j % len(slots)] for j in range(len(todo))] if todo else []
+        whole = len(todo) == len(keys)  # every block (the common case): no per-block pick
+        todo_keys = list(keys) if whole else [keys[i] for i in todo]
+        todo_parents = tuple(parents) if whole else tuple(parents[i] for i in todo)
+        if todo:
+            self._index.begin_host_fills(
+                todo_keys[passing:], host_slots[passing:], parents=todo_parents[passing:]
+            )
+            self._drain.note(todo_keys[passing:], stored=True)
+        self._index.unpin(outside)
+        if todo:
+            tier = self._spill_tier
+            if self._links is not None:  # the object tier's manifests need the chain
+                self._links.remember(todo_keys, todo_parents)
+            write_tiers: tuple[tuple[Tier, ...], ...]
+            if passing or self._writes_at_store():
+                write_tiers = tuple(
+                    self._streamed_tiers(key)
+                    if j < passing and tier is not None
+                    else self._write_tiers(key)
+                    for j, key in enumerate(todo_keys)
                 )
-                self._stats["store_streamed_blocks"] += passing
-                self._inflight[job.job_id] = job
-            self._keep_reserve()
-            return job
+            else:  # nothing is copied below at store time (write-back): no per-block ask
+                write_tiers = ((),) * len(todo)
+            job = StoreJob(
+                job_id=self._outbox.new_id(),
+                keys=tuple(todo_keys),
+                gpu_block_ids=(
+                    None
+                    if gpu_block_ids is None
+                    else tuple(gpu_block_ids)
+                    if whole
+                    else tuple(gpu_block_ids[i] for i in todo)
+                ),
+                host_slots=tuple(host_slots),
+                write_tiers=write_tiers,
+                parents=todo_parents if self._links is not None else (),
+                spill_keys=tuple(v.key for v in chained),
+                spill_slots=tuple(v.host_slot for v in chained),
+                streamed=passing,
+                drop_first=self._host.take_drops(),  # after write_tiers: room for its writes
+            )
+            self._stats["store_streamed_blocks"] += passing
+            self._outbox.track(job, self._complete)
+        self._host.keep_reserve()
+        return job
 
     def _store_todo(
         self, keys: Sequence[bytes], parents: Sequence[bytes | None]
@@ -122,8 +158,8 @@ class StorePlanner(ObjectWriteBehind):
         parent in some tier or earlier in the batch (else no prefix match reaches them); and
         the set of their keys. A chain of new distinct keys is checked in a few C-level
         passes; only its first parent is asked about."""
-        cached = self.index.known_many(keys)  # one lock for the batch, not one per block
-        n, known = len(keys), self.index.known
+        cached = self._index.known_many(keys)  # one lock for the batch, not one per block
+        n, known = len(keys), self._index.known
         if not any(cached) and list(parents[1:]) == list(keys[:-1]):
             seen = set(keys)
             first = parents[0] if n else None
@@ -152,49 +188,53 @@ class StorePlanner(ObjectWriteBehind):
         blocks through (they pin every host block they read). Each must be admitted there; at
         the first that is not, streaming stops and the next `free` blocks stay in host (the
         later ones would be orphans of a prefix match). Marks their writes pending."""
-        tier = self.spill_tier
+        tier = self._spill_tier
         if tier is None or free < 1:
             return 0
-        hits, admit = self.index.hits, self.admission.admit_on_evict
+        hits, admit = self._index.hits, self._admission.admit_on_evict
         n = 0
         for key in keys[: len(keys) - free + 1]:
             if not admit(hits(key) + 1):  # +1: this store is an access
                 break
             n += 1
-        return self.index.begin_pass_through(keys[:n], tier, parents[:n])
+        return self._index.begin_pass_through(keys[:n], tier, parents[:n])
 
     def _writes_at_store(self) -> bool:
         """May `_write_tiers` name any tier (write-through to the spill or object tier)?"""
         return (
-            self.spill_tier is not None and self.admission.write_through
-        ) or self.config.object_store_write_through
+            self._spill_tier is not None and self._admission.write_through
+        ) or self._object_write_through
 
     def _write_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """The lower tiers a fresh block is copied to at store time (marks the writes pending)."""
-        tier = self.spill_tier
+        tier = self._spill_tier
         out: tuple[Tier, ...] = ()
         if (
             tier is not None
-            and self.admission.admit_on_store(self.index.hits(key))
-            and self.index.begin_write(key, tier)
+            and self._admission.admit_on_store(self._index.hits(key))
+            and self._index.begin_write(key, tier)
         ):
             out = (tier,)
-        if self.config.object_store_write_through and self._begin_object_write(key):
+        if self._object_write_through and self._begin_object_write(key):
             out += (Tier.OBJECT,)
         return out
 
     def _streamed_tiers(self, key: bytes) -> tuple[Tier, ...]:
         """A streamed block keeps no host copy for the object write-behind to read: it goes to
         the object tier in the same round as to the spill tier (its write already pending)."""
-        assert self.spill_tier is not None
+        assert self._spill_tier is not None
         return (
-            (self.spill_tier, Tier.OBJECT) if self._begin_object_write(key) else (self.spill_tier,)
+            (self._spill_tier, Tier.OBJECT)
+            if self._begin_object_write(key)
+            else (self._spill_tier,)
         )
 
     def _begin_object_write(self, key: bytes) -> bool:
-        return self.object_enabled and self.index.begin_write(key, Tier.OBJECT)
+        return self._object is not None and self._index.begin_write(key, Tier.OBJECT)
 
-    def _complete_store(self, job: StoreJob, result: JobResult) -> None:
+    def _complete(self, job: Job, result: JobResult) -> None:
+        assert isinstance(job, StoreJob)
+        self._host.complete_chained(job, result)
         failed = result.failed
         # A write-back store names no tier for any block (one C-level pass tells).
         written = {t for ts in job.write_tiers for t in ts} if any(job.write_tiers) else set()
@@ -202,13 +242,14 @@ class StorePlanner(ObjectWriteBehind):
             tier_failed = result.write_failed_on(tier)
             for key in (job.keys[i] for i in job.writes_to(tier)):
                 ok = key not in failed and key not in tier_failed
-                self.index.commit_write(key, tier, ok)
+                self._index.commit_write(key, tier, ok)
                 if ok:
                     if tier is Tier.OBJECT:
-                        self._learned_on_object([key])  # capped hints (write_behind_object.py)
+                        assert self._object is not None
+                        self._object.learned([key])  # capped hints (tier_writer.py)
                     self._stats[f"{tier.value}_written_blocks"] += 1
-                    if self.index.readable_on(key, tier):  # not reset while it was written
-                        self._event("stored", key, tier)
+                    if self._index.readable_on(key, tier):  # not reset while it was written
+                        self._events.add("stored", (key,), tier)
                 else:
                     self._stats[f"{tier.value}_write_failed_blocks"] += 1
         oks = [key not in failed for key in job.keys] if failed else [True] * len(job.keys)
@@ -216,12 +257,12 @@ class StorePlanner(ObjectWriteBehind):
         # a slot only they used is free again.
         n = job.streamed
         if n:
-            self.index.release_slots(set(job.host_slots[:n]) - set(job.host_slots[n:]))
+            self._index.release_slots(set(job.host_slots[:n]) - set(job.host_slots[n:]))
         # Announced: the blocks readable now (not those reset while they were stored).
-        readable = self.index.commit_host_fills(job.keys[n:], oks[n:])
-        self._events_of("stored", readable, Tier.HOST)
-        self._queue_write_behind(readable)
-        self._queue_object(readable)
+        readable = self._index.commit_host_fills(job.keys[n:], oks[n:])
+        self._events.add("stored", readable, Tier.HOST)
+        for writer in self._writers:
+            writer.queue_lacking(readable)
         num_ok = sum(oks)
         self._stats["stored_blocks"] += num_ok
         self._stats["store_failed_blocks"] += len(job.keys) - num_ok

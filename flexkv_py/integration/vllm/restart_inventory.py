@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
-from flexkv_py.coordinator.manager_state import ssd_capacity_blocks
+from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 from flexkv_py.integration.vllm.restart_read import RestartRead
