@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.host_space import HostSpace
@@ -50,6 +51,7 @@ from flexkv_py.tiers.object_hints import ObjectHints
 
 # Most blocks in one write-behind job: small jobs keep each one short behind a load.
 MAX_JOB_BLOCKS = 256
+WriterJob = TypeVar("WriterJob", SpillJob, LoadJob)
 
 
 class TierWriter:
@@ -267,7 +269,7 @@ class TierWriter:
 
         return self._send(job, written)
 
-    def _send(self, job: SpillJob | LoadJob, done: Callable[[Job, JobResult], None]) -> Job:
+    def _send(self, job: WriterJob, done: Callable[[Job, JobResult], None]) -> WriterJob:
         self._job = job
         self._outbox.track(job, done, background=True)
         return job
