@@ -46,7 +46,7 @@ from transfer_bench import make_caches
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:

@@ -114,7 +114,7 @@ from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.integration.vllm.restart_read import RestartRead
-from flexkv_py.tiers.ssd_inventory import read_ssd_inventory
+from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
 sys.path.insert(0, os.path.dirname(sys.argv[4]))
 from restart_read_bench import PAGE_BYTES, namespace, ssd_gb
 

@@ -61,7 +61,7 @@ from flexkv_py.coordinator import CacheEngine
 from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 GOAL_TOKENS = 32768
 GOAL_RATIO = 0.95

@@ -41,7 +41,7 @@ from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 RAW_CHUNK = 8 << 20
 STORE_PAGE = 4096  # the store's superblock, and each block's header page

@@ -325,7 +325,7 @@ def test_dirs_accept_list_and_semicolon_string(tmp_path: Path) -> None:
 @pytest.mark.parametrize("policy", ["lru", "fifo", "lfu"])
 def test_every_valid_eviction_policy_opens_an_ssd_tier(tmp_path: Path, policy: str) -> None:
     from flexkv_py.index.namespace import Namespace
-    from flexkv_py.tiers.ssd_tier import SsdTier
+    from flexkv_py.tiers.ssd.tier import SsdTier
 
     cfg = load_config(
         {

@@ -20,7 +20,7 @@ from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.cold_blocks import key_print
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 
 def _store_all(eng: CacheEngine, keys: list[bytes], step: int) -> None:

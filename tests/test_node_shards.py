@@ -1,4 +1,4 @@
-"""Reading a shard another process writes (tiers/node_shards.py) on real native stores: the
+"""Reading a shard another process writes (tiers/node/shards.py) on real native stores: the
 read-only snapshot finds blocks written after it was taken, and a block whose extent the
 writer reused since is never served with the new bytes."""
 
@@ -13,7 +13,7 @@ from store_util import block
 
 from flexkv_py._native import BlockStore, HostPool
 from flexkv_py.config import load_config
-from flexkv_py.tiers.node_shards import ReadOnlyShard, SiblingShards
+from flexkv_py.tiers.node.shards import ReadOnlyShard, SiblingShards
 
 SLOT = 64 * 1024
 MiB = 1 << 20

@@ -1,7 +1,7 @@
 """The object tier's counters reach the connector's stats, as vLLM's Scheduler collects them
 every step (tests/vllm_harness.py `Engine.stats`, real SeaweedFS): the scheduler's "ask again
 later" answers, its lookups that gave up and its lookup tier's requests, and the workers'
-object requests and errors (tiers/object_counters.py)."""
+object requests and errors (tiers/object/counters.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from test_object_wiring_vllm import BLOCKS, BS, object_env
 from test_object_wiring_vllm import s3 as s3  # the module's SeaweedFS server (fixture)
 
 from flexkv_py.integration.vllm.stats import COUNTERS, FlexKVConnectorStats
-from flexkv_py.tiers.object_counters import Increments, tier_totals
+from flexkv_py.tiers.object.counters import Increments, tier_totals
 from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server
 

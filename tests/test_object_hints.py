@@ -1,4 +1,4 @@
-"""The object tier's presence hints are capped (`object_store_hint_cap`, tiers/object_hints.py):
+"""The object tier's presence hints are capped (`object_store_hint_cap`, tiers/object/hints.py):
 past the cap the oldest hints are forgotten and the index clears their `Tier.OBJECT` bits; the
 blocks stay in the bucket and a new lookup finds them again. In-process engines over a
 `file://` bucket (tests/test_object_wiring.py's helpers)."""
@@ -14,7 +14,7 @@ from test_object_wiring import SLOTS, _bucket_with, _object_config, _stored_to_b
 from flexkv_py.config import load_config
 from flexkv_py.errors import ConfigError
 from flexkv_py.index import Tier
-from flexkv_py.tiers.object_hints import ObjectHints
+from flexkv_py.tiers.object.hints import ObjectHints
 
 
 def test_hints_forget_the_oldest_past_the_cap() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexkv_py.tiers.object_lookups import PendingLookups
+from flexkv_py.tiers.object.lookups import PendingLookups
 from tests.s3_proxy import CountingProxy
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 

@@ -1,4 +1,4 @@
-"""The Python object tier (`flexkv_py.tiers.object_tier`) shared between OS processes through
+"""The Python object tier (`flexkv_py.tiers.object.tier`) shared between OS processes through
 the real S3 server: a producer stores a prompt's blocks, a separate consumer with the same
 namespace finds them with one chain lookup and loads them bit-exactly; plus the engine-hash
 refusal every shared tier applies."""
@@ -19,7 +19,7 @@ import pytest
 
 from flexkv_py.errors import ConfigError, FlexKVError
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.object_tier import GcPolicy, ObjectTier
+from flexkv_py.tiers.object.tier import GcPolicy, ObjectTier
 from tests.s3_server import S3Server, s3_server_fixture, weed_binary
 
 BLOCKS, SIZE = 150, 16 * 1024
@@ -46,7 +46,7 @@ def namespace(hash_algo: str = "sha256") -> Namespace:
 ROLE = """
 import hashlib, json, sys
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.object_tier import GcPolicy, ObjectTier
+from flexkv_py.tiers.object.tier import GcPolicy, ObjectTier
 a = json.loads(sys.argv[1])
 ns = Namespace(model="m", revision=None, kv_dtype="bfloat16", kv_layout="LBNHC", block_size=16)
 tier = ObjectTier(a["url"], ns, endpoint=a["endpoint"], region=a["region"],

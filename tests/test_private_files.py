@@ -22,7 +22,7 @@ from flexkv_py import BlockStore
 from flexkv_py.config import load_config
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.tiers.private_files import make_private_dir
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -35,7 +35,7 @@ OPEN_UNDER_UMASK = textwrap.dedent(
     from flexkv_py import BlockStore
     from flexkv_py.config import load_config
     from flexkv_py.index.namespace import Namespace
-    from flexkv_py.tiers.ssd_tier import SsdTier
+    from flexkv_py.tiers.ssd.tier import SsdTier
     if sys.argv[3] == "tier":
         cfg = load_config(
             {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.05, "ssd_cache_dir": sys.argv[1]}, env={}

@@ -26,8 +26,8 @@ from flexkv_py import BlockStore
 from flexkv_py.cli.inspect import DATA_FILE, LOCK_FILE
 from flexkv_py.index.namespace import SHARD_TAG
 from flexkv_py.integration.vllm import restart_inventory
-from flexkv_py.tiers import ssd_inventory
-from flexkv_py.tiers.ssd_inventory import JOURNAL_FILE, SsdInventory
+from flexkv_py.tiers.ssd import inventory as ssd_inventory
+from flexkv_py.tiers.ssd.inventory import JOURNAL_FILE, SsdInventory
 
 HERE = Path(__file__).parent
 SHARED = 192  # 12 full blocks of the stored prompt

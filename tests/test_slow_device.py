@@ -25,7 +25,7 @@ from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 from flexkv_py.transfer import describe_kv_caches
 
 TIMEOUT_S = 0.3
@@ -200,7 +200,7 @@ def test_locked_ssd_dir_serves_from_host(
     shard = tmp_path / "ssd" / "tp0-pp0"
     shard.mkdir(mode=0o700)
     with BlockStore(str(shard), 16 << 20):  # another live owner of the directory
-        with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd_open"):
+        with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd.opener"):
             e = _engine_serves_from_host(model_dir, extra)
     loud = [r.message for r in caplog.records if "UNAVAILABLE" in r.message]
     assert len(loud) == 1 and "StoreLockedError" in loud[0] and str(tmp_path) in loud[0]
@@ -217,7 +217,7 @@ def test_foreign_ssd_dir_serves_from_host(
     shard.mkdir(mode=0o700)
     for name in ("flexkv-journal.log", "flexkv-blocks.dat"):
         (shard / name).write_bytes(b"not a flexkv file " * 1000)
-    with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd_open"):
+    with caplog.at_level("ERROR", logger="flexkv_py.tiers.ssd.opener"):
         e = _engine_serves_from_host(model_dir, extra)
     assert any("UNAVAILABLE" in r.message for r in caplog.records)
     assert (shard / "flexkv-journal.log").read_bytes().startswith(b"not a flexkv")  # untouched

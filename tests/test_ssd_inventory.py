@@ -1,4 +1,4 @@
-"""The scheduler's own read of an engine's SSD shards at a restart (tiers/ssd_inventory.py), the
+"""The scheduler's own read of an engine's SSD shards at a restart (tiers/ssd/inventory.py), the
 thread it runs on (integration/vllm/restart_read.py) and how the workers' reports settle what
 it adopted (coordinator/adopted_before.py). Shards are written by the worker's real SSD tier;
 no engine here."""
@@ -23,9 +23,9 @@ from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.index import Namespace, Tier
 from flexkv_py.index.head_map import HEAD_LEN
 from flexkv_py.integration.vllm.restart_read import RestartRead
-from flexkv_py.tiers import ssd_inventory
-from flexkv_py.tiers.ssd_inventory import read_ssd_inventory, shard_dirs
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd import inventory as ssd_inventory
+from flexkv_py.tiers.ssd.inventory import read_ssd_inventory, shard_dirs
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 GIB = 1 << 30
 
@@ -250,7 +250,7 @@ from pathlib import Path
 from flexkv_py import BlockStore
 from flexkv_py.config import load_config
 from flexkv_py.index import Namespace
-from flexkv_py.tiers.ssd_inventory import read_ssd_inventory
+from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
 root, n = Path(sys.argv[1]), 100_000
 ns = Namespace("m", None, kv_dtype="bfloat16", kv_layout="NHD", block_size=16)
 shard = root / ns.shard_dir_name

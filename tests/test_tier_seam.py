@@ -45,10 +45,10 @@ from flexkv_py.errors import ClosedError, InternalStateError
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.host_pool import HostPool
-from flexkv_py.tiers.node_shards import FinishedBatch as _Finished
-from flexkv_py.tiers.node_shards import MadeResult as _Result
+from flexkv_py.tiers.node.shards import FinishedBatch as _Finished
+from flexkv_py.tiers.node.shards import MadeResult as _Result
 from flexkv_py.tiers.protocol import Item, LowerTier
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 from flexkv_py.transfer.stream_order import OrderedTransfer
 
 GIB = 1 << 30

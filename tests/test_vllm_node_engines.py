@@ -17,7 +17,7 @@ from flexkv_py.config import load_config
 from flexkv_py.index.lower_capacity import STORE_PAGE, SUPERBLOCK_PAGES, block_pages
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.integration.vllm.placement import engine_placement
-from flexkv_py.tiers.node_shards import SiblingShards
+from flexkv_py.tiers.node.shards import SiblingShards
 
 pytestmark = pytest.mark.usefixtures("connector_form")
 

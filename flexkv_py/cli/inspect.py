@@ -2,7 +2,7 @@
 
 The store is opened read-only (no lock, no writes), so this is safe while a server uses the
 directory. A directory holds one store per worker rank (``tp{r}-pp{p}`` subdirectories, see
-flexkv_py.tiers.ssd_tier) or is itself a store. Give every directory of a striped
+flexkv_py.tiers.ssd.tier) or is itself a store. Give every directory of a striped
 ``ssd_cache_dir`` to see its shards whole. Within a store, keys are ``rank tag + 16-byte
 namespace digest + block hash``: blocks are grouped by namespace digest. It also warns when
 group/others can reach the directories or their files (KV blocks reveal prompts).

@@ -1,5 +1,5 @@
 """Blocks a restart adopted before the workers reported their shards (from the scheduler's own
-read of the shards, tiers/ssd_inventory.py), kept until the reports come to settle the
+read of the shards, tiers/ssd/inventory.py), kept until the reports come to settle the
 difference.
 
 The reports are the authority: a block they do not all list was dropped by a worker's recovery

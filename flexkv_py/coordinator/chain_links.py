@@ -1,6 +1,6 @@
 """Chain links the object tier's manifests need: block -> its chain parent, for blocks this
 worker stored or found in the bucket. A lookup by another worker finds a prefix in the bucket
-only through the manifests (tiers/object_tier.py), and a manifest is written for a whole chain,
+only through the manifests (tiers/object/tier.py), and a manifest is written for a whole chain,
 so an upload carries its blocks' parents and the links up to their roots."""
 
 from __future__ import annotations

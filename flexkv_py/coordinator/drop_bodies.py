@@ -4,7 +4,7 @@ rank tier by tier.
 The scheduler names blocks by key where it knows the key (warm blocks, orphans, garbage after a
 reset) and by fingerprint where it does not (cold blocks: flexkv_py/index/cold_blocks.py keeps
 only 8-byte digests). A tier that resolves fingerprints (the SSD store, whose key table is
-hashed by them: tiers/ssd_tier.py `delete_fingerprints`) deletes the keys they name; a reset
+hashed by them: tiers/ssd/tier.py `delete_fingerprints`) deletes the keys they name; a reset
 deletes the rank's whole namespace there (`delete_namespace`). Either way the logical keys
 deleted go back in the job's result (`JobResult.dropped`), and the manager announces them.
 """
@@ -78,7 +78,7 @@ class DropBodies:
 
     def _delete_prints(self, prints: Mapping[Tier, bytes]) -> dict[Tier, tuple[bytes, ...]]:
         """Delete the blocks named by fingerprint per tier (joined 8-byte digests) on the tiers
-        that resolve them (tiers/ssd_tier.py); the logical keys deleted, per tier."""
+        that resolve them (tiers/ssd/tier.py); the logical keys deleted, per tier."""
         out: dict[Tier, tuple[bytes, ...]] = {}
         for tier, joined in prints.items():
             delete = getattr(self.tiers.get(tier), "delete_fingerprints", None)

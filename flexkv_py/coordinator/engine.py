@@ -172,7 +172,7 @@ class CacheEngine:
 
     def lookup_object(self, keys: Sequence[bytes]) -> int:
         """Leading blocks of a chain (`keys`, root first) the bucket holds, asked now (blocks
-        on the network: tools and tests; the connector asks through tiers/object_lookups.py);
+        on the network: tools and tests; the connector asks through tiers/object/lookups.py);
         the index learns them, so a `load` after it stages them from the object tier."""
         tier = self.executor.tiers.get(Tier.OBJECT)
         lookup_chain = getattr(tier, "lookup_chain", None)

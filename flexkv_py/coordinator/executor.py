@@ -106,7 +106,7 @@ class JobExecutor:
         self.namespace = namespace
         self.pool = host_pool
         self.transfer = transfer
-        # A tier that cannot be opened leaves this rank without it (see tiers/ssd_open.py):
+        # A tier that cannot be opened leaves this rank without it (see tiers/ssd/opener.py):
         # `unavailable` says why, every job part naming it fails fast.
         self.unavailable: dict[Tier, str] = {}
         if options.tiers is None:

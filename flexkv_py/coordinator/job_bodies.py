@@ -8,7 +8,7 @@ copy issued from a job thread).
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
 `LoadJob.sources`, `SpillJob.tier`, `DropJob.tiers`): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
-tiers/ssd_open.py) fails its blocks at once (`not_found`), touching no device.
+tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
 
 Per-block statuses from a tier become failure reasons through `jobs.reason_for_status`, the one
 table between the two vocabularies. A store's write-through to its lower tiers (and the

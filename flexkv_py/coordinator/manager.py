@@ -47,7 +47,7 @@ from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
-from flexkv_py.tiers.object_hints import ObjectHints
+from flexkv_py.tiers.object.hints import ObjectHints
 
 __all__ = ["CacheManager", "KVEvent"]
 

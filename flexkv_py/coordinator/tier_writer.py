@@ -25,7 +25,7 @@ Parameters:
 - `makes_room`: the index decides the tier's evictions (its capacity is authoritative), so each
   job first deletes what the index chose to make room for its writes.
 - `hints`: the tier is shared (the bucket, collected by others): what the index learns there is
-  a hint, capped (tiers/object_hints.py); a load that finds the copy gone fails that block
+  a hint, capped (tiers/object/hints.py); a load that finds the copy gone fails that block
   (recomputed) and the bit is cleared.
 
 Every method runs under the manager's lock.
@@ -47,7 +47,7 @@ from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.entry import TIER_BIT
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.object_hints import ObjectHints
+from flexkv_py.tiers.object.hints import ObjectHints
 
 # Most blocks in one write-behind job: small jobs keep each one short behind a load.
 MAX_JOB_BLOCKS = 256

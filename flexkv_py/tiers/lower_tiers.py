@@ -1,15 +1,15 @@
 """This rank's lower tiers, opened from the config: the `tiers` map the executor runs jobs on.
 
 One opener per tier; a tier that is configured but cannot be opened is left out of the map and
-named in `unavailable` with the reason (a degraded start, see tiers/ssd_open.py): every job part
+named in `unavailable` with the reason (a degraded start, see tiers/ssd/opener.py): every job part
 that names it then fails fast on the worker without touching a device.
 
-Shards other processes write are read through tiers/node_shards.py: TP ranks > 0 of replicated
+Shards other processes write are read through tiers/node/shards.py: TP ranks > 0 of replicated
 (MLA) KV read TP rank 0's copy instead of opening their own, and an engine with siblings on the
 node (other engines' shards of its rank in the same directories) reads theirs too
 (`share_node_shards`).
 
-The object tier (tiers/object_open.py) comes after the SSD, or is the only lower tier. Every
+The object tier (tiers/object/opener.py) comes after the SSD, or is the only lower tier. Every
 rank opens it, replicated (MLA) TP ranks > 0 read-only: their keys carry rank 0's tag, so
 they read the one copy rank 0 writes.
 """
@@ -21,10 +21,10 @@ import os
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.node_shards import ReadOnlyShard, ReplicaReader, SiblingShards
-from flexkv_py.tiers.object_open import open_object_tier
+from flexkv_py.tiers.node.shards import ReadOnlyShard, ReplicaReader, SiblingShards
+from flexkv_py.tiers.object.opener import open_object_tier
 from flexkv_py.tiers.protocol import LowerTier
-from flexkv_py.tiers.ssd_open import open_ssd_tier
+from flexkv_py.tiers.ssd.opener import open_ssd_tier
 
 
 def configured_tiers(config: FlexKVConfig) -> tuple[Tier, ...]:
@@ -64,7 +64,7 @@ def _open_ssd(
     if ssd is not None:
         tiers[Tier.SSD] = ssd
         siblings = sibling_shards(config, namespace) if config.share_node_shards else []
-        if siblings:  # a tier of their own: not this engine's SSD capacity (node_shards.py)
+        if siblings:  # a tier of their own: not this engine's SSD capacity (tiers/node/shards.py)
             tiers[Tier.NODE] = SiblingShards(namespace, siblings)
     elif why is not None:
         unavailable[Tier.SSD] = why

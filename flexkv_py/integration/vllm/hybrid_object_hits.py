@@ -8,7 +8,7 @@ What each group's blocks look like in the bucket (hybrid_plan.HybridPlan.store):
 - a sliding-window block or a Mamba state block is a chain of one (its own one-key manifest):
   one `lookup_chain([key])` says whether it is stored and records the use GC goes by.
 
-A request's lookup runs in rounds on small pools (tiers/object_lookups.PendingLookups); vLLM
+A request's lookup runs in rounds on small pools (tiers/object/lookups.py PendingLookups); vLLM
 gets `None` ("ask again later") while one is in flight:
 1. every full-attention group's chain; what it finds is marked present on `Tier.OBJECT` in the
    index (a hint, as for single-group models), so `readable_hashes` sees it;
@@ -37,7 +37,7 @@ from flexkv_py.integration.vllm.scheduler_side_object import (
     lookup_totals,
     open_lookup_tier,
 )
-from flexkv_py.tiers.object_lookups import PendingLookups
+from flexkv_py.tiers.object.lookups import PendingLookups
 
 if TYPE_CHECKING:
     from flexkv_py.config import FlexKVConfig
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from flexkv_py.integration.vllm.engine_info import EngineInfo
     from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
     from flexkv_py.integration.vllm.load_planning import LoadPlanner
-    from flexkv_py.tiers.object_tier import ObjectTier
+    from flexkv_py.tiers.object.tier import ObjectTier
 
 MAX_ROUNDS = 4  # rounds of single-block questions per request lookup
 STATE_CANDIDATES = 8  # boundaries asked per state group once a state was missing

@@ -1,4 +1,4 @@
-"""Sibling engines' SSD blocks (tiers/node_shards.py `SiblingShards`, `Tier.NODE`) as the
+"""Sibling engines' SSD blocks (tiers/node/shards.py `SiblingShards`, `Tier.NODE`) as the
 scheduler learns of them: every worker reports the keys that appeared and vanished in its
 sibling shards since its last report; a key is offered once every worker (each TP/PP rank reads
 its own rank's sibling shard) has reported it, and stops being offered as soon as one worker

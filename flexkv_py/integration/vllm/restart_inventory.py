@@ -7,7 +7,7 @@ reports and adopts the keys every one of them holds; a report keyed by TP rank a
 one stage's report replace another's, and a block one stage lost would be loaded and fail there.
 
 So that the first request after a restart can hit, the scheduler side reads the shards itself
-when it is built, read-only (tiers/ssd_inventory.py) and on a thread of its own that the first
+when it is built, read-only (tiers/ssd/inventory.py) and on a thread of its own that the first
 scheduler call waits for (restart_read.py), and adopts what every shard holds (`adopt_read`).
 The reports stay the authority: when they are all in, blocks they do not all list leave the
 index and blocks only they list are adopted (coordinator/adopted_before.py); nothing is
@@ -28,7 +28,7 @@ from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 from flexkv_py.integration.vllm.restart_read import RestartRead
-from flexkv_py.tiers.ssd_inventory import SsdInventory, read_ssd_inventory
+from flexkv_py.tiers.ssd.inventory import SsdInventory, read_ssd_inventory
 
 if TYPE_CHECKING:
     from flexkv_py.integration.vllm.engine_info import EngineInfo

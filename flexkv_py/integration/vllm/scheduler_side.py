@@ -45,7 +45,7 @@ from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, Reque
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
 from flexkv_py.integration.vllm.store_planning import StorePlanner
-from flexkv_py.tiers.object_counters import Increments
+from flexkv_py.tiers.object.counters import Increments
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent

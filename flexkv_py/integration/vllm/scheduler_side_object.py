@@ -1,7 +1,7 @@
 """The scheduler's object-tier lookups: after the host and SSD matches end, the rest of a
 prompt is asked of the fleet's bucket without waiting on the network inside a step.
 
-`PendingLookups` (tiers/object_lookups.py) runs `lookup_chain` for the request's whole chain
+`PendingLookups` (tiers/object/lookups.py) runs `lookup_chain` for the request's whole chain
 (root first) on a small pool: while it runs, the connector answers vLLM `None` ("ask again
 later": the request is skipped this step), for at most `object_store_lookup_wait_s`, then a
 miss. A count beyond the local match marks those blocks present on `Tier.OBJECT` in the index
@@ -27,16 +27,16 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from flexkv_py.tiers.object_counters import tier_totals
-from flexkv_py.tiers.object_lookups import PendingLookups
-from flexkv_py.tiers.object_open import open_object_tier
+from flexkv_py.tiers.object.counters import tier_totals
+from flexkv_py.tiers.object.lookups import PendingLookups
+from flexkv_py.tiers.object.opener import open_object_tier
 
 if TYPE_CHECKING:
     from flexkv_py.config import FlexKVConfig
     from flexkv_py.coordinator import CacheManager
     from flexkv_py.integration.vllm.engine_info import EngineInfo
     from flexkv_py.integration.vllm.load_planning import LoadPlanner
-    from flexkv_py.tiers.object_tier import ObjectTier
+    from flexkv_py.tiers.object.tier import ObjectTier
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def open_lookup_tier(config: FlexKVConfig, info: EngineInfo) -> ObjectTier | Non
 
 
 def lookup_totals(asked: int, gave_up: int, tier: ObjectTier) -> dict[str, int]:
-    """The scheduler's bucket-lookup counters, as running totals (tiers/object_counters.py)."""
+    """The scheduler's bucket-lookup counters, as running totals (tiers/object/counters.py)."""
     return {
         "object_lookups_asked_later": asked,
         "object_lookups_gave_up": gave_up,
@@ -138,7 +138,7 @@ class ObjectHits:
         return self._pending.gave_up
 
     def totals(self) -> dict[str, int]:
-        """Running totals for the connector's stats (tiers/object_counters.py)."""
+        """Running totals for the connector's stats (tiers/object/counters.py)."""
         return lookup_totals(self.asked, self.gave_up, self._tier)
 
     def forget(self, request_id: Hashable) -> None:

@@ -41,7 +41,7 @@ COUNTERS = (
     # vLLM refused (scheduler_side._no_reload).
     "lookups_after_failed_load",
     "reloads_refused_by_vllm",
-    # The object tier (tiers/object_counters.py): the workers' requests and failures, the
+    # The object tier (tiers/object/counters.py): the workers' requests and failures, the
     # scheduler's lookups ("ask again later" answers, give-ups after the wait, its requests).
     "object_requests",
     "object_io_errors",

@@ -46,7 +46,7 @@ from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
 from flexkv_py.integration.vllm.restart_inventory import PARENTS_RANK
 from flexkv_py.integration.vllm.shutdown_drain import HostOnlyBlocks
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
-from flexkv_py.tiers.object_counters import Increments, tier_totals
+from flexkv_py.tiers.object.counters import Increments, tier_totals
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +114,7 @@ class WorkerSide:
             kv_caches = transfer_kv_caches(kv_caches, [g.layer_names for g in groups], states)
         self._executor = JobExecutor.from_kv_caches(self._config, self._ns, kv_caches, serving=True)
         for tier in self._executor.unavailable:
-            # Degraded start (tiers/ssd_open.py): the executor logged the cause; the empty
+            # Degraded start (tiers/ssd/opener.py): the executor logged the cause; the empty
             # inventory below adopts nothing and every job part naming the tier fails fast.
             self._stats.add(f"{tier.value}_unavailable", 1)
         if self._config.ssd_enabled:
@@ -315,7 +315,7 @@ class WorkerSide:
             self._out.recovered_metas.update(self._meta_reader.take())
         node = self.executor.tiers.get(Tier.NODE) if self._executor is not None else None
         if node is not None and hasattr(node, "take_changes"):
-            added, removed = node.take_changes()  # sibling shards' refresh (node_shards.py)
+            added, removed = node.take_changes()  # sibling shards' refresh (tiers/node/shards.py)
             rank = (self.tp_rank, self.pp_rank)
             if added:
                 self._out.node_added[rank] = added

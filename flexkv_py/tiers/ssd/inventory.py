@@ -2,7 +2,7 @@
 inventory before any worker reported (issue 22).
 
 Each worker rank writes its own shard (``<dir>/tp{r}-pp{p}``, ``engine{id}-`` in front on a node
-of several engines, one stripe per configured directory; tiers/ssd_tier.py). The scheduler opens
+of several engines, one stripe per configured directory; tiers/ssd/tier.py). The scheduler opens
 every shard of its engine with the native store's ``read_only`` mode, as ``flexkv-py inspect``
 does: no lock and no write, so it is safe whether the workers have opened their shards already
 (vLLM's engine core builds the scheduler after the workers registered their KV caches) or not

@@ -7,7 +7,7 @@ Two kinds of failure, two answers:
   are the operator's to fix, and serving on would share KV unsafely or not at all.
 - the bucket cannot be reached or refuses us (wrong secret, missing bucket, server down): a
   loud ERROR and the engine serves without the object tier (`object_unavailable` = 1 in the
-  stats), exactly like an SSD that cannot be opened (tiers/ssd_open.py). A Dynamo fleet shares
+  stats), exactly like an SSD that cannot be opened (tiers/ssd/opener.py). A Dynamo fleet shares
   one bucket: if an outage of it made every worker fail its start, the orchestrator would
   restart them in a loop and the fleet would serve nothing, when the only loss is the fleet's
   shared reuse. The message names the endpoint and the cause, never a credential (the native
@@ -22,8 +22,8 @@ from typing import Any
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.object_hash import require_collision_resistant
-from flexkv_py.tiers.object_tier import GcPolicy, ObjectTier
+from flexkv_py.tiers.object.hash import require_collision_resistant
+from flexkv_py.tiers.object.tier import GcPolicy, ObjectTier
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import logging
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.namespace import Namespace
-from flexkv_py.tiers.ssd_tier import SsdTier
+from flexkv_py.tiers.ssd.tier import SsdTier
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from flexkv_py import _native
 from flexkv_py.errors import ConfigError, FlexKVError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.node_shards import FinishedBatch, MadeResult
-from flexkv_py.tiers.object_batches import Batches
-from flexkv_py.tiers.object_hash import require_collision_resistant
+from flexkv_py.tiers.node.shards import FinishedBatch, MadeResult
+from flexkv_py.tiers.object.batches import Batches
+from flexkv_py.tiers.object.hash import require_collision_resistant
 from flexkv_py.tiers.protocol import Item
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class GcPolicy:
 class ObjectTier:
     """Implements `LowerTier`: keys in and out are logical; the bucket sees storage keys.
     `read_only`: a replicated (MLA) TP rank > 0 reads rank 0's copy and writes nothing (its
-    puts report ok, as tiers/node_shards.ReplicaReader's)."""
+    puts report ok, as tiers/node/shards.py ReplicaReader's)."""
 
     # Takes `parents=` (the chain, for manifests) and `metas=` (ignored) in submit_put.
     stores_block_meta = True
