@@ -8,16 +8,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.index.tier_names import Tier
+from flexkv_py.tiers.registry import SPECS
 
 Medium = Literal["CPU", "SSD", "OBJECT"]
 Kind = Literal["stored", "removed"]
 _HASH_AT = PREFIX_LEN + VARIANT_LEN  # a key's engine block hash starts here (Namespace.block_hash)
-# The medium each tier's KV events name (vLLM's "CPU" for host memory).
-MEDIUM: dict[Tier, Medium] = {Tier.HOST: "CPU", Tier.SSD: "SSD", Tier.OBJECT: "OBJECT"}
+# The medium each tier's KV events name (vLLM's "CPU" for host memory); a lower tier without one
+# (a sibling engine's shard: that engine announces its blocks) is not announced.
+MEDIUM: dict[Tier, Medium] = {
+    Tier.HOST: "CPU",
+    **{s.tier: cast(Medium, s.medium) for s in SPECS if s.medium is not None},
+}
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,13 @@ class EventQueue:
     def add(self, kind: Kind, keys: Sequence[bytes], tier: Tier) -> None:
         """Queue one event per key; ValueError (nothing queued) for a key of another
         namespace, checked now so that the caller that made it sees the error."""
-        if tier is Tier.NODE or not keys:
-            return  # NODE: a sibling engine's block, that engine announces it
+        medium = MEDIUM.get(tier)
+        if medium is None or not keys:
+            return
         ns = self._namespace
         if min(map(len, keys)) <= _HASH_AT or not ({k[:PREFIX_LEN] for k in keys} <= ns.prefixes):
             raise ValueError("key does not belong to this namespace")
-        self._batches.append((kind, tuple(keys), MEDIUM[tier]))
+        self._batches.append((kind, tuple(keys), medium))
         self._count += len(keys)
         while self._count > self.maxlen:  # drop the oldest, as deque(maxlen=...) would
             old_kind, old_keys, medium = self._batches[0]

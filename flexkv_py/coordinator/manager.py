@@ -48,6 +48,8 @@ from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 from flexkv_py.tiers.object.hints import ObjectHints
+from flexkv_py.tiers.registry import enabled_specs, spec_of, spill_spec
+from flexkv_py.tiers.spec import Role
 
 __all__ = ["CacheManager", "KVEvent"]
 
@@ -94,7 +96,8 @@ class CacheManager:
         )
         self.admission = AdmissionPolicy(config.admission_spec)
         # The lower tier that blocks leaving the host tier are written to (None: none exists).
-        self.spill_tier: Tier | None = Tier.SSD if config.ssd_enabled else None
+        spill = spill_spec(config)
+        self.spill_tier: Tier | None = spill.tier if spill is not None else None
         # Prefix-aware host eviction matters where a victim can be dropped: no spill tier, or an
         # admission filter that leaves some victims out. Otherwise a victim stays matchable
         # from the spill tier and the policy's own order is kept (a full SSD can still refuse
@@ -106,9 +109,9 @@ class CacheManager:
             usable_host_slots=usable_host_slots,
             keep_chains=keep_chains,
         )
-        if self.spill_tier is Tier.SSD:  # the index decides every SSD eviction
+        if spill is not None and spill.capacity_authoritative:  # the index decides evictions
             self.index.set_lower_capacity(
-                Tier.SSD, ssd_capacity_blocks(config, namespace, page_bytes)
+                spill.tier, ssd_capacity_blocks(config, namespace, page_bytes)
             )
         self.object_enabled = config.object_enabled
         self._lock = threading.RLock()
@@ -126,43 +129,46 @@ class CacheManager:
             free_target=min(slots, math.ceil(free_target * slots)),
         )
         rate = config.write_behind_mib_s * (1 << 20) / max(1, page_bytes)
-        # Host blocks owed to the spill tier in the background (None: off).
-        self.spill_writer: TierWriter | None = None
-        if self.spill_tier is not None and config.write_behind_lag_s > 0:
-            self.spill_writer = TierWriter(
-                self.spill_tier,
-                WriteBehindQueue(config.write_behind_lag_s, rate),
-                stat="write_behind",
-                index=index,
-                host=self.host,
-                outbox=outbox,
-                events=events,
-                stats=stats,
-                admit=self.admission.admit_on_evict,
-                makes_room=True,
-            )
-            self.host.on_left_host = self.spill_writer.queue.discard
-        # The fleet's bucket: write-behind always on, chains for its manifests, blocks evicted
-        # from host before their turn uploaded from the spill tier.
+        # One write-behind per lower tier that takes it: the spill tier (when its lag is on)
+        # and each shared store (always on: it has no eviction path to catch blocks up).
         self.links: ChainLinks | None = None
-        self.object_writer: TierWriter | None = None
-        if config.object_enabled:
-            self.links = ChainLinks()
-            lag = config.write_behind_lag_s or DEFAULT_OBJECT_LAG_S
-            self.object_writer = TierWriter(
-                Tier.OBJECT,
-                WriteBehindQueue(lag, rate),
-                stat="object_write_behind",
-                index=index,
-                host=self.host,
-                outbox=outbox,
-                events=events,
-                stats=stats,
-                links=self.links,
-                stage_from=self.spill_tier,
-                hints=ObjectHints(config.object_store_hint_cap),
+        writers: list[TierWriter] = []
+        for spec in enabled_specs(config):
+            if spec.role is Role.SPILL and spec is spill and config.write_behind_lag_s > 0:
+                lag = config.write_behind_lag_s
+            elif spec.role is Role.SHARED:
+                lag = config.write_behind_lag_s or DEFAULT_OBJECT_LAG_S
+            else:
+                continue
+            shared = spec.role is Role.SHARED
+            if spec.keeps_chains and self.links is None:
+                self.links = ChainLinks()
+            writers.append(
+                TierWriter(
+                    spec.tier,
+                    WriteBehindQueue(lag, rate),
+                    stat="write_behind" if spec is spill else f"{spec.tier.value}_write_behind",
+                    index=index,
+                    host=self.host,
+                    outbox=outbox,
+                    events=events,
+                    stats=stats,
+                    # Eviction decides what a rarely seen block is owed; a shared store
+                    # takes whatever reached host.
+                    admit=self.admission.admit_on_evict if spec is spill else None,
+                    links=self.links if spec.keeps_chains else None,
+                    # A block evicted before its turn is read back from the spill tier.
+                    stage_from=self.spill_tier if shared else None,
+                    makes_room=spec.capacity_authoritative,
+                    hints=ObjectHints(config.object_store_hint_cap) if shared else None,
+                )
             )
-        self.writers = tuple(w for w in (self.spill_writer, self.object_writer) if w is not None)
+        self.writers = tuple(writers)
+        by_tier = {w.tier: w for w in writers}
+        self.spill_writer = by_tier.get(self.spill_tier) if self.spill_tier else None
+        self.object_writer = by_tier.get(Tier.OBJECT)
+        if self.spill_writer is not None:  # owed nothing once eviction spills or drops it
+            self.host.on_left_host = self.spill_writer.queue.discard
         self.drain = DrainAdmitted(
             index, config.admission_spec.min_hits, has_spill_tier=self.spill_tier is not None
         )
@@ -475,9 +481,10 @@ class CacheManager:
                 for tier in LOWER_TIERS:
                     if tier in entry.lower_tiers:
                         self.events.add("removed", (key,), tier)
-                # The bucket is the fleet's: a reset forgets it here, deletes nothing there
-                # (a weight update changes every key through model_epoch anyway).
-                on = entry.lower_tiers - {Tier.OBJECT}
+                # Only what this engine owns is deleted: the fleet's bucket and a sibling's
+                # shard are forgotten here, nothing deleted there (a weight update changes every
+                # key through model_epoch anyway).
+                on = {t for t in entry.lower_tiers if spec_of(t).ours}
                 if on:
                     tiers |= on
                     drop.append(key)
@@ -487,7 +494,7 @@ class CacheManager:
             forgotten = self.index.take_forgotten()
             wipe = {t for f in forgotten for t in f.sets}
             wipe |= {CHAIN_TIER for f in forgotten if f.evicted}
-            wipe -= {Tier.OBJECT, Tier.NODE}  # the fleet's bucket, a sibling's shard: not ours
+            wipe = {t for t in wipe if spec_of(t).ours}
             if not drop and not wipe:
                 return None
             drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers | wipe)

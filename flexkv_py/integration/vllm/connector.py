@@ -53,6 +53,7 @@ from flexkv_py.integration.vllm.stats import (  # noqa: E402
     metrics_enabled,
 )
 from flexkv_py.integration.vllm.worker_side import WorkerSide  # noqa: E402
+from flexkv_py.tiers.registry import SPECS  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -233,13 +234,8 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
             return {}
         if not split or sum(split.values()) != num_external_tokens:
             return {CacheHitSource.HOST: num_external_tokens}
-        disk = CacheHitSource.DISK  # a sibling engine's shard is SSD too
-        names = {
-            Tier.HOST: CacheHitSource.HOST,
-            Tier.SSD: disk,
-            Tier.NODE: disk,
-            Tier.OBJECT: CacheHitSource.EXTERNAL_UNSPECIFIED,  # vLLM's name for a remote store
-        }
+        names = {Tier.HOST: CacheHitSource.HOST}
+        names.update({s.tier: getattr(CacheHitSource, s.hit_source) for s in SPECS})
         out: dict[Any, int] = {}
         for tier, tokens in split.items():
             out[names[tier]] = out.get(names[tier], 0) + tokens
