@@ -8,7 +8,7 @@ objects. Measured per N:
   py_bytes   Python heap growth over the adoption (tracemalloc; the key arena is here), the
              keys given excluded
   rust_bytes heap bytes of the cold sets (`BlockSet.nbytes`)
-  per_block  (py_bytes + rust_bytes) / N             goal: <= 100 B (issue 9 item 5)
+  per_block  (py_bytes + rust_bytes) / N             goal: <= 100 B
   adopt_s    wall time of the adoption (a separate run, without tracemalloc)
   lookup_us  `readable_hashes` over 8192 adopted hashes (a full hit)
 

@@ -1,4 +1,4 @@
-"""Index cost bench: bytes per cached block and reopen time (issue 9 item 5).
+"""Index cost bench: bytes per cached block and reopen time.
 
 Goal: <= 100 bytes per cached block over both languages (the scheduler's index of a cold SSD
 block + the worker's Rust store index) and reopening a store of 1 M blocks in <= 1 s. For each N
@@ -7,7 +7,7 @@ block + the worker's Rust store index) and reopening a store of 1 M blocks in <=
   plain      the scheduler's cold index as a plain `BlockSet` (24-byte head + 32-byte hash keys):
              `nbytes()` filled at once (a restart's adoption: sized once) and grown 32 keys at a
              time (stores arriving). No key arena: `ColdBlocks` keeps no full keys (drops go to
-             the worker by fingerprint, a reset deletes by namespace there; RESULTS 22.drops).
+             the worker by fingerprint, a reset deletes by namespace there).
   chains     the real configuration: `ColdBlocks` adopting N SSD blocks as one chain each
              N/64 long (`add_on` + `link`), so the SSD set keeps chain links for prefix-aware
              eviction: the sets' `nbytes()` (no arena since 22.drops). `rss_per_block`: the

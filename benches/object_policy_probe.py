@@ -1,4 +1,4 @@
-"""The object tier's policy (issue 11 item 4, RESULTS §20.ossd): engine A (a small host tier,
+"""The object tier's policy: engine A (a small host tier,
 an SSD, a trickle write-behind rate while it stores) stores C chains of L blocks, then drains
 its object write-behind: blocks evicted from host before their turn go up from the SSD. Engine
 B, with an empty host tier, looks every chain up and loads it, once straight from the bucket

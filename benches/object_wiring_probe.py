@@ -1,4 +1,4 @@
-"""The object tier through the coordinator (issue 11, RESULTS §18.ocoord): engine A stores a
+"""The object tier through the coordinator: engine A stores a
 chain of N blocks and drains its object write-behind; engine B, with an empty host tier, looks
 the chain up in the bucket and loads it. Requests and body bytes are counted at a proxy in
 front of SeaweedFS on 127.0.0.1 (tests/s3_server.py, tests/s3_proxy.py).

@@ -1,5 +1,5 @@
 """Restart read bench: what the scheduler's own read of the SSD shards costs a restarted engine
-(issue 22: the first request after a restart hits; goal: start-up grows by <= 1 s at 1 M blocks).
+(the first request after a restart hits; goal: start-up grows by <= 1 s at 1 M blocks).
 
 A store of N tiny blocks is written once as each rank's shard (``<dir>/tp{r}-pp0``, connector-
 shaped keys: rank tag + 24-byte namespace head + 32-byte hash, chains of 64 blocks with their

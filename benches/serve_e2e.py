@@ -1,5 +1,5 @@
 """A real `vllm serve` with flexkv-py's connector: TTFT of a long prompt, its repeat, and the
-repeat after a restart on the same SSD directory (issue 21 item 7). A bench: too slow for CI.
+repeat after a restart on the same SSD directory. A bench: too slow for CI.
 
 It writes a tiny Llama model (random weights, a WordLevel tokenizer built with `tokenizers`),
 then starts `vllm serve` three times on 127.0.0.1, each a subprocess with its own log:

@@ -1,6 +1,6 @@
 """Latency of one 64 KiB SSD write (one block), with and without a CPU hog.
 
-Project issue 22 part 3: on a 2-core machine under load, "ssd write of 1 blocks not done after
+On a 2-core machine under load, "ssd write of 1 blocks not done after
 5 s (ssd_io_timeout_s)" was logged. This bench times a 1-block `BlockStore.submit_put` + `wait`
 (the SSD tier's write-through path: io_uring device queue, batch thread, GIL-free wait) one at a
 time, and, for comparison, a raw O_DIRECT `pwrite` of the same 64 KiB next to it (what the

@@ -13,7 +13,7 @@ class Tier(str, Enum):
     HOST = "host"  # a pinned host-memory slot
     SSD = "ssd"  # the local block store (io_uring / O_DIRECT)
     NODE = "node"  # sibling engines' SSD shards on this node, read-only (tiers/node/shards.py)
-    OBJECT = "object"  # a store shared by the fleet (not available yet)
+    OBJECT = "object"  # the bucket shared by the fleet (tiers/object/)
 
 
 # Tiers below the host tier: a block reaches them from its host slot and comes back through one.

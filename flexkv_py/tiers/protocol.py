@@ -2,7 +2,7 @@
 
 A lower tier stores whole blocks under this rank's logical keys and moves them in batches
 between host-pool memory and its medium. The executor holds one `LowerTier` per `Tier` it was
-given (today the SSD store; the object store of issue 11 becomes a second entry) and runs each
+given (the SSD store, the node tier, the object tier: tiers/registry.py) and runs each
 job's I/O "for every lower tier the job names", so a new tier is a new implementation of this
 protocol, not a new branch in the job bodies.
 

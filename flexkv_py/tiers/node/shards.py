@@ -9,7 +9,7 @@ after the snapshot is not in it: a miss (and the sibling refresh) brings the vie
 when the writer's journal changed since (one stat, then a read of the appended records; a
 journal replaced by a compaction is replayed whole into a new view).
 
-- `SiblingShards` (issue 10 item 9): the shards of this rank that other engines of the same
+- `SiblingShards`: the shards of this rank that other engines of the same
   model on this node write (`Namespace.is_sibling_shard`, same storage keys), as a tier of
   their own (`Tier.NODE`), kept fresh by a background refresh.
 - `ReplicaReader` (item 10): TP ranks > 0 of an MLA engine. The latent KV is the same on every

@@ -1,5 +1,5 @@
 """What an engine's SSD shards hold, read without their writers: the scheduler's restart
-inventory before any worker reported (issue 22).
+inventory before any worker reported.
 
 Each worker rank writes its own shard (``<dir>/tp{r}-pp{p}``, ``engine{id}-`` in front on a node
 of several engines, one stripe per configured directory; tiers/ssd/tier.py). The scheduler opens
