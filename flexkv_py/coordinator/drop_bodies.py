@@ -29,13 +29,17 @@ T = TypeVar("T")
 _NO_KEYS: list[bytes] = []  # what a refused delete resolved (never appended to)
 
 
-class DropBodies:
-    tiers: Mapping[Tier, LowerTier]
-    stats: Counters
-    # Job id -> what its `drop_first` deleted by fingerprint (run in the submitting thread,
-    # reported by the job's thread).
-    _dropped: dict[int, dict[Tier, tuple[bytes, ...]]]
-    _dropped_lock: threading.Lock
+class TierDeletes:
+    """Deletes on the lower tiers: a DropJob's body, a job's `drop_first`, and what each tier
+    evicted on its own (reported with every job's result)."""
+
+    def __init__(self, tiers: Mapping[Tier, LowerTier], stats: Counters) -> None:
+        self.tiers = tiers
+        self.stats = stats
+        # Job id -> what its `drop_first` deleted by fingerprint (run in the submitting
+        # thread, reported by the job's thread).
+        self._dropped: dict[int, dict[Tier, tuple[bytes, ...]]] = {}
+        self._dropped_lock = threading.Lock()
 
     def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
         """What each tier dropped on its own since the last job asked."""

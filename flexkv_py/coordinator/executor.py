@@ -200,10 +200,10 @@ class JobExecutor:
         started = time.perf_counter()
         bodies = self._bodies
         if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
-            bodies.drop_first(job)
+            bodies.deletes.drop_first(job)
         if isinstance(job, DropJob):
             future: Future[JobResult] = Future()
-            future.set_result(self._guard(job, started, lambda: bodies.drop(job, started)))
+            future.set_result(self._guard(job, started, lambda: bodies.deletes.drop(job, started)))
         else:
             run: Callable[[], JobResult]
             if isinstance(job, StoreJob):
@@ -258,7 +258,7 @@ class JobExecutor:
                 failed_gpu_block_ids=gpu,
                 seconds=time.perf_counter() - started,
                 # Its `drop_first` ran before the crash: the blocks it deleted are announced.
-                dropped=self._bodies.took(job.job_id),
+                dropped=self._bodies.deletes.took(job.job_id),
             )
         finally:
             self._reads.end(job.job_id)

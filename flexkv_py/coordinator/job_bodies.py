@@ -18,14 +18,12 @@ streamed store's rounds) is in store_write_through.py.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 from flexkv_py.coordinator.counters import Counters
-from flexkv_py.coordinator.drop_bodies import DropBodies
+from flexkv_py.coordinator.drop_bodies import TierDeletes
 from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.jobs import (
     CORRUPT,
@@ -52,7 +50,7 @@ from flexkv_py.coordinator.staged_load import (
     sub_batches,
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
-from flexkv_py.coordinator.store_write_through import store_in_rounds, write_through
+from flexkv_py.coordinator.store_write_through import SlotMemory, store_in_rounds, write_through
 from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
@@ -60,13 +58,7 @@ from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
 logger = logging.getLogger(__name__)
 
 
-class SlotMemory(Protocol):
-    slot_nbytes: int
-
-    def slot_address(self, slot: int) -> int: ...
-
-
-class JobBodies(DropBodies):
+class JobBodies:
     # Sub-batches of a staged load (staged_load.py); tests make them small.
     read_batch_bytes = READ_BATCH_BYTES
     reads_in_flight = READS_IN_FLIGHT
@@ -87,8 +79,7 @@ class JobBodies(DropBodies):
         self.reads = reads
         self.stats = stats
         self.copies = StoreCopies(transfer, reads, stats)
-        self._dropped: dict[int, dict[Tier, tuple[bytes, ...]]] = {}
-        self._dropped_lock = threading.Lock()
+        self.deletes = TierDeletes(tiers, stats)
 
     # ------------------------------------------------------------------ lower-tier I/O
     def tier_batch(
@@ -268,11 +259,11 @@ class JobBodies(DropBodies):
             "store",
             failed=failed,
             write_failed={t: frozenset(k) for t, k in write_failed.items()},
-            evicted=self.evicted(),
+            evicted=self.deletes.evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.took(job.job_id),
+            dropped=self.deletes.took(job.job_id),
         )
 
     # ------------------------------------------------------------------ load
@@ -310,11 +301,11 @@ class JobBodies(DropBodies):
             "load",
             failed=failed,
             failed_gpu_block_ids=failed_gpu,
-            evicted=self.evicted(),
+            evicted=self.deletes.evicted(),
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.took(job.job_id),
+            dropped=self.deletes.took(job.job_id),
         )
 
     def _stage_round(
@@ -352,8 +343,8 @@ class JobBodies(DropBodies):
             job.job_id,
             "spill",
             failed=failed,
-            evicted=self.evicted(),
+            evicted=self.deletes.evicted(),
             nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.took(job.job_id),
+            dropped=self.deletes.took(job.job_id),
         )

@@ -4,24 +4,50 @@ with those writes when the job has fewer slots than blocks.
 
 Kept apart from job_bodies.py (which runs every job kind and owns the per-tier batch calls)
 because it is the one store-only path that loops over rounds; it calls back into the bodies
-for the batches (`JobBodies.tier_batch`) and the GPU -> host copies (`JobBodies.copies`).
+for the batches (`tier_batch`) and the GPU -> host copies (`copies`), through `StoreBodies`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from flexkv_py.coordinator.jobs import IO_TIMEOUT, TRANSFER_ERROR, StoreJob
 from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.transfer.stream_order import StreamMark
 
 if TYPE_CHECKING:
-    from flexkv_py.coordinator.job_bodies import JobBodies
+    from flexkv_py.coordinator.late_io import LateIo
+    from flexkv_py.coordinator.store_copies import StoreCopies
+
+
+class SlotMemory(Protocol):
+    """Host slots by address (the host pool)."""
+
+    slot_nbytes: int
+
+    def slot_address(self, slot: int) -> int: ...
+
+
+class StoreBodies(Protocol):
+    """What the store's lower-tier leg needs of the job bodies (job_bodies.JobBodies)."""
+
+    pool: SlotMemory
+    late_io: LateIo
+    copies: StoreCopies
+
+    def tier_batch(
+        self,
+        tier: Tier,
+        put: bool,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        job: StoreJob | None = None,
+    ) -> dict[bytes, str]: ...
 
 
 def write_through(
-    bodies: JobBodies,
+    bodies: StoreBodies,
     job: StoreJob,
     positions: Iterable[int],
     failed: Mapping[bytes, str],
@@ -44,7 +70,7 @@ def write_through(
 
 
 def store_in_rounds(
-    bodies: JobBodies,
+    bodies: StoreBodies,
     job: StoreJob,
     mark: StreamMark,
     rounds: Sequence[Sequence[int]],
