@@ -10,7 +10,7 @@ it lands). A block already filling, or whose best copy is no longer the bucket, 
 
 Why it never delays a step or serves wrong KV: the job runs on the workers' job threads like a
 spill; the scheduler answers vLLM "ask again later" while it is in flight (integration/vllm/
-scheduler_side_object.py, bounded by `object_store_lookup_wait_s`), so the request holds no GPU
+remote_hits.py, bounded by `object_store_lookup_wait_s`), so the request holds no GPU
 blocks during the network reads and its load, once scheduled, reads host memory. A block not
 prefetched in time, or beyond the cap, is staged by the load itself (object -> host -> GPU) as
 before. Every object read is verified by the tier (header and checksum); a block that fails is

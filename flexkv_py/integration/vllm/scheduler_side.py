@@ -30,7 +30,6 @@ from flexkv_py.integration.vllm.engine_info import EngineInfo
 from flexkv_py.integration.vllm.events import BlockOrigins, event_groups, to_vllm_events
 from flexkv_py.integration.vllm.group_plans import allocated_block_ids
 from flexkv_py.integration.vllm.hit_sources import add_tier_hits, tokens_by_tier
-from flexkv_py.integration.vllm.hybrid_object_hits import open_object_hits
 from flexkv_py.integration.vllm.hybrid_plan import HybridPlan
 from flexkv_py.integration.vllm.identity import AdapterVariants
 from flexkv_py.integration.vllm.load_planning import LoadPlanner
@@ -40,6 +39,7 @@ from flexkv_py.integration.vllm.metadata import (
     JobEntry,
 )
 from flexkv_py.integration.vllm.node_inventory import NodeInventory
+from flexkv_py.integration.vllm.remote_hits import DenseShape, RemoteHits
 from flexkv_py.integration.vllm.request_keys import RequestKeys
 from flexkv_py.integration.vllm.request_state import JobInfo, LoadingKeys, RequestState
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
@@ -128,7 +128,8 @@ class SchedulerSide:
         self._load_planner = LoadPlanner(self._keys, self._hybrid)
         self._events_on = info.publish_kv_events
         self._stats = FlexKVConnectorStats()
-        self._objects = open_object_hits(config, info, self._mgr, self._hybrid)
+        shape = self._hybrid if self._hybrid is not None else DenseShape(self._keys, self._ns)
+        self._objects = RemoteHits.open(config, info, self._mgr, shape)
         self._object_increments = Increments()
 
     # ---------------------------------------------------------------- lookup / load
@@ -149,7 +150,7 @@ class SchedulerSide:
         variant = self._variants.variant(request.lora_request)
         hit = self._load_planner.hit(request, first, variant, self._mgr.readable_hashes)
         if self._objects is not None:  # the rest of the prompt from the bucket, never waited on
-            remote = self._objects.hit(request, variant, first, hit, self._load_planner)
+            remote = self._objects.hit(request, variant, first, hit)
             if remote is None:
                 return None, False
             hit = remote
