@@ -216,10 +216,11 @@ class TierIndex:
 
     def pin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
+            get, refresh = self._core.get, self._core.refresh
             for key in keys:
-                e = self._core.get(key)
+                e = get(key)
                 e.pins += 1
-                self._core.refresh(key, e)
+                refresh(key, e)
 
     def unpin(self, keys: Iterable[bytes], *, uncount_hits: bool = False) -> None:
         """`uncount_hits`: take back the hit `acquire(count_hits=True)` recorded (a load that
@@ -315,17 +316,18 @@ class TierIndex:
         were started. Counts the store as an access, as `begin_host_fills` does."""
         bit = TIER_BIT[tier]
         with self._lock:
+            core, make_room = self._core, self.room.make_room
             for n, key in enumerate(keys):
                 e = self._entries.get(key)
                 if e is None:
-                    e = self._core.add(key)
+                    e = core.add(key)
                     if not e.lower:
                         parent = parents[n] if parents is not None else None
-                        self._core.born(e, parent if parent != key else None)
+                        core.born(e, parent if parent != key else None)
                 if e.host_slot is not None or e.stale or (e.lower | e.pending) & bit:
                     raise IndexStateError(f"key {key.hex()} is cached or being written")
-                if not self.room.make_room(tier, 1):
-                    self._core.settle(key, e)
+                if not make_room(tier, 1):
+                    core.settle(key, e)
                     return n
                 e.hits += 1
                 e.pending |= bit
@@ -354,7 +356,7 @@ class TierIndex:
         keys = list(keys)
         changed: list[bytes] = []
         with self._lock:
-            entries = self._entries
+            entries, core = self._entries, self._core
             # Blocks without an entry stay (or become) cold; short keys are never cold.
             if not entries and min(map(len, keys), default=HEAD_LEN + 1) > HEAD_LEN:
                 warm, cold = [], keys  # a restart's adoption: no entry to look at
@@ -366,21 +368,20 @@ class TierIndex:
                 if e is None:
                     if not present:
                         continue
-                    e = self._core.add(key)
+                    e = core.add(key)
                 before = e.lower | e.pending
                 if present:
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
-                        self._core.on_moved(before, e.lower | e.pending)
+                        core.on_moved(before, e.lower | e.pending)
                         changed.append(key)
-                        self._core.refresh(
-                            key, e
-                        )  # a chain parent with a lower copy may leave host
+                        # A chain parent with a lower copy may leave host.
+                        core.refresh(key, e)
                 elif e.lower & bit:
                     e.lower &= ~bit
-                    self._core.on_moved(before, e.lower | e.pending)
+                    core.on_moved(before, e.lower | e.pending)
                     changed.append(key)
-                    self._core.settle(key, e)
+                    core.settle(key, e)
             if present and cold:  # none: no set turns live (a miss would ask it)
                 changed += self._cold.add_on(cold, tier)
             else:
@@ -389,7 +390,7 @@ class TierIndex:
                     if gone:
                         changed.append(k)
                         if up is not None and not self._cold.has(k):
-                            self._core.kid_dropped(up)  # left every tier
+                            core.kid_dropped(up)  # left every tier
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
@@ -400,10 +401,11 @@ class TierIndex:
             # Cold blocks are fingerprints: the worker deletes them by namespace, and the
             # cleared sets say which keys it reports were ours (`take_forgotten`).
             removed: list[tuple[bytes, Entry]] = []
+            heads = self._core.heads
             self._cold.clear()
             self._children.clear()
             self._kids.clear()
-            # Not `_lower_evicted`: copies evicted by key whose deletes no job carried yet are
+            # Not the room's evictions: copies evicted by key whose deletes no job carried yet are
             # still on their tier; the next job deletes (and announces) them as usual.
             for key, e in list(self._entries.items()):
                 e.stale, e.parent, e.up = True, None, None
@@ -417,7 +419,7 @@ class TierIndex:
                     if e.host_slot is not None:
                         self._slots.give(e.host_slot)
                     del self._entries[key]
-                    self._core.heads.remove(key)
+                    heads.remove(key)
                     removed.append((key, e))
             self._ghost.clear()
             left = [e.lower | e.pending for e in self._entries.values()]
