@@ -30,7 +30,7 @@ def _state(idx: TierIndex) -> dict[str, Any]:
     cold_keys = sorted(cold.keys_among(SEEN))
     return {
         "entries": dict(idx._entries),
-        "by_head": {h: dict(sub) for h, sub in idx._by_head.items()},
+        "by_head": {h: dict(sub) for h, sub in idx._core.by_head.items()},
         "children": dict(idx._children),
         "kids": dict(idx._kids),
         "policy": list(idx._policy.newest()),
@@ -88,8 +88,8 @@ def test_batch_fills_match_the_general_path(seed: int) -> None:
     batch_idx.begin_host_fills(keys, slots, parents=parents, count_access=count_access)
     with general_idx._lock:  # the per-key path the batch path stands in for
         for key, slot, parent in zip(keys, slots, parents, strict=True):
-            general_idx._begin_fill(key, slot, parent, count_access)
-    assert any(batch_idx._cold_live)  # cold blocks were among the keys
+            general_idx.fills._begin_fill(key, slot, parent, count_access)
+    assert any(batch_idx.fills._cold_live)  # cold blocks were among the keys
     assert _state(batch_idx) == _state(general_idx)
     oks = [rng.random() < 0.9 for _ in keys]
     assert batch_idx.commit_host_fills(keys, oks) == general_idx.commit_host_fills(keys, oks)
@@ -140,11 +140,11 @@ def test_a_chain_of_new_blocks_in_one_step_matches_the_general_path(
     slots = batch_idx.allocate_slots(len(keys))
     assert general_idx.allocate_slots(len(keys)) == slots
     with batch_idx._lock:
-        cold_mask = batch_idx._cold_among(keys)
-        assert batch_idx._new_chain(FillBatch(keys, slots, parents, cold_mask, count_access))
+        cold_mask = batch_idx.fills._cold_among(keys)
+        assert batch_idx.fills._new_chain(FillBatch(keys, slots, parents, cold_mask, count_access))
     with general_idx._lock:
         for key, slot, parent in zip(keys, slots, parents, strict=True):
-            general_idx._begin_fill(key, slot, parent, count_access)
+            general_idx.fills._begin_fill(key, slot, parent, count_access)
     assert _state(batch_idx) == _state(general_idx)
     oks = [i % 7 != 3 for i in range(len(keys))]
     assert batch_idx.commit_host_fills(keys, oks) == general_idx.commit_host_fills(keys, oks)
@@ -173,8 +173,8 @@ def test_batches_the_chain_step_does_not_take_change_nothing_there() -> None:
             ([*keys[:-1], cold[0]], [None, *keys[:-1]]),  # a cold key
             ([*keys[:-1], keys[0]], [None, *keys[:-1]]),  # a key twice
         ):
-            mask = batch_idx._cold_among(ks)
-            assert not batch_idx._new_chain(FillBatch(ks, list(range(8)), ps, mask, True))
+            mask = batch_idx.fills._cold_among(ks)
+            assert not batch_idx.fills._new_chain(FillBatch(ks, list(range(8)), ps, mask, True))
     assert _state(batch_idx) == before
 
 
@@ -226,5 +226,5 @@ def test_keyword_entries_give_the_same_state(seed: int, monkeypatch: pytest.Monk
     batch_idx.begin_host_fills(keys, slots, parents=[None, *keys[:-1]])
     with general_idx._lock:
         for key, slot, parent in zip(keys, slots, [None, *keys[:-1]], strict=True):
-            general_idx._begin_fill(key, slot, parent, True)
+            general_idx.fills._begin_fill(key, slot, parent, True)
     assert _state(batch_idx) == _state(general_idx)

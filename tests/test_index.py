@@ -695,7 +695,7 @@ class TierIndexMachine(RuleBasedStateMachine):
 
     @invariant()
     def hashes_by_head_mirror_entries(self) -> None:
-        by_head = self.idx._by_head
+        by_head = self.idx._core.by_head
         long_keys = {k for k in self.idx._entries if len(k) > 24}
         assert sum(len(sub) for sub in by_head.values()) == len(long_keys)
         assert all(sub for sub in by_head.values())

@@ -3,7 +3,7 @@
 A store of n new blocks is n entries, but not n calls of the general path: keys never cached
 (the common case: no entry, in no cold set) get their entry, head-map slot, chain count and
 link in one loop with no helper call per key (`_new_fills`), ~1 µs per block where the general
-path (`_add` + `_born` + `_link`, a Rust cold-set call per tier and key) took ~5
+path (index_core.py `add` + `born` + `link`, a Rust cold-set call per tier and key) took ~5
 (benches/RESULTS.md 22.perf). Whether a key is cold is asked once per set for the batch
 (`_cold_among`). Keys that are cold (warming) or known go the general way; the result is the
 same state either way (tests/test_host_fills.py compares the two on random batches).
@@ -11,6 +11,7 @@ same state either way (tests/test_host_fills.py compares the two on random batch
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import fields
 from itertools import repeat
@@ -19,7 +20,7 @@ from typing import NamedTuple
 from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.entry import Entry, IndexStateError
 from flexkv_py.index.head_map import HEAD_LEN
-from flexkv_py.index.lower_room import LowerRoom
+from flexkv_py.index.index_core import IndexCore
 
 # A new fill's entry is built positionally (a store makes one per block; keywords cost ~50 %
 # more): the order below must be Entry's, checked once at import.
@@ -48,7 +49,26 @@ def _filling_entry(slot: int, hits: int) -> Entry:
     return Entry(host_slot=slot, pins=1, hits=hits)
 
 
-class HostFills(LowerRoom):
+class HostFills:
+    """Host fills begun and committed, one key or a store's batch, on the index's core under
+    the index's lock."""
+
+    def __init__(self, lock: threading.Lock, core: IndexCore) -> None:
+        # The core's containers, bound once (they live as long as the index): a batch's loop
+        # reads them with no hop through the core.
+        self._lock = lock
+        self._core = core
+        self._entries = core.entries
+        self._by_head = core.by_head
+        self._children = core.children
+        self._kids = core.kids
+        self._cold = core.cold
+        self._cold_live = core.cold_live
+        self._ghost = core.ghost
+        self._policy = core.policy
+        self._slots = core.slots
+        self._keep_chains = core.keep_chains
+
     def begin_host_fill(
         self, key: bytes, slot: int, *, count_access: bool = True, parent: bytes | None = None
     ) -> None:
@@ -79,9 +99,9 @@ class HostFills(LowerRoom):
         """The general path of one key (lock held): a cold block warming, or a known key."""
         e = self._entries.get(key)
         if e is None:
-            e = self._add(key)
+            e = self._core.add(key)
             if not e.lower:  # not a cold block warming: cached for the first time
-                self._born(e, parent if parent != key else None)
+                self._core.born(e, parent if parent != key else None)
         elif e.host_slot is not None or e.stale:
             raise IndexStateError(f"key {key.hex()} has a host copy or is stale")
         e.host_slot = slot
@@ -90,8 +110,8 @@ class HostFills(LowerRoom):
             e.hits += 1
         e.pins += 1
         self._policy.remove(key)  # pinned: not evictable (what _refresh does here)
-        if parent is not None and parent != key and self.keep_chains:
-            self._link(e, parent)
+        if parent is not None and parent != key and self._keep_chains:
+            self._core.link(e, parent)
 
     def _cold_among(self, keys: Sequence[bytes]) -> bytes | None:
         """Per key, nonzero if some lower tier holds it cold; None when none can (no cold
@@ -111,8 +131,8 @@ class HostFills(LowerRoom):
 
     def _new_fills(self, batch: FillBatch) -> None:
         """Begin the fills (lock held). A key never cached gets its entry in one step: what
-        `_add` + `_born` + `_link` do for a block with no lower-tier copy, no kids and no
-        place in the policy (it had no entry), inlined; the others go through `_begin_fill`.
+        index_core.py `add` + `born` + `link` do for a block with no lower-tier copy, no kids
+        and no place in the policy (it had no entry), inlined; the others go through `_begin_fill`.
         All checks come first, so a bad batch changes nothing."""
         if self._new_chain(batch):
             return
@@ -126,7 +146,8 @@ class HostFills(LowerRoom):
             raise IndexStateError("a key appears twice in one batch of host fills")
         by_head, ghost = self._by_head, self._ghost
         children, kids, policy_remove = self._children, self._kids, self._policy.remove
-        link, cold_has, bump = self.keep_chains, self._cold.has, int(count_access)
+        link, cold_has, bump = self._keep_chains, self._cold.has, int(count_access)
+        kid_added = self._core.kid_added
         head, sub = b"", None
         born = None  # the key made just before: a chain parent known to be warm, in no policy
         for i, (key, slot, parent) in enumerate(zip(keys, slots, parents, strict=True)):
@@ -150,7 +171,7 @@ class HostFills(LowerRoom):
                     kids[up] = kids.get(up, 0) + 1
                 elif cold_has(parent):
                     e.up = key_digest(parent)
-                    self._kid_added(e.up)
+                    kid_added(e.up)
                 if link:
                     e.parent = parent
                     children[parent] = children.get(parent, 0) + 1
@@ -184,7 +205,7 @@ class HostFills(LowerRoom):
         ups = list(map(key_digest, inner))  # keys[1:]'s parents' names
         if len(set(ups)) != len(ups) or not kids.keys().isdisjoint(ups):
             return False
-        link = self.keep_chains
+        link = self._keep_chains
         if link and not children.keys().isdisjoint(inner):
             return False
         bump, ghost = int(count_access), self._ghost
@@ -214,14 +235,14 @@ class HostFills(LowerRoom):
             sub = self._by_head[head] = {}
         sub.update(zip((k[HEAD_LEN:] for k in keys), new, strict=True))
         kids.update(zip(ups, repeat(1)))
-        if first_up is not None:  # what `_born` does for the first key
+        if first_up is not None:  # what `born` does for the first key
             if first in entries:
                 kids[first_up] = kids.get(first_up, 0) + 1
             else:
-                self._kid_added(first_up)
+                self._core.kid_added(first_up)
         if link:
             children.update(zip(inner, repeat(1)))
-            if first is not None:  # what `_link` does for the first key
+            if first is not None:  # what `link` does for the first key
                 children[first] = children.get(first, 0) + 1
                 pe = entries.get(first)
                 if pe is None or not pe.lower:
@@ -238,6 +259,7 @@ class HostFills(LowerRoom):
         readable: list[bytes] = []
         with self._lock:
             entries, add, children = self._entries, self._policy.add, self._children
+            settle, unlink = self._core.settle, self._core.unlink
             for key, ok in zip(keys, oks, strict=True):
                 e = entries.get(key)
                 # A releasing slot (evicted while pinned) is not a fill: committing it would
@@ -258,6 +280,6 @@ class HostFills(LowerRoom):
                 else:
                     self._slots.give(e.host_slot)
                     e.host_slot = None
-                    self._unlink(e)
-                self._settle(key, e)
+                    unlink(e)
+                settle(key, e)
         return readable

@@ -1,69 +1,39 @@
-"""The tier index's read side: its state and every query that changes nothing.
+"""The tier index's read side: every query that changes nothing.
 
-`TierIndex` (tier_index.py) adds the transitions; the state, its rules and why the index is the
-source of truth are described there. Every method takes the one lock.
+The state it reads is the index's core (index_core.py); `TierIndex` (tier_index.py) owns both
+and adds the transitions; the state, its rules and why the index is the source of truth are
+described there. Every method takes the index's one lock.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from flexkv_py.index.cold_blocks import ColdBlocks, key_digest
+from flexkv_py.index.cold_blocks import key_digest
 from flexkv_py.index.entry import TIER_BIT, Entry, fastest_of
-from flexkv_py.index.head_map import HEAD_LEN, HeadMap
-from flexkv_py.index.host_slots import HostSlots
-from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
+from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.index_core import IndexCore
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 
 class IndexReads:
-    """The index's state (entries, per-head map, slots, policy, ghost counts) and its queries."""
+    """Every query of the index: reads of its core's state (entries, per-head map, cold blocks,
+    slots, policy, ghost counts) under the index's lock, changing nothing."""
 
-    def __init__(
-        self,
-        num_host_slots: int,
-        eviction: EvictionPolicy | None = None,
-        ghost_capacity: int | None = None,
-        usable_host_slots: int | None = None,
-        *,
-        keep_chains: bool = True,
-    ) -> None:
-        """`usable_host_slots`: how many leading slots may be handed out now (default all); a
-        pool prepared in the background grows it with `grow_usable_slots`. `keep_chains`: host
-        eviction goes tail-first along chains (index_core.py); False where every victim is
-        written to a lower tier anyway (it stays matchable), so plain policy order is best."""
-        self._slots = HostSlots(num_host_slots, usable_host_slots)
-        self._lock = threading.Lock()
-        self._entries: dict[bytes, Entry] = {}
-        self._heads: HeadMap[Entry] = HeadMap()  # what `readable_hashes` reads
-        self._by_head = self._heads.by_head
-        self._policy = eviction or LRUPolicy()
-        # Chain parent -> how many of its children hold a host copy (index_core.py: a parent
-        # with a count is no chain tail, so never evictable).
-        self._children: dict[bytes, int] = {}
-        self.keep_chains = keep_chains
-        self.num_host_slots = num_host_slots
-        self._garbage: dict[Tier, list[bytes]] = {}
-        # Lower-tier presence of blocks without an entry (no host copy, pin or pending write).
-        self._cold = ColdBlocks()
-        # Lower-tier capacity (index_core.py `_make_room`): per tier, blocks it may hold
-        # (absent: unbounded); blocks on it or being written there among the entries (the
-        # cold sets count theirs); victims chosen whose deletes the manager has not taken.
-        self._capacity: dict[Tier, int] = {}
-        self._warm_on: dict[Tier, int] = dict.fromkeys(LOWER_TIERS, 0)
-        self._lower_evicted: dict[Tier, list[bytes]] = {}
-        # Chains over every tier: digest of a warm (or object-only) block -> cached children
-        # counted against it (a cold block's count is in the chain tier's set).
-        self._kids: dict[bytes, int] = {}
-        self._cold_live = self._cold.live  # empty: no cold block, a miss asks no set
-        # Access counts of recently dropped keys, so min_hits admission sees returning blocks.
-        self._ghost: OrderedDict[bytes, int] = OrderedDict()
-        if ghost_capacity is None:
-            ghost_capacity = max(1024, num_host_slots)
-        self._ghost_capacity = ghost_capacity
+    def __init__(self, lock: threading.Lock, core: IndexCore) -> None:
+        # The core's containers, bound once (they live as long as the index): a lookup reads
+        # them with no hop through the core.
+        self._lock = lock
+        self._entries = core.entries
+        self._by_head = core.by_head
+        self._cold = core.cold
+        self._cold_live = core.cold_live
+        self._policy = core.policy
+        self._slots = core.slots
+        self._ghost = core.ghost
+        self._kids = core.kids
 
     # --- queries ---
     def match(self, keys: Sequence[bytes]) -> list[Tier]:
@@ -249,14 +219,26 @@ class IndexReads:
             )
             return out
 
-    def occupancy(self, tier: Tier) -> int:
-        """Blocks on `tier` or being written there: what its capacity is checked against."""
+    def readable_on(self, key: bytes, tier: Tier) -> bool:
+        """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
         with self._lock:
-            return self._warm_on[tier] + self._cold.count(tier)
+            e = self._entries.get(key)
+            if e is None:
+                return self._cold.on(key, tier)
+            return bool(e.lower & TIER_BIT[tier]) and not e.stale
 
-    def lower_capacity(self, tier: Tier) -> int | None:
+    def lacking_on(self, keys: Iterable[bytes], tier: Tier) -> list[bytes]:
+        """The keys with no readable copy on `tier` (`readable_on` false), under one lock: a
+        store's blocks the write-behind still owes that tier."""
+        bit = TIER_BIT[tier]
         with self._lock:
-            return self._capacity.get(tier)
+            get, on = self._entries.get, self._cold.on
+            out = []
+            for key in keys:
+                e = get(key)
+                if not (on(key, tier) if e is None else e.lower & bit and not e.stale):
+                    out.append(key)
+            return out
 
     def kids(self, key: bytes) -> int:
         """Cached children counted against `key` (its chain's descendants keep it)."""

@@ -1,6 +1,6 @@
 """How many blocks a lower tier holds: the SSD store's on-disk footprint of one block.
 
-The index decides every SSD eviction (index_core.py `_make_room`), so it must know the store's
+The index decides every SSD eviction (lower_room.py `make_room`), so it must know the store's
 room in blocks exactly as the store counts it (rust/store/open.rs, rust/index/mod.rs
 `extent_pages`): each directory gets `capacity / dirs` bytes rounded down to 4 KiB pages, page 0
 holds the superblock, and a block takes one header page plus its data rounded up to pages. The

@@ -4,7 +4,7 @@ Source of truth. What the scheduler may promise is decided here and nowhere else
 a load's source tier, an eviction and the KV events all read this index. It also decides every
 lower-tier eviction: it knows each tier's capacity in blocks (`set_lower_capacity`, from the
 store's on-disk layout: lower_capacity.py) and chooses victims before it begins a write
-(index_core.py `_make_room`); their deletes travel first in the job that needs the room
+(lower_room.py `make_room`); their deletes travel first in the job that needs the room
 (`drop_first`). The worker-side stores hold the bytes and may still lose them (device errors;
 their own capacity eviction, a safety net that fires only if sizes are wrong); they report each
 loss (`JobResult.evicted`, a failed read) and the index forgets the copy. The index, not the
@@ -35,33 +35,127 @@ public method takes one lock: thread-safe.
 Warm and cold. A block with a host copy, a pin or a write in flight is an `Entry` (warm); one
 that only has lower-tier copies is cold: an 8-byte digest in a per-tier `BlockSet`
 (cold_blocks.py), ~70 B instead of ~200, so a tier of millions of blocks fits the budget of 100 B
-per block. `_add` / `_get` warm a cold block (a load pins it, a write to another tier starts);
-`_settle` cools an entry that has nothing but lower-tier copies left. Queries read both.
+per block. `IndexCore.add` / `get` warm a cold block (a load pins it, a write to another tier
+starts); `settle` cools an entry that has nothing but lower-tier copies left. Queries read both.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from typing import cast
 
+from flexkv_py.index.cold_blocks import ColdBlocks
 from flexkv_py.index.entry import TIER_BIT, Entry, IndexStateError, Located, Victim, tiers_of
 from flexkv_py.index.head_map import HEAD_LEN
 from flexkv_py.index.host_fills import HostFills
+from flexkv_py.index.host_slots import HostSlots
+from flexkv_py.index.index_core import IndexCore
+from flexkv_py.index.index_reads import IndexReads
+from flexkv_py.index.lower_room import LowerRoom
+from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
 from flexkv_py.index.tier_names import Tier
 
 __all__ = ["HEAD_LEN", "Entry", "IndexStateError", "Located", "Tier", "TierIndex", "Victim"]
 
 
-class TierIndex(HostFills):
-    """Key -> location map plus the host slot allocator: the transitions (reads: IndexReads,
-    the helpers they share: IndexCore, lower-tier capacity and adopted links: LowerRoom, host
-    fills begun and committed in batches: HostFills).
+class TierIndex:
+    """Key -> location map plus the host slot allocator. It owns one lock and its parts: the
+    state and the helpers every part shares (`IndexCore`, index_core.py), the queries
+    (`reads`: IndexReads, index_reads.py), the lower tiers' capacity, evictions and adopted
+    links (`room`: LowerRoom, lower_room.py) and the host fills begun and committed in batches
+    (`fills`: HostFills, host_fills.py); the other transitions are its own methods, below. The
+    parts' public methods are bound onto it, so callers see one API and a call costs no extra
+    frame (lookups are on the scheduler's hot path).
 
     Host slots are owned here so that "who holds slot N" has one answer: a slot is either free or
     held by exactly one key (filling, ready or evicting). Slots and lower-tier copies that became
     garbage (failed fills, finished evictions, reset of blocks that were in use) are queued and
     handed to the manager by `take_garbage`.
     """
+
+    def __init__(
+        self,
+        num_host_slots: int,
+        eviction: EvictionPolicy | None = None,
+        ghost_capacity: int | None = None,
+        usable_host_slots: int | None = None,
+        *,
+        keep_chains: bool = True,
+    ) -> None:
+        """`usable_host_slots`: how many leading slots may be handed out now (default all); a
+        pool prepared in the background grows it with `grow_usable_slots`. `keep_chains`: host
+        eviction goes tail-first along chains (index_core.py); False where every victim is
+        written to a lower tier anyway (it stays matchable), so plain policy order is best."""
+        if ghost_capacity is None:
+            ghost_capacity = max(1024, num_host_slots)
+        core = IndexCore(
+            HostSlots(num_host_slots, usable_host_slots),
+            ColdBlocks(),
+            eviction or LRUPolicy(),
+            keep_chains=keep_chains,
+            ghost_capacity=ghost_capacity,
+        )
+        self._lock = lock = threading.Lock()
+        self._core = core
+        self.reads = reads = IndexReads(lock, core)
+        self.room = room = LowerRoom(lock, core)
+        self.fills = fills = HostFills(lock, core)
+        self.keep_chains = keep_chains
+        self.num_host_slots = num_host_slots
+        # The core's containers the transitions below use, bound once (they live as long as
+        # the index, changed in place only).
+        self._entries = core.entries
+        self._cold = core.cold
+        self._policy = core.policy
+        self._slots = core.slots
+        self._children = core.children
+        self._kids = core.kids
+        self._ghost = core.ghost
+        self._warm_on = core.warm_on
+        # --- the parts' public methods (each takes the lock) ---
+        # queries (index_reads.py)
+        self.match = reads.match
+        self.lookup = reads.lookup
+        self.readable_prefix = reads.readable_prefix
+        self.readable_hashes = reads.readable_hashes
+        self.known = reads.known
+        self.known_many = reads.known_many
+        self.entry = reads.entry
+        self.host_slot_of = reads.host_slot_of
+        self.hits = reads.hits
+        self.keys = reads.keys
+        self.loadable = reads.loadable
+        self.counts = reads.counts
+        self.kids = reads.kids
+        self.readable_on = reads.readable_on
+        self.lacking_on = reads.lacking_on
+        # lower-tier room (lower_room.py)
+        self.link_parents = room.link_parents
+        self.set_lower_capacity = room.set_lower_capacity
+        self.fit_lower_capacity = room.fit_lower_capacity
+        self.occupancy = room.occupancy
+        self.lower_capacity = room.lower_capacity
+        self.take_lower_evictions = room.take_lower_evictions
+        self.take_lower_drops = room.take_lower_drops
+        self.take_forgotten = room.take_forgotten
+        self.cold_keys_among = room.cold_keys_among
+        # host fills (host_fills.py)
+        self.begin_host_fill = fills.begin_host_fill
+        self.begin_host_fills = fills.begin_host_fills
+        self.commit_host_fill = fills.commit_host_fill
+        self.commit_host_fills = fills.commit_host_fills
+
+    def __len__(self) -> int:
+        return len(self.reads)
+
+    @property
+    def free_slots(self) -> int:
+        return self.reads.free_slots
+
+    @property
+    def usable_host_slots(self) -> int:
+        return self.reads.usable_host_slots
 
     def acquire(self, keys: Sequence[bytes], *, count_hits: bool = False) -> list[Located]:
         """`match` and pin the matched keys in one step, so none can be evicted in between.
@@ -77,7 +171,7 @@ class TierIndex(HostFills):
                     cold = self._cold.take(key)
                     if not cold[0]:
                         break
-                    e = self._add(key, cold)
+                    e = self._core.add(key, cold)
                 if e.host_ready and not e.stale:  # e.best_tier() inlined: the common case
                     out.append(located(Located, (host, e.host_slot)))
                 else:
@@ -118,14 +212,15 @@ class TierIndex(HostFills):
                     e.hits += 1
                     self._policy.touch(key)
                 elif self._cold.touch(key):  # recency in its sets; the count in the ghost map
-                    self._remember_hits(key, self._ghost.get(key, 0) + 1)
+                    self._core.remember_hits(key, self._ghost.get(key, 0) + 1)
 
     def pin(self, keys: Iterable[bytes]) -> None:
         with self._lock:
+            get, refresh = self._core.get, self._core.refresh
             for key in keys:
-                e = self._get(key)
+                e = get(key)
                 e.pins += 1
-                self._refresh(key, e)
+                refresh(key, e)
 
     def unpin(self, keys: Iterable[bytes], *, uncount_hits: bool = False) -> None:
         """`uncount_hits`: take back the hit `acquire(count_hits=True)` recorded (a load that
@@ -147,7 +242,7 @@ class TierIndex(HostFills):
                     if e.lower or key not in children:
                         add(key, e.hits)
                 else:
-                    self._settle(key, e)
+                    self._core.settle(key, e)
 
     # --- host slots ---
     def grow_usable_slots(self, usable: int) -> int:
@@ -187,8 +282,8 @@ class TierIndex(HostFills):
             if e is None or not e.evicting or e.host_slot is None:
                 raise IndexStateError(f"key {key.hex()} is not being evicted")
             e.host_ready, e.evicting, e.releasing = False, False, True
-            self._unlink(e)  # no longer readable from host: its parent may be a tail now
-            self._settle(key, e)
+            self._core.unlink(e)  # no longer readable from host: its parent may be a tail now
+            self._core.settle(key, e)
 
     # --- lower-tier copies ---
     def begin_write(self, key: bytes, tier: Tier) -> bool:
@@ -197,10 +292,12 @@ class TierIndex(HostFills):
         with self._lock:
             if key not in self._entries and self._cold.on(key, tier):
                 return False  # already there: the cold block stays cold
-            e = self._get(key)
-            if (e.lower | e.pending) & bit or e.stale or self._orphan(e):
+            e = self._core.get(key)
+            if (e.lower | e.pending) & bit or e.stale or self._core.orphan(e):
                 return False
-            if not self._make_room(tier, 1, keeps_host=e.host_slot is not None and not e.evicting):
+            if not self.room.make_room(
+                tier, 1, keeps_host=e.host_slot is not None and not e.evicting
+            ):
                 return False
             e.pending |= bit
             self._warm_on[tier] += 1
@@ -219,43 +316,23 @@ class TierIndex(HostFills):
         were started. Counts the store as an access, as `begin_host_fills` does."""
         bit = TIER_BIT[tier]
         with self._lock:
+            core, make_room = self._core, self.room.make_room
             for n, key in enumerate(keys):
                 e = self._entries.get(key)
                 if e is None:
-                    e = self._add(key)
+                    e = core.add(key)
                     if not e.lower:
                         parent = parents[n] if parents is not None else None
-                        self._born(e, parent if parent != key else None)
+                        core.born(e, parent if parent != key else None)
                 if e.host_slot is not None or e.stale or (e.lower | e.pending) & bit:
                     raise IndexStateError(f"key {key.hex()} is cached or being written")
-                if not self._make_room(tier, 1):
-                    self._settle(key, e)
+                if not make_room(tier, 1):
+                    core.settle(key, e)
                     return n
                 e.hits += 1
                 e.pending |= bit
                 self._warm_on[tier] += 1
             return len(keys)
-
-    def readable_on(self, key: bytes, tier: Tier) -> bool:
-        """Does the index hold a readable copy of `key` on `tier` (not dropped, not reset)?"""
-        with self._lock:
-            e = self._entries.get(key)
-            if e is None:
-                return self._cold.on(key, tier)
-            return bool(e.lower & TIER_BIT[tier]) and not e.stale
-
-    def lacking_on(self, keys: Iterable[bytes], tier: Tier) -> list[bytes]:
-        """The keys with no readable copy on `tier` (`readable_on` false), under one lock: a
-        store's blocks the write-behind still owes that tier."""
-        bit = TIER_BIT[tier]
-        with self._lock:
-            get, on = self._entries.get, self._cold.on
-            out = []
-            for key in keys:
-                e = get(key)
-                if not (on(key, tier) if e is None else e.lower & bit and not e.stale):
-                    out.append(key)
-            return out
 
     def commit_write(self, key: bytes, tier: Tier, ok: bool) -> None:
         bit = TIER_BIT[tier]
@@ -268,7 +345,7 @@ class TierIndex(HostFills):
                 e.lower |= bit
             else:
                 self._warm_on[tier] -= 1
-            self._settle(key, e)
+            self._core.settle(key, e)
 
     def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
         """Record presence on `tier` learned from its store (restart scan: True; the store's
@@ -279,7 +356,7 @@ class TierIndex(HostFills):
         keys = list(keys)
         changed: list[bytes] = []
         with self._lock:
-            entries = self._entries
+            entries, core = self._entries, self._core
             # Blocks without an entry stay (or become) cold; short keys are never cold.
             if not entries and min(map(len, keys), default=HEAD_LEN + 1) > HEAD_LEN:
                 warm, cold = [], keys  # a restart's adoption: no entry to look at
@@ -291,19 +368,20 @@ class TierIndex(HostFills):
                 if e is None:
                     if not present:
                         continue
-                    e = self._add(key)
+                    e = core.add(key)
                 before = e.lower | e.pending
                 if present:
                     if not e.lower & bit and not e.stale:
                         e.lower |= bit
-                        self._on_moved(before, e.lower | e.pending)
+                        core.on_moved(before, e.lower | e.pending)
                         changed.append(key)
-                        self._refresh(key, e)  # a chain parent with a lower copy may leave host
+                        # A chain parent with a lower copy may leave host.
+                        core.refresh(key, e)
                 elif e.lower & bit:
                     e.lower &= ~bit
-                    self._on_moved(before, e.lower | e.pending)
+                    core.on_moved(before, e.lower | e.pending)
                     changed.append(key)
-                    self._settle(key, e)
+                    core.settle(key, e)
             if present and cold:  # none: no set turns live (a miss would ask it)
                 changed += self._cold.add_on(cold, tier)
             else:
@@ -312,7 +390,7 @@ class TierIndex(HostFills):
                     if gone:
                         changed.append(k)
                         if up is not None and not self._cold.has(k):
-                            self._kid_dropped(up)  # left every tier
+                            core.kid_dropped(up)  # left every tier
         return changed
 
     def reset(self) -> list[tuple[bytes, Entry]]:
@@ -323,10 +401,11 @@ class TierIndex(HostFills):
             # Cold blocks are fingerprints: the worker deletes them by namespace, and the
             # cleared sets say which keys it reports were ours (`take_forgotten`).
             removed: list[tuple[bytes, Entry]] = []
+            heads = self._core.heads
             self._cold.clear()
             self._children.clear()
             self._kids.clear()
-            # Not `_lower_evicted`: copies evicted by key whose deletes no job carried yet are
+            # Not the room's evictions: copies evicted by key whose deletes no job carried yet are
             # still on their tier; the next job deletes (and announces) them as usual.
             for key, e in list(self._entries.items()):
                 e.stale, e.parent, e.up = True, None, None
@@ -340,7 +419,7 @@ class TierIndex(HostFills):
                     if e.host_slot is not None:
                         self._slots.give(e.host_slot)
                     del self._entries[key]
-                    self._heads.remove(key)
+                    heads.remove(key)
                     removed.append((key, e))
             self._ghost.clear()
             left = [e.lower | e.pending for e in self._entries.values()]
@@ -351,5 +430,4 @@ class TierIndex(HostFills):
     def take_garbage(self) -> dict[Tier, list[bytes]]:
         """Per lower tier, copies of stale keys that must be deleted (written after a reset)."""
         with self._lock:
-            out, self._garbage = self._garbage, {}
-            return out
+            return self._core.take_garbage()
