@@ -34,8 +34,11 @@ from flexkv_py.transfer.stream_order import Transfer
 logger = logging.getLogger(__name__)
 
 _NONE = "none"  # load source of a block that was not loadable
+
+
 # A load source's name, per block, without the enum's `.value` descriptor call.
-_SOURCE_NAMES: dict[Tier | None, str] = {None: _NONE, **{t: t.value for t in Tier}}
+def _source_name(tier: Tier | None) -> str:
+    return _NONE if tier is None else tier.value
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class EngineHandle:
             if self._handle is not None:
                 failed = self._engine._finish(self._handle, timeout).failed
                 if isinstance(self._handle.job, LoadJob):
-                    tiers = tuple(map(_SOURCE_NAMES.__getitem__, self._handle.job.sources))
+                    tiers = tuple(map(_source_name, self._handle.job.sources))
             if not failed and not self._skipped:
                 statuses: tuple[str, ...] = (OK,) * len(self._keys)  # the common case
             else:
@@ -300,7 +303,7 @@ class CacheEngine:
                 statuses.extend(failed.get(k, OK) for k in job.keys)
             else:
                 statuses.extend((OK,) * len(job.keys))
-            tiers.extend(map(_SOURCE_NAMES.__getitem__, job.sources))
+            tiers.extend(map(_source_name, job.sources))
 
         running: JobHandle | None = None  # the part whose copy runs now
         start = 0
@@ -352,15 +355,14 @@ class CacheEngine:
         while self._wait_background():
             pass
 
-    def flush_write_behind(self, timeout_s: float = 5.0, tier: Tier = Tier.SSD) -> int:
-        """Best effort, at most `timeout_s`: write every host block still owed to the SSD (or
-        to the object tier) (shutdown; ignores the write-behind rate). Returns how many are
-        still owed."""
+    def flush_write_behind(self, timeout_s: float = 5.0, tier: Tier | None = None) -> int:
+        """Best effort, at most `timeout_s`: write every host block still owed to `tier` (None:
+        the spill tier) (shutdown; ignores the write-behind rate). Returns how many are still
+        owed."""
         deadline = time.monotonic() + timeout_s
         mgr = self.manager
-        take = mgr.take_object_write_behind if tier is Tier.OBJECT else mgr.take_write_behind
         while (left := deadline - time.monotonic()) > 0:
-            job = take(drain=True)
+            job = mgr.take_write_behind(drain=True, tier=tier)
             if job is None and self._wait_background("spill"):
                 continue  # one was in flight already (taken by the background pump)
             if job is None:
@@ -372,7 +374,7 @@ class CacheEngine:
                 break  # still running: shutdown leaves it to finish (or time out) on its own
             if self.executor.wait([job.job_id]):
                 self.manager.complete(result)
-        return mgr.object_write_pending() if tier is Tier.OBJECT else mgr.write_behind_pending()
+        return mgr.write_behind_pending(tier)
 
     def reset(self) -> None:
         """Forget every block, host and lower tiers (e.g. new weights under the same model name)."""
@@ -389,9 +391,8 @@ class CacheEngine:
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Finish background jobs, write what the SSD is still owed (bounded), shut down."""
         self.flush()
-        self.flush_write_behind(flush_timeout_s)
-        if self.manager.object_enabled:
-            self.flush_write_behind(flush_timeout_s, Tier.OBJECT)
+        for writer in self.manager.writers:  # the spill tier's first
+            self.flush_write_behind(flush_timeout_s, writer.tier)
         self.executor.shutdown()
 
     def __enter__(self) -> CacheEngine:

@@ -42,7 +42,7 @@ from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.lower_tiers import configured_tiers, open_lower_tiers
 from flexkv_py.tiers.protocol import LowerTier
-from flexkv_py.tiers.registry import SPECS
+from flexkv_py.tiers.registry import specs
 from flexkv_py.transfer.stream_order import OrderedTransfer, Transfer
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class JobExecutor:
         self.late_io = LateIo(
             config.ssd_io_timeout_s,
             (*configured_tiers(config), *tiers),
-            {spec.tier: spec.io_timeout_s(config) for spec in SPECS},
+            {spec.tier: spec.io_timeout_s(config) for spec in specs()},
         )
         self._threads = ThreadPoolExecutor(options.max_workers, thread_name_prefix="flexkv-job")
         # Loads have threads of their own: with write-through, every job thread can be waiting

@@ -8,21 +8,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.index.tier_names import Tier
-from flexkv_py.tiers.registry import SPECS
+from flexkv_py.tiers.registry import MEDIUM as TIER_MEDIUM
 
-Medium = Literal["CPU", "SSD", "OBJECT"]
+Medium = str  # "CPU" (host memory), or a lower tier's (tiers/registry.py MEDIUM: "SSD", "OBJECT")
 Kind = Literal["stored", "removed"]
 _HASH_AT = PREFIX_LEN + VARIANT_LEN  # a key's engine block hash starts here (Namespace.block_hash)
-# The medium each tier's KV events name (vLLM's "CPU" for host memory); a lower tier without one
-# (a sibling engine's shard: that engine announces its blocks) is not announced.
-MEDIUM: dict[Tier, Medium] = {
-    Tier.HOST: "CPU",
-    **{s.tier: cast(Medium, s.medium) for s in SPECS if s.medium is not None},
-}
+# The medium each tier's KV events name ("CPU" for host memory), from the tier registry.
+MEDIUM: dict[Tier, Medium] = TIER_MEDIUM
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ from flexkv_py.coordinator.stores import StorePlanner
 from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
-from flexkv_py.index.lower_capacity import store_capacity_blocks
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
@@ -50,6 +49,7 @@ from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 from flexkv_py.tiers.object.hints import ObjectHints
 from flexkv_py.tiers.registry import enabled_specs, spec_of, spill_spec
 from flexkv_py.tiers.spec import Role
+from flexkv_py.tiers.ssd.spec import capacity_blocks as ssd_capacity
 
 __all__ = ["CacheManager", "KVEvent"]
 
@@ -61,13 +61,8 @@ DEFAULT_OBJECT_LAG_S = 2.0
 
 
 def ssd_capacity_blocks(config: FlexKVConfig, namespace: Namespace, page_bytes: int) -> int:
-    """Blocks one rank's SSD store holds: its share of ssd_cache_gb over its directories, each
-    block a whole host slot (index/lower_capacity.py)."""
-    return store_capacity_blocks(
-        namespace.rank_share(config.ssd_cache_bytes),
-        len(config.ssd_cache_dir),
-        slot_nbytes_for(page_bytes),
-    )
+    """Blocks one rank's SSD store holds (tiers/ssd/spec.py), each block a whole host slot."""
+    return ssd_capacity(config, namespace, slot_nbytes_for(page_bytes))
 
 
 class CacheManager:
@@ -109,10 +104,10 @@ class CacheManager:
             usable_host_slots=usable_host_slots,
             keep_chains=keep_chains,
         )
-        if spill is not None and spill.capacity_authoritative:  # the index decides evictions
-            self.index.set_lower_capacity(
-                spill.tier, ssd_capacity_blocks(config, namespace, page_bytes)
-            )
+        for spec in enabled_specs(config):  # tiers whose evictions the index decides
+            if spec.capacity_authoritative and spec.capacity_blocks is not None:
+                blocks = spec.capacity_blocks(config, namespace, slot_nbytes_for(page_bytes))
+                self.index.set_lower_capacity(spec.tier, blocks)
         self.object_enabled = config.object_enabled
         self._lock = threading.RLock()
         self._stats: Counter[str] = Counter()
@@ -309,18 +304,23 @@ class CacheManager:
             return len(changed)
 
     # ------------------------------------------------------------------ jobs
-    def take_write_behind(self, *, drain: bool = False) -> Job | None:
-        """The spill tier's next write-behind job (also queued for `take_jobs`), or None
-        (tier_writer.py). `drain`: ignore idleness and the rate (shutdown flush)."""
+    def writer(self, tier: Tier | None = None) -> TierWriter | None:
+        """The write-behind to `tier` (None: to the spill tier), or None if it has none."""
+        if tier is None:
+            return self.spill_writer
+        return next((w for w in self.writers if w.tier is tier), None)
+
+    def take_write_behind(self, *, drain: bool = False, tier: Tier | None = None) -> Job | None:
+        """The next write-behind job to `tier` (None: the spill tier), also queued for
+        `take_jobs`; None when there is none (tier_writer.py). `drain`: ignore idleness and
+        the rate (shutdown flush)."""
         with self._lock:
-            w = self.spill_writer
+            w = self.writer(tier)
             return w.take(drain=drain) if w is not None else None
 
     def take_object_write_behind(self, *, drain: bool = False) -> Job | None:
-        """The object tier's next write-behind job (also queued for `take_jobs`), or None."""
-        with self._lock:
-            w = self.object_writer
-            return w.take(drain=drain) if w is not None else None
+        """`take_write_behind` to the object tier."""
+        return self.take_write_behind(drain=drain, tier=Tier.OBJECT)
 
     def take_jobs_now(self, job: Job) -> Job:
         """Hand `job` (from a take_*write_behind) to a caller that submits it at once, instead
@@ -504,15 +504,16 @@ class CacheManager:
             return job
 
     # ------------------------------------------------------------------ stats
-    def write_behind_pending(self) -> int:
-        """Blocks still owed to the spill tier (queued or being written)."""
+    def write_behind_pending(self, tier: Tier | None = None) -> int:
+        """Blocks still owed to `tier` (None: the spill tier): queued, waiting for a staging
+        read, or being written."""
         with self._lock:
-            return self.spill_writer.pending() if self.spill_writer is not None else 0
+            w = self.writer(tier)
+            return w.pending() if w is not None else 0
 
     def object_write_pending(self) -> int:
-        """Blocks still owed to the object tier (queued, waiting or being written)."""
-        with self._lock:
-            return self.object_writer.pending() if self.object_writer is not None else 0
+        """`write_behind_pending` of the object tier."""
+        return self.write_behind_pending(Tier.OBJECT)
 
     def _written_per_served(self) -> float | None:
         """SSD wear: blocks written to the spill tier per block it served (None: none served)."""

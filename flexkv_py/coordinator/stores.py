@@ -143,6 +143,7 @@ class StorePlanner:
                 parents=todo_parents if self._links is not None else (),
                 spill_keys=tuple(v.key for v in chained),
                 spill_slots=tuple(v.host_slot for v in chained),
+                spill_tier=self._spill_tier or Tier.SSD,
                 streamed=passing,
                 drop_first=self._host.take_drops(),  # after write_tiers: room for its writes
             )

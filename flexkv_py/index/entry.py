@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from flexkv_py.errors import InternalStateError
-from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+from flexkv_py.index.tier_names import TIER_BIT, Tier
 
-# Bit of each lower tier in `Entry.lower` / `Entry.pending`, in LOWER_TIERS order (fastest first).
-TIER_BIT: dict[Tier, int] = {tier: 1 << i for i, tier in enumerate(LOWER_TIERS)}
+__all__ = ["TIER_BIT", "Entry", "IndexStateError", "Located", "Victim", "fastest_of", "tiers_of"]
 
 
 def tiers_of(mask: int) -> frozenset[Tier]:

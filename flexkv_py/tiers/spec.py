@@ -63,6 +63,9 @@ class TierSpec:
     enabled: Callable[[FlexKVConfig], bool]
     io_timeout_s: Callable[[FlexKVConfig], float]
     open: Opener
+    # Blocks of `slot_nbytes` one rank's share of the tier holds, when the index decides its
+    # evictions (`capacity_authoritative`): (config, namespace, slot_nbytes) -> blocks.
+    capacity_blocks: Callable[[FlexKVConfig, Namespace, int], int] | None = None
 
     @property
     def ours(self) -> bool:

@@ -53,7 +53,7 @@ from flexkv_py.integration.vllm.stats import (  # noqa: E402
     metrics_enabled,
 )
 from flexkv_py.integration.vllm.worker_side import WorkerSide  # noqa: E402
-from flexkv_py.tiers.registry import SPECS  # noqa: E402
+from flexkv_py.tiers.registry import specs  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -235,7 +235,7 @@ class FlexKVConnectorV1(VllmFlexKVConnectorV1, SupportsHMA):
         if not split or sum(split.values()) != num_external_tokens:
             return {CacheHitSource.HOST: num_external_tokens}
         names = {Tier.HOST: CacheHitSource.HOST}
-        names.update({s.tier: getattr(CacheHitSource, s.hit_source) for s in SPECS})
+        names.update({s.tier: getattr(CacheHitSource, s.hit_source) for s in specs()})
         out: dict[Any, int] = {}
         for tier, tokens in split.items():
             out[names[tier]] = out.get(names[tier], 0) + tokens

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from flexkv_py.config import FlexKVConfig
+from flexkv_py.index.lower_capacity import store_capacity_blocks
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.spec import Role, TierSpec, WrittenBy
@@ -29,6 +30,14 @@ def _open(
     return open_ssd_tier(config, namespace)
 
 
+def capacity_blocks(config: FlexKVConfig, namespace: Namespace, slot_nbytes: int) -> int:
+    """Blocks one rank's SSD store holds: its share of ssd_cache_gb over its directories, each
+    block a whole host slot (index/lower_capacity.py)."""
+    return store_capacity_blocks(
+        namespace.rank_share(config.ssd_cache_bytes), len(config.ssd_cache_dir), slot_nbytes
+    )
+
+
 SPEC = TierSpec(
     tier=Tier.SSD,
     role=Role.SPILL,
@@ -40,4 +49,5 @@ SPEC = TierSpec(
     enabled=lambda config: config.ssd_enabled,
     io_timeout_s=lambda config: config.ssd_io_timeout_s,
     open=_open,
+    capacity_blocks=capacity_blocks,
 )
