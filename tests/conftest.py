@@ -3,7 +3,7 @@
 Layout: tests/unit/<package>/ mirrors flexkv_py's packages (unit/store: the native Rust store's
 bindings) and holds fast in-process tests; tests/integration/<area>/ holds the rest (vllm: vLLM's
 scheduler and connector, s3: a SeaweedFS server, crash: writers killed or faulted in child
-processes, cli: the `flexkv-py` command, process: other child interpreters, cuda, soak);
+processes, cli: the `flexkv-py` command, process: other child interpreters, replay, cuda, soak);
 tests/helpers/ the shared helper modules and helpers/writers/ the scripts tests start as child
 processes. Markers are applied here by directory (see `pytest_collection_modifyitems`).
 
@@ -99,6 +99,7 @@ _MARKS_BY_DIR = {
     "integration/process": ("subprocess",),
     "integration/cuda": ("cuda",),
     "integration/soak": ("vllm", "subprocess", "slow"),
+    "integration/replay": ("slow",),
 }
 # ... and by file, where a file outside those directories also starts child processes or drives
 # vLLM's scheduler.
@@ -117,10 +118,24 @@ _MARKS_BY_FILE = {
     "test_object_policy_vllm.py": ("vllm",),
     "test_object_wiring_faults.py": ("vllm",),
 }
-# The slowest tests (`--durations` on a loaded 2-core machine), by node id without the path and
-# parameters: `-m "not slow"` leaves them out.
-_SLOW: set[str] = set()
+# The slowest tests (`--durations` on a loaded 2-core machine), as "file" or "file::test" (a
+# prefix of the node id without its path and parameters): they get `slow`, and under tests/unit
+# they do NOT get `unit`, so that `-m unit` stays a fast loop (`pytest tests/unit` runs them).
+_SLOW = (
+    "test_replay_conversation.py",
+    # Hypothesis state machines: 10-25 s each.
+    "test_index.py::test_tier_index_state_machine",
+    "test_block_set.py::test_block_set_state_machine",
+    "test_store_model.py::TestStoreModel",
+)
 _TESTS = Path(__file__).parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # `-m unit` selects nothing under tests/integration: skip importing it (vLLM, S3, ...).
+    if config.getoption("markexpr") == "unit" and collection_path == _TESTS / "integration":
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,8 +150,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if rel == prefix or rel.startswith(prefix + "/"):
                 names += marks
         names += _MARKS_BY_FILE.get(path.name, ())
-        test = f"{path.name}::{getattr(item, 'originalname', item.name)}"
-        if test in _SLOW or path.name in _SLOW:
-            names.append("slow")
+        test = f"{path.name}::{item.nodeid.split('::', 1)[-1].split('[', 1)[0]}"
+        if any(test == slow or test.startswith(slow + "::") for slow in _SLOW):
+            names = [name for name in names if name != "unit"] + ["slow"]
         for name in dict.fromkeys(names):
             item.add_marker(name)
