@@ -1,8 +1,8 @@
-"""A seeded request workload for engine-level load tests (tests/test_vllm_pd_load.py,
-tests/test_soak.py): prompts of random lengths sharing a few prefixes, arrivals spread over the
-first steps, random output lengths, and multi-turn reuse (a finished request may come back as
-its prompt + its output + new tokens). Everything but the step a follow-up arrives at is fixed by
-the seed; follow-ups arrive a seeded number of steps after their first turn finished.
+"""A seeded request workload for engine-level load tests (integration/vllm/test_vllm_pd_load.py,
+integration/soak/test_soak.py): prompts of random lengths sharing a few prefixes, arrivals spread
+over the first steps, random output lengths, and multi-turn reuse (a finished request may come
+back as its prompt + its output + new tokens). Everything but the step a follow-up arrives at is
+fixed by the seed; follow-ups arrive a seeded number of steps after their first turn finished.
 
 A workload can be cut in parts that share the prefixes (`first`: the index of its first request)
 and can bring back conversations of an earlier run (`returning`: their histories, e.g. across an

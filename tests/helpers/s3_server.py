@@ -3,7 +3,7 @@
 `weed server -s3` runs master, volume, filer and the S3 gateway in one process. Every port is
 chosen free and bound to 127.0.0.1 only, telemetry is off, the data lives in a temp directory
 (so a `kill -9` + `restart()` finds it again), and an S3 identity file sets the only credentials
-the gateway accepts (so signatures are checked). `tests/s3_proxy.py` has the counting proxy.
+the gateway accepts (so signatures are checked). `helpers/s3_proxy.py` has the counting proxy.
 """
 
 from __future__ import annotations

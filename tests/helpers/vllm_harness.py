@@ -279,12 +279,12 @@ def make_stage_kv_cache_configs(
     (each stage's tensors are sized by its own layers). `hybrid`: the Gemma-3-shaped model
     (one stage), with vLLM's own planning."""
     parallel = vllm_config.parallel_config
-    if hybrid in ("jamba", "qwen3next"):  # the state-space hybrids of tests/ssm_model.py
+    if hybrid in ("jamba", "qwen3next"):  # the state-space hybrids of helpers/ssm_model.py
         from helpers import ssm_model
 
         names = ssm_model.layer_names(str(hybrid))
         return [ssm_model.plan_jamba_kv_cache(vllm_config, num_blocks, names)]
-    if hybrid == "gemma4":  # groups of different block sizes (tests/block_size_model.py)
+    if hybrid == "gemma4":  # groups of different block sizes (helpers/block_size_model.py)
         from helpers import block_size_model
 
         return [block_size_model.plan_kv_cache(vllm_config, num_blocks)]
@@ -546,7 +546,7 @@ class Engine:
         request can hit what a previous engine stored (lookups miss those blocks until then).
         `hybrid`: `model_dir` is `hybrid_model_dir`'s Gemma-3-shaped model, planned by vLLM
         (`max_model_len`: what vLLM's planning checks one request of fits in `num_blocks`);
-        "jamba" / "qwen3next": tests/ssm_model.py's state-space hybrids (vLLM raises their block
+        "jamba" / "qwen3next": helpers/ssm_model.py's state-space hybrids (vLLM raises their block
         size: the engine's `block_size` is the one vLLM chose); "gemma4": tests/
         block_size_model.py's groups of different block sizes (`block_size` is the hash one)."""
         assert transfer is not None or tp_size == pp_size == 1, "no connector: one worker"

@@ -1,5 +1,5 @@
 """The object tier's counters reach the connector's stats, as vLLM's Scheduler collects them
-every step (tests/vllm_harness.py `Engine.stats`, real SeaweedFS): the scheduler's "ask again
+every step (helpers/vllm_harness.py `Engine.stats`, real SeaweedFS): the scheduler's "ask again
 later" answers, its lookups that gave up and its lookup tier's requests, and the workers'
 object requests and errors (tiers/object_counters.py)."""
 

@@ -1,5 +1,5 @@
 """Hybrid models (several KV cache groups) and the object tier, through vLLM 0.33's real
-Scheduler (tests/vllm_harness.py) on SeaweedFS (tests/s3_server.py): a producer engine writes
+Scheduler (helpers/vllm_harness.py) on SeaweedFS (helpers/s3_server.py): a producer engine writes
 every group's blocks behind to the bucket (full attention, the sliding window, Mamba / gated
 delta-net states); a separate consumer engine with the same namespace (in another OS process
 for the sliding-window model) hits from the bucket, with bit-identical KV and exact states at
@@ -37,7 +37,7 @@ HOST_GB = "0.01"
 # The Gemma-3-shaped model (vh.hybrid_model_dir): group 0 full attention, group 1 sliding.
 SWA_BS, SWA_BLOCKS = 16, 20
 WINDOW_BLOCKS = -(-(vh.WINDOW - 1) // SWA_BS)
-# Gemma-4-shaped (tests/block_size_model.py): group 0 sliding at 32 tokens a block, group 1
+# Gemma-4-shaped (helpers/block_size_model.py): group 0 sliding at 32 tokens a block, group 1
 # full attention at 16 (the hash block size).
 G4_HASH_BS, G4_SWA_BS = 16, 32
 G4_PROMPT = 10 * G4_SWA_BS

@@ -1,5 +1,5 @@
 """Object batches are bounded by their own key, `object_store_io_timeout_s` (not the SSD's
-`ssd_io_timeout_s`): a slow S3 server (tests/s3_proxy.py holding every reply) turns a load from
+`ssd_io_timeout_s`): a slow S3 server (helpers/s3_proxy.py holding every reply) turns a load from
 the bucket into io_timeout failures (recompute) once that bound runs out, and the blocks load
 again once the server is fast. In-process engine, real SeaweedFS."""
 

@@ -1,5 +1,5 @@
-"""The tier policy around the object tier, through vLLM's real Scheduler (tests/vllm_harness.py)
-on the real S3 server (tests/s3_server.py): host -> SSD -> object write-behind (a block evicted
+"""The tier policy around the object tier, through vLLM's real Scheduler (helpers/vllm_harness.py)
+on the real S3 server (helpers/s3_server.py): host -> SSD -> object write-behind (a block evicted
 from a tiny host tier before its upload turn is uploaded from the SSD), the prefetch of a
 bucket hit into host memory before the request's load, and TP = 2 (each rank's shard under its
 own keys)."""

@@ -1,5 +1,5 @@
-"""Faults of the object store under vLLM's real Scheduler (tests/vllm_harness.py, real
-SeaweedFS, tests/s3_proxy.py in between): wrong bytes in the bucket, a slow server, truncated
+"""Faults of the object store under vLLM's real Scheduler (helpers/vllm_harness.py, real
+SeaweedFS, helpers/s3_proxy.py in between): wrong bytes in the bucket, a slow server, truncated
 replies and a server that went down all end in recompute with the right tokens, a bounded
 wait and counters; the engine keeps serving."""
 

@@ -1,5 +1,5 @@
-"""The object tier through vLLM's real Scheduler (tests/vllm_harness.py) against the real S3
-server (tests/s3_server.py): a producer engine stores a prompt, a consumer engine in a
+"""The object tier through vLLM's real Scheduler (helpers/vllm_harness.py) against the real S3
+server (helpers/s3_server.py): a producer engine stores a prompt, a consumer engine in a
 separate OS process (its own empty host tier) gets the full external hit from the bucket and
 bit-identical KV (the prefill -> decode handoff without NIXL); a restarted engine with an empty
 SSD hits from the bucket; faults of the server recompute and the engine keeps serving; a lookup
@@ -39,7 +39,7 @@ def object_env(
 ) -> dict[str, str]:
     """An operator's setup: FLEXKV_OBJECT_STORE_* keys and the AWS_* credentials. Prefetch is
     off unless asked (`prefetch` blocks): these tests follow the load's own object -> host ->
-    GPU path (tests/test_object_policy_vllm.py covers the prefetch)."""
+    GPU path (test_object_policy_vllm.py covers the prefetch)."""
     return {
         "FLEXKV_OBJECT_STORE_PREFETCH_BLOCKS": str(prefetch),
         "FLEXKV_CPU_CACHE_GB": "0.004",

@@ -1,6 +1,6 @@
 """Soak through vLLM's real scheduler (issue 22, part 3).
 
-Hundreds of requests (tests/load_workload.py: shared prefixes, multi-turn follow-ups; each half's
+Hundreds of requests (helpers/load_workload.py: shared prefixes, multi-turn follow-ups; each half's
 first turns arrive in a burst) go through vLLM 0.33's scheduler with a small GPU pool
 (preemption), a token budget below the longest prompts (chunked prefill), a small host tier and a
 write-through SSD tier (blocks spill and come back), while every CPU core runs a busy process.

@@ -1,5 +1,5 @@
 """KV cache groups with different block sizes (vLLM's hybrid allocator evens out page sizes by
-raising a group's block size): a Gemma-4-shaped model (tests/block_size_model.py) whose
+raising a group's block size): a Gemma-4-shaped model (helpers/block_size_model.py) whose
 sliding-window layers have half the head size of its full-attention ones, so vLLM plans the
 sliding-window group at 32 tokens per block and the full-attention group at 16, hashes every
 16 tokens and schedules in multiples of 32. Planned by vLLM 0.33's own code and run by its

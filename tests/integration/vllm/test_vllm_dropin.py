@@ -248,7 +248,7 @@ def test_instance_num_shares_the_node_cache_and_names_the_shard(
     model_dir: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """FlexKV's FLEXKV_INSTANCE_NUM / _ID: the sizes are the node's, split among the engines,
-    and each engine has its own SSD shard (tests/test_vllm_node_engines.py runs two)."""
+    and each engine has its own SSD shard (test_vllm_node_engines.py runs two)."""
     monkeypatch.setenv("FLEXKV_CPU_CACHE_GB", "0.004")
     monkeypatch.setenv("FLEXKV_SSD_CACHE_GB", "0.02")
     monkeypatch.setenv("FLEXKV_SSD_CACHE_DIR", str(tmp_path))

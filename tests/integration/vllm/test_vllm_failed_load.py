@@ -1,7 +1,7 @@
 """A request whose async load failed is recomputed, never offered the same load again, and a
 shorter load only while vLLM accepts it.
 
-Found by the load tests (tests/test_vllm_pd_load.py, tests/test_soak.py) on a small host tier:
+Found by the load tests (test_vllm_pd_load.py, integration/soak/test_soak.py) on a small host tier:
 a load promised at lookup found no host slot free to stage its SSD blocks (`load_no_slot_blocks`)
 and failed as a whole. The blocks stayed on the SSD, so the next lookup promised them again:
 - the same shortage failed it again, a hundred times in a row;

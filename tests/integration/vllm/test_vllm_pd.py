@@ -184,7 +184,7 @@ def test_each_job_runs_once_under_the_wrapper(
     first run's end freed the job's host slots and GPU blocks while the second still copied
     into them, so SSD blocks were written from slots holding other KV (content hash failures)
     and loads landed in GPU blocks vLLM had handed to other requests (wrong KV, under slow
-    SSD writes: tests/test_vllm_pd_load.py). Each job must reach the executor once."""
+    SSD writes: test_vllm_pd_load.py). Each job must reach the executor once."""
     from flexkv_py.coordinator.executor import JobExecutor
 
     (tmp_path / "ssd").mkdir()

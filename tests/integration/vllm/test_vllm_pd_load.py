@@ -1,12 +1,12 @@
 """Many requests through Dynamo's PdConnector [FlexKV, NIXL] with preemption: block size 32,
 vLLM's hybrid manager off, a small GPU pool so vLLM preempts, chunked prefill, a small host tier
-and a write-through SSD tier, multi-turn reuse (tests/load_workload.py). Reported: the engine did
+and a write-through SSD tier, multi-turn reuse (helpers/load_workload.py). Reported: the engine did
 not become idle within 5000 steps, four preempted requests never finishing. The SSD device here
 sometimes takes seconds for a write; the fault injector makes that repeatable: every few writes
 are held for a while.
 
 The stall: a load that found no host slot to stage its SSD blocks failed, and the request was
-offered the same load again (tests/test_vllm_failed_load.py). Then about 1 run in 4 ended with a
+offered the same load again (test_vllm_failed_load.py). Then about 1 run in 4 ended with a
 loaded block's KV wrong, beside SSD blocks failing their content hash: PdConnector binds its
 children's metadata twice per step, so every job ran twice, and the second run copied into host
 slots and GPU blocks the first run's end had freed (test_vllm_pd.py

@@ -1,5 +1,5 @@
 """State-space hybrids (vLLM's hybrid KV cache manager with a Mamba group) with FlexKVConnectorV1:
-a Jamba-shaped model (tests/ssm_model.py), planned by vLLM 0.33's own code and run by its real
+a Jamba-shaped model (helpers/ssm_model.py), planned by vLLM 0.33's own code and run by its real
 Scheduler on CPU tensors. vLLM keeps Mamba state per block boundary in "align" mode and hands the
 boundary states it caches to the connector; a hit must restore the state after its last block
 exactly, and every attention block bit-identical, at the first step that reads them. Every test

@@ -1,7 +1,7 @@
 """The object tier's presence hints are capped (`object_store_hint_cap`, tiers/object_hints.py):
 past the cap the oldest hints are forgotten and the index clears their `Tier.OBJECT` bits; the
 blocks stay in the bucket and a new lookup finds them again. In-process engines over a
-`file://` bucket (tests/test_object_wiring.py's helpers)."""
+`file://` bucket (tests/unit/coordinator/test_object_wiring.py's helpers)."""
 
 from __future__ import annotations
 
