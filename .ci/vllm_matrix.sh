@@ -27,7 +27,9 @@ fi
 (($# > 0)) || { echo "usage: $0 [--keep] VLLM_VERSION..." >&2; exit 2; }
 
 # The vLLM-facing tests (connector, drop-in, P/D, events, restart, versions, hybrid where the
-# release supports it: the rest skip there with the reason, the support table's ✗ cells).
+# release supports it: the rest skip there with the reason, the support table's ✗ cells). Paths
+# are relative to tests/; a bare file name is one of tests/integration/vllm/. Not that whole
+# directory (`-m vllm`): its load, slow-device and shutdown tests run on the pinned vLLM only.
 VLLM_TESTS=${VLLM_TESTS:-"test_vllm_versions.py test_vllm_connector.py test_vllm_dropin.py test_vllm_pd.py test_vllm_kv_events.py test_vllm_identity.py test_vllm_streaming.py test_vllm_flush_timeout.py test_vllm_gpu_read_done.py test_vllm_pipeline_parallel.py test_vllm_block_sizes.py test_vllm_hybrid.py test_vllm_ssm.py test_vllm_qwen3next.py test_vllm_node_engines.py test_restart_announce.py test_restart_first_hit.py"}
 
 # Dynamo release that pins each vLLM -> its ai-dynamo-runtime, kvbm and kvbm's NIXL.
@@ -47,6 +49,11 @@ echo "== building flexkv-py's wheel from $ROOT" >&2
 rm -rf "$WORK/wheel"
 python3 -m maturin build --release --quiet -o "$WORK/wheel" >&2
 WHEEL=$(ls "$WORK"/wheel/flexkv_py-*.whl)
+VLLM_TEST_PATHS=()
+for t in $VLLM_TESTS; do
+    [[ $t == */* ]] || t=integration/vllm/$t
+    VLLM_TEST_PATHS+=("$t")
+done
 COMMIT=$(git rev-parse --short HEAD)$([[ -z $(git status --porcelain -- flexkv_py rust tests) ]] || echo +dirty)
 
 # One model directory for every release: the cache keys a local model by its files' identity.
@@ -55,7 +62,7 @@ mkdir -p "$MODEL"
 python3 - "$MODEL" <<'PY'
 import json, sys, pathlib
 sys.path.insert(0, "tests")
-from vllm_harness import TINY_CONFIG  # noqa: E402
+from helpers.vllm_harness import TINY_CONFIG  # noqa: E402
 p = pathlib.Path(sys.argv[1]) / "config.json"
 if not p.exists():
     p.write_text(json.dumps(TINY_CONFIG))
@@ -83,9 +90,11 @@ for v in "$@"; do
     began=$SECONDS
     log=$WORK/pytest-$v.log
     rc=0
-    # From tests/: the venv's flexkv-py (the wheel) is imported, not the checkout's.
+    # From tests/: the venv's flexkv-py (the wheel) is imported, not the checkout's (tests/ is on
+    # sys.path for `helpers`, the repository root is not). pytest still finds the repository's
+    # pyproject.toml (rootdir: markers, --strict-markers) and tests/conftest.py.
     (cd tests && VLLM_TARGET_DEVICE=cpu "$py" -m pytest -q -p no:cacheprovider -rs \
-        -o faulthandler_timeout=600 $VLLM_TESTS) >"$log" 2>&1 || rc=$?
+        -o faulthandler_timeout=600 "${VLLM_TEST_PATHS[@]}") >"$log" 2>&1 || rc=$?
     test_s=$((SECONDS - began))
     summary=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1 | tr -d '=' | xargs)
     tail -3 "$log" >&2
@@ -100,12 +109,12 @@ for v in "$@"; do
         store=$XVER/$v-$seed
         rm -rf "$store"
         (cd tests && env -u PYTHONHASHSEED "${env_seed[@]}" VLLM_TARGET_DEVICE=cpu \
-            "$py" vllm_restart_child.py "$MODEL" "$store" store >/dev/null 2>>"$log") || failed=1
+            "$py" -m helpers.writers.vllm_restart_child "$MODEL" "$store" store >/dev/null 2>>"$log") || failed=1
         for earlier in "$XVER"/*-"$seed"; do
             [[ -d $earlier && $earlier != "$store" ]] || continue
             from=$(basename "$earlier")
             hits=$( (cd tests && env -u PYTHONHASHSEED "${env_seed[@]}" VLLM_TARGET_DEVICE=cpu \
-                "$py" vllm_restart_child.py "$MODEL" "$earlier" load 2>>"$log") | tail -1 |
+                "$py" -m helpers.writers.vllm_restart_child "$MODEL" "$earlier" load 2>>"$log") | tail -1 |
                 python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["hit_blocks"] if not d["mismatches"] else -1)') ||
                 hits=error
             cross+="$sep\"${from%-*}->$v seed=$seed\": \"$hits\""

@@ -1,5 +1,5 @@
 """Sliding-window model with HMA on vs off, through FlexKVConnectorV1 (vLLM 0.33's Scheduler and
-KV planning on CPU, tests/vllm_harness.py's Gemma-3-shaped model: 4 layers, odd ones
+KV planning on CPU, tests/helpers/vllm_harness.py's Gemma-3-shaped model: 4 layers, odd ones
 sliding-window, W = 128).
 
 Same KV cache memory for both runs; same workload: `--prefixes` distinct prompts of `--blocks`
@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import vllm_harness as vh
+from helpers import vllm_harness as vh
 
 BS = 16
 

@@ -1,6 +1,6 @@
 """Object-tier bench: N blocks up and down through our `ObjectTier` vs a plain obstore loop and
-boto3, at the same concurrency, against the same local SeaweedFS (tests/s3_server.py), in the
-same run.
+boto3, at the same concurrency, against the same local SeaweedFS
+(tests/helpers/s3_server.py), in the same run.
 
   ours    `_native.ObjectTier.submit_put` / `submit_get` of all N blocks in one batch (header +
           content hash per object, conditional create, verified reads).
@@ -10,8 +10,8 @@ same run.
   boto3   `put_object` / `get_object` from a ThreadPoolExecutor(concurrency).
 
 Throughput is payload GB/s (block bytes, not object bytes). A second, counted pass goes through a
-counting proxy (tests/s3_server.py CountingProxy) to report requests per block for our put and
-get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
+counting proxy (tests/helpers/s3_proxy.py CountingProxy) to report requests per block for our
+put and get, and for a duplicate store by a second worker: the lookup (`contains_many`) requests per
 matched block and the body bytes it uploads per deduplicated block (goal: 0). A chain pass
 stores one `--chain-blocks` prompt with its manifests and counts `lookup_chain` requests per
 matched block (goal <= 0.1 for 8192 blocks) and per miss, and a second writer's body bytes. A
@@ -42,8 +42,8 @@ from typing import Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexkv_py import _native
-from tests.s3_proxy import CountingProxy
-from tests.s3_server import S3Server, start_server
+from tests.helpers.s3_proxy import CountingProxy
+from tests.helpers.s3_server import S3Server, start_server
 
 Mark = tuple[float, float]  # (wall seconds, this process's CPU seconds: every thread)
 Marks = tuple[Mark, Mark, Mark]  # before the puts, between puts and gets, after the gets

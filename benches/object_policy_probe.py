@@ -3,7 +3,7 @@ an SSD, a trickle write-behind rate while it stores) stores C chains of L blocks
 its object write-behind: blocks evicted from host before their turn go up from the SSD. Engine
 B, with an empty host tier, looks every chain up and loads it, once straight from the bucket
 and once after a prefetch into host memory. Requests are counted at a proxy in front of
-SeaweedFS on 127.0.0.1 (tests/s3_server.py, tests/s3_proxy.py).
+SeaweedFS on 127.0.0.1 (tests/helpers/s3_server.py, tests/helpers/s3_proxy.py).
 
     python3 benches/object_policy_probe.py --chains 16 --length 32 --host-slots 64 --json
 """
@@ -22,11 +22,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_coordinator import _config, _engine, _keys, _ns, _pages
+from helpers.coordinator_util import _config, _engine, _keys, _ns, _pages
+from helpers.s3_proxy import CountingProxy
+from helpers.s3_server import start_server
 
 from flexkv_py.index import Tier
-from tests.s3_proxy import CountingProxy
-from tests.s3_server import start_server
 
 
 def _load_all(b: Any, chains: list[list[bytes]], pages: list[list[bytes]], prefetch: bool) -> int:

@@ -1,7 +1,7 @@
 """The object tier through the coordinator: engine A stores a
 chain of N blocks and drains its object write-behind; engine B, with an empty host tier, looks
 the chain up in the bucket and loads it. Requests and body bytes are counted at a proxy in
-front of SeaweedFS on 127.0.0.1 (tests/s3_server.py, tests/s3_proxy.py).
+front of SeaweedFS on 127.0.0.1 (tests/helpers/s3_server.py, tests/helpers/s3_proxy.py).
 
     python3 benches/object_wiring_probe.py --blocks 512
 """
@@ -20,11 +20,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_coordinator import _config, _engine, _keys, _ns, _pages
+from helpers.coordinator_util import _config, _engine, _keys, _ns, _pages
+from helpers.s3_proxy import CountingProxy
+from helpers.s3_server import start_server
 
 from flexkv_py.index import Tier
-from tests.s3_proxy import CountingProxy
-from tests.s3_server import start_server
 
 
 def probe(n: int, slots: int, root: Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ link in one loop with no helper call per key (`_new_fills`), ~1 µs per block wh
 path (index_core.py `add` + `born` + `link`, a Rust cold-set call per tier and key) took ~5
 (benches/RESULTS.md 22.perf). Whether a key is cold is asked once per set for the batch
 (`_cold_among`). Keys that are cold (warming) or known go the general way; the result is the
-same state either way (tests/test_host_fills.py compares the two on random batches).
+same state either way (tests/unit/index/test_host_fills.py compares the two on random batches).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from flexkv_py.index.index_core import IndexCore
 _FIELDS = ("host_slot", "host_ready", "evicting", "releasing", "lower", "pending", "pins", "hits")
 _CHAIN_FIELDS = (*_FIELDS, "stale", "parent", "up")
 # Entry's fields changed (a merge): keyword construction and no chain step, slower but right
-# (tests/test_host_fills.py asserts the fast form is in use).
+# (tests/unit/index/test_host_fills.py asserts the fast form is in use).
 POSITIONAL = tuple(f.name for f in fields(Entry)) == _CHAIN_FIELDS
 
 
