@@ -64,7 +64,7 @@ def test_acquire_locates_host_and_lower_blocks_and_stops_at_the_first_miss() -> 
     assert idx.host_slot_of(host[0]) == slots[0]
 
 
-def test_events_of_builds_the_same_frozen_events_as_event() -> None:
+def test_a_batch_of_events_is_the_same_frozen_events_as_one_by_one() -> None:
     ns = _ns()
     cfg = load_config({"cpu_cache_gb": 16 * 4096 / 2**30}, env={})
     mgr = CacheManager(cfg, ns, page_bytes=4096, num_host_slots=16)
