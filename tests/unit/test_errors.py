@@ -15,7 +15,7 @@ from flexkv_py.errors import FlexKVError
 
 PACKAGE = Path(flexkv_py.__file__).parent
 
-# Classes whose owners re-parent them on their own branches (issue 9); the lead empties this at
+# Classes whose owners re-parent them on their own branches; the lead empties this at
 # merge. Each name must still exist and still be outside the tree, so the list cannot go stale.
 PENDING_REPARENT: set[str] = set()
 

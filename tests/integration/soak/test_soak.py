@@ -1,4 +1,4 @@
-"""Soak through vLLM's real scheduler (issue 22, part 3).
+"""Soak through vLLM's real scheduler.
 
 Hundreds of requests (helpers/load_workload.py: shared prefixes, multi-turn follow-ups; each half's
 first turns arrive in a burst) go through vLLM 0.33's scheduler with a small GPU pool

@@ -1,4 +1,4 @@
-"""The first request after a restart hits (issue 22): an engine in a new process stored a
+"""The first request after a restart hits: an engine in a new process stored a
 200-token prompt on its SSD; a restarted engine (recover=False: not one idle step) gets a prompt
 sharing its first 192 tokens as its very first request and loads those from the SSD, bit for bit,
 before any worker reported its inventory. The scheduler read the shards itself at construction;

@@ -1,4 +1,4 @@
-"""Several engines on one node (issue 10 item 9) and one stored copy of MLA KV at TP > 1
+"""Several engines on one node and one stored copy of MLA KV at TP > 1
 (item 10), through vLLM's real Scheduler (helpers/vllm_harness.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stores and loads larger than the free host slots (issue 10 item 8), through vLLM's real
+"""Stores and loads larger than the free host slots, through vLLM's real
 Scheduler (helpers/vllm_harness.py): the host tier is a staging area for the SSD, so a prefill of
 more blocks than it has slots streams through them in rounds (GPU->host copy, SSD write, reuse)
 and loads stream back the same way, instead of dropping blocks."""

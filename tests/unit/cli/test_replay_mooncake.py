@@ -1,6 +1,6 @@
 """`flexkv-py replay` on Mooncake's conversation trace (the vendored slices): the index decides
 every SSD eviction, so no lookup promises a block that then fails to load (0 false hits), and
-the hit rate reaches the single-LRU reference of GPU + SSD blocks (issue 10 item 2). A tiny KV
+the hit rate reaches the single-LRU reference of GPU + SSD blocks. A tiny KV
 shape keeps 512-token blocks small; hit rates do not depend on it."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 names", through the `LowerTier` protocol, with one status vocabulary.
 
 The SSD tier is the real native store. The second tier is an in-memory `LowerTier` standing in
-for the object store of issue 11 (the thing under test is the executor, not the tier): it copies
+for the object tier (the thing under test is the executor, not the tier): it copies
 bytes to and from host-pool memory by address exactly as a real tier's batches do, can refuse
 puts ("rejected") and can evict on its own.
 """
