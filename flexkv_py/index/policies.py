@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from flexkv_py.config.admission import AdmissionSpec
 from flexkv_py.errors import ConfigError
@@ -54,57 +54,44 @@ class EvictionPolicy(ABC):
     def __contains__(self, key: object) -> bool: ...
 
 
-# LRU and FIFO keep their keys in one OrderedDict, oldest first (the next victim), and differ
-# only in `add` and `touch`. What they share is these helpers on that dict, not a base class;
-# the one-line operations are written out in each (a policy call is made per block: no extra
-# Python frame).
+class RecencyPolicy(EvictionPolicy):
+    """Blocks in order, oldest evicted first: least recently used (`refresh`: an access or a
+    re-add moves a block to the newest end) or insertion order (FIFO: accesses do not)."""
 
-
-def _remove_many(order: OrderedDict[Hashable, None], keys: Iterable[Hashable]) -> None:
-    pop = order.pop
-    for key in keys:  # no Python call per key
-        pop(key, None)
-
-
-def _pop_oldest(order: OrderedDict[Hashable, None]) -> Hashable | None:
-    if not order:
-        return None
-    key, _ = order.popitem(last=False)
-    return key
-
-
-def _add_oldest(order: OrderedDict[Hashable, None], key: Hashable) -> None:
-    order[key] = None
-    order.move_to_end(key, last=False)
-
-
-class LRUPolicy(EvictionPolicy):
-    """Least recently used: an access or a re-add refreshes a block."""
-
-    name = "lru"
-
-    def __init__(self) -> None:
+    def __init__(self, *, refresh: bool) -> None:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
+        self._refresh = refresh
+        self.name = "lru" if refresh else "fifo"
 
     def add(self, key: Hashable, freq: int = 1) -> None:
-        self._order[key] = None
-        self._order.move_to_end(key)
+        order = self._order
+        if self._refresh:
+            order[key] = None
+            order.move_to_end(key)
+        elif key not in order:  # FIFO: a block that was pinned (untracked) re-enters at the tail
+            order[key] = None
 
     def add_oldest(self, key: Hashable, freq: int = 1) -> None:
-        _add_oldest(self._order, key)
+        self._order[key] = None
+        self._order.move_to_end(key, last=False)
 
     def touch(self, key: Hashable) -> None:
-        if key in self._order:
+        if self._refresh and key in self._order:
             self._order.move_to_end(key)
 
     def remove(self, key: Hashable) -> bool:
         return self._order.pop(key, False) is None
 
     def remove_many(self, keys: Iterable[Hashable]) -> None:
-        _remove_many(self._order, keys)
+        pop = self._order.pop
+        for key in keys:  # no Python call per key
+            pop(key, None)
 
     def pop_victim(self) -> Hashable | None:
-        return _pop_oldest(self._order)
+        if not self._order:
+            return None
+        key, _ = self._order.popitem(last=False)
+        return key
 
     def newest(self) -> Iterator[Hashable]:
         return reversed(self._order)
@@ -116,42 +103,14 @@ class LRUPolicy(EvictionPolicy):
         return key in self._order
 
 
-class FIFOPolicy(EvictionPolicy):
+def LRUPolicy() -> RecencyPolicy:
+    """Least recently used: an access or a re-add refreshes a block."""
+    return RecencyPolicy(refresh=True)
+
+
+def FIFOPolicy() -> RecencyPolicy:
     """Insertion order; accesses do not refresh a block."""
-
-    name = "fifo"
-
-    def __init__(self) -> None:
-        self._order: OrderedDict[Hashable, None] = OrderedDict()
-
-    def add(self, key: Hashable, freq: int = 1) -> None:
-        # A block that was pinned (untracked) re-enters at the tail.
-        if key not in self._order:
-            self._order[key] = None
-
-    def add_oldest(self, key: Hashable, freq: int = 1) -> None:
-        _add_oldest(self._order, key)
-
-    def touch(self, key: Hashable) -> None:
-        return None
-
-    def remove(self, key: Hashable) -> bool:
-        return self._order.pop(key, False) is None
-
-    def remove_many(self, keys: Iterable[Hashable]) -> None:
-        _remove_many(self._order, keys)
-
-    def pop_victim(self) -> Hashable | None:
-        return _pop_oldest(self._order)
-
-    def newest(self) -> Iterator[Hashable]:
-        return reversed(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._order
+    return RecencyPolicy(refresh=False)
 
 
 class LFUPolicy(EvictionPolicy):
@@ -218,7 +177,7 @@ class LFUPolicy(EvictionPolicy):
         return key in self._freq
 
 
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
+EVICTION_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "lru": LRUPolicy,
     "fifo": FIFOPolicy,
     "lfu": LFUPolicy,
