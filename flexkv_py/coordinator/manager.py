@@ -108,7 +108,6 @@ class CacheManager:
             if spec.capacity_authoritative and spec.capacity_blocks is not None:
                 blocks = spec.capacity_blocks(config, namespace, slot_nbytes_for(page_bytes))
                 self.index.set_lower_capacity(spec.tier, blocks)
-        self.object_enabled = config.object_enabled
         self._lock = threading.RLock()
         self._stats: Counter[str] = Counter()
         self.events = EventQueue(namespace, max_events)
@@ -129,7 +128,7 @@ class CacheManager:
         self.links: ChainLinks | None = None
         writers: list[TierWriter] = []
         for spec in enabled_specs(config):
-            if spec.role is Role.SPILL and spec is spill and config.write_behind_lag_s > 0:
+            if spec is spill and config.write_behind_lag_s > 0:
                 lag = config.write_behind_lag_s
             elif spec.role is Role.SHARED:
                 lag = config.write_behind_lag_s or DEFAULT_OBJECT_LAG_S

@@ -9,7 +9,7 @@ table of job ids to tell whose result came back. Not locked: the manager's lock 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, StoreJob
 
@@ -55,9 +55,6 @@ class Outbox:
     def take_background(self) -> list[Job]:
         jobs, self._background = self._background, []
         return jobs
-
-    def keys_in_flight(self, job_ids: Iterable[int]) -> int:
-        return sum(len(self._inflight[j][0].keys) for j in job_ids if j in self._inflight)
 
     def busy(self) -> bool:
         """Background jobs queued, or a load or store in flight: the workers have work that a
