@@ -28,6 +28,7 @@ from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 from flexkv_py.integration.vllm.restart_read import RestartRead
+from flexkv_py.process_memory import return_freed_memory
 from flexkv_py.tiers.ssd.inventory import SsdInventory, read_ssd_inventory
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ class RestartInventory:
         self._before: AdoptedBefore | None = None
         self.adopted_early = 0  # how many (for logs and tests)
         self._read: RestartRead[SsdInventory | None] | None = None
+        # The reports were adopted: once vLLM has dropped their step's metadata (the next
+        # step), the heap they and the settle freed goes back to the OS (process_memory.py).
+        self._reports_freed_next = False
 
     def announce_with(
         self,
@@ -101,8 +105,15 @@ class RestartInventory:
             parents = self.take_parents()
             before, self._before = self._before, None
             manager.adopt_ssd_keys(ranks, adopt=not self.stale, parents=parents, before=before)
+            self._reports_freed_next = True
         if self._announcer is not None and meta.recovered_metas and not self.stale:
             self._announcer.add(meta.recovered_metas)
+
+    def after_step(self) -> None:
+        """A step's output arrived: the step before's metadata is gone (see __init__)."""
+        if self._reports_freed_next:
+            self._reports_freed_next = False
+            return_freed_memory("the workers' restart reports")
 
     def take_events(self, known: Callable[[bytes], bool]) -> list[Any]:
         """BlockStored events for recovered blocks still `known`, once adopted."""

@@ -325,6 +325,7 @@ class SchedulerSide:
     # ---------------------------------------------------------------- completions
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         self._inventory.wait_read()  # the reports settle what it adopted
+        self._inventory.after_step()
         for req_id in output.finished_recving or ():
             state = self._reqs.get(req_id)
             if state is not None:

@@ -46,6 +46,7 @@ from flexkv_py.integration.vllm.recovered_events import RecoveredMetaReader
 from flexkv_py.integration.vllm.restart_inventory import PARENTS_RANK
 from flexkv_py.integration.vllm.shutdown_drain import HostOnlyBlocks
 from flexkv_py.integration.vllm.stats import FlexKVConnectorStats
+from flexkv_py.process_memory import return_freed_memory
 from flexkv_py.tiers.object.counters import Increments, tier_totals
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class WorkerSide:
         self._failed_recving: set[str] = set()  # hybrid models: failed loads, per request
         self._load_errors: set[int] = set()
         self._out = FlexKVWorkerMetadata()
+        # Metadata builds until the restart report has been sent and freed (then its heap goes
+        # back to the OS: process_memory.py); 0: nothing to give back.
+        self._report_freed_in = 0
         self._stats = FlexKVConnectorStats()
         self._timeouts_seen = 0  # executor.late_io.timeout_blocks already counted in stats
         self._object_increments = Increments()  # object tier counters already in stats
@@ -135,6 +139,7 @@ class WorkerSide:
             keys = tuple(self.executor.stored_keys())
         logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))
         self._out.inventories[(self.tp_rank, self.pp_rank)] = keys
+        self._report_freed_in = 2  # sent by the next build, dropped by vLLM before the one after
 
     # ---------------------------------------------------------------- per step
     def bind(self, meta: FlexKVConnectorMetadata) -> None:
@@ -307,6 +312,10 @@ class WorkerSide:
         return failed
 
     def build_worker_meta(self) -> FlexKVWorkerMetadata | None:
+        if self._report_freed_in:
+            self._report_freed_in -= 1
+            if not self._report_freed_in:
+                return_freed_memory("the restart report")
         ready = self.executor.pool.ready_slots if self._executor is not None else 0
         if ready != self._reported_ready:
             self._reported_ready = ready

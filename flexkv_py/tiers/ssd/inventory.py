@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
+from flexkv_py.process_memory import return_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ def _close_later(stores: Sequence[_native.BlockStore | None]) -> None:
     def close() -> None:
         for store in opened:
             store.close()
+        return_freed_memory("closing the shards' read-only views")
 
     if opened:
         threading.Thread(target=close, name="flexkv-shard-close").start()

@@ -1,0 +1,202 @@
+"""RSS bench: what a restarted engine's processes really hold per cached block (the operator's
+figure: RSS, not counted bytes), and how long the reopen takes.
+
+A store of N tiny blocks is written once as the worker's shard (restart_read_bench's layout:
+connector-shaped keys, chains of 64 with their parents). Then, each in a fresh interpreter
+(nothing else in its heap, like a restarted engine), as the connector runs them:
+
+  worker     opens this rank's lower tiers (the SSD store's reopen: journal replay) and builds
+             its restart report as WorkerSide does (`inventory()`: keys and chain parents),
+             pickles it (the step's worker metadata) and lets it go.
+  scheduler  the scheduler side's restart: its own read-only read of the shard and the
+             adoption (`RestartInventory.start_read` / `wait_read`), then the first step's
+             settle with the worker's report (unpickled, as vLLM hands it over), then a full
+             lookup pass: every stored chain looked up as a request's block hashes
+             (`readable_hashes`), every block must hit.
+
+Per process: RSS (VmRSS) after its work, less RSS before it (interpreter, imports, an empty
+manager or no tier), and the seconds the reopen took: the worker's `open_lower_tiers`, the
+scheduler's read + adoption. Reported: bytes per block for each and summed (goal <= 100 B),
+reopen seconds per 1 M blocks (goal <= 1 s, adoption included), and the counted bytes
+(`index_nbytes()` and the cold sets' `nbytes()`) beside the RSS.
+
+    python3 benches/rss_bench.py [--blocks 1000000] [--quick] [--dir /tmp] [--keep] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from restart_read_bench import write_shards
+
+_COMMON = """
+import gc, json, os, pickle, sys, threading, time
+sys.path.insert(0, os.path.dirname(sys.argv[4]))
+from restart_read_bench import PAGE_BYTES, namespace, ssd_gb
+from flexkv_py.config import load_config
+root, n, report_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ns = namespace(1)
+cfg = load_config({"cpu_cache_gb": 0.01, "ssd_cache_gb": ssd_gb(n, 1), "ssd_cache_dir": root},
+                  env={})
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+"""
+
+_WORKER = (
+    _COMMON
+    + """
+from flexkv_py.index.tier_names import Tier
+from flexkv_py.process_memory import return_freed_memory
+from flexkv_py.tiers.lower_tiers import open_lower_tiers
+rank = ns.for_rank(0, 0)
+r0 = rss()
+t = time.perf_counter()
+tiers, unavailable = open_lower_tiers(cfg, rank)
+reopen_s = time.perf_counter() - t
+assert not unavailable, unavailable
+ssd = tiers[Tier.SSD]
+# WorkerSide._report_inventory, worker (0, 0): keys and their chain parents, pickled.
+inventory = ssd.inventory()
+keys = tuple(k for k, _ in inventory)
+parents = {k: p for k, p in inventory if p is not None}
+with open(report_path, "wb") as f:
+    pickle.dump((keys, parents), f, protocol=pickle.HIGHEST_PROTOCOL)
+assert len(keys) == n
+del inventory, keys, parents
+# WorkerSide.build_worker_meta, once the step that sent the report is over.
+return_freed_memory("the restart report")
+r1 = rss()
+print(json.dumps({"rss": r1 - r0, "reopen_s": reopen_s,
+                  "counted": ssd.store.index_nbytes()}))
+"""
+)
+
+_SCHEDULER = (
+    _COMMON
+    + """
+from types import SimpleNamespace
+from flexkv_py.coordinator import CacheManager
+from flexkv_py.coordinator.manager import ssd_capacity_blocks
+from flexkv_py.index.tier_index import HEAD_LEN
+from flexkv_py.integration.vllm.restart_inventory import RestartInventory
+from flexkv_py.integration.vllm.restart_read import RestartRead
+from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
+mgr = CacheManager(cfg, ns, PAGE_BYTES)
+inv = RestartInventory(1, enabled=True)
+capacity = ssd_capacity_blocks(cfg, ns, PAGE_BYTES)
+r0 = rss()
+t = time.perf_counter()
+inv._read = RestartRead(lambda: read_ssd_inventory(cfg, ns, parents_over=capacity),
+                        lambda found: inv.adopt_read(mgr, found))
+inv.wait_read()
+reopen_s = time.perf_counter() - t
+assert mgr.stats()["ssd_adopted_blocks"] == n, mgr.stats()
+# The first step: the worker's report, unpickled as vLLM hands it over.
+with open(report_path, "rb") as f:
+    keys, parents = pickle.load(f)
+inv.adopt_reports(mgr, SimpleNamespace(inventories={(0, 0): keys},
+                                       inventory_parents=parents, recovered_metas=None))
+assert inv.ready and mgr.stats()["ssd_adopted_blocks"] == n
+# The full lookup pass: each stored chain of 64 as one request's block hashes.
+heads = {k[:HEAD_LEN] for k in keys[:1]}
+head = heads.pop()
+hashes = [k[HEAD_LEN:] for k in keys]
+del keys, parents
+t = time.perf_counter()
+hit = 0
+for at in range(0, n, 64):
+    chain = hashes[at : at + 64]
+    got = mgr.readable_hashes(head, chain, 0, len(chain))
+    assert got == len(chain), (at, got)
+    hit += got
+lookup_s = time.perf_counter() - t
+assert hit == n
+del hashes, chain
+# The next steps, as SchedulerSide runs them: the events taken (the connector's take_events),
+# the step's metadata gone, the shards' read-only views closed (on their own thread).
+mgr.take_events()
+for t in threading.enumerate():
+    if t.name == "flexkv-shard-close":
+        t.join()
+inv.after_step()
+r1 = rss()
+cold = mgr.index._cold.set_bytes()
+print(json.dumps({"rss": r1 - r0, "reopen_s": reopen_s, "lookup_s": lookup_s,
+                  "counted": cold}))
+"""
+)
+
+
+def run_child(code: str, root: Path, n: int, report: Path) -> dict[str, Any]:
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    here = str(Path(__file__).resolve())
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root), str(n), str(report), here],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    if out.returncode:
+        raise RuntimeError(f"bench child failed:\n{out.stderr[-4000:]}")
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=None, help="default 1 M (--quick: 100 K)")
+    ap.add_argument("--quick", action="store_true", help="100 K blocks")
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the shard is written")
+    ap.add_argument("--keep", action="store_true", help="keep (and reuse) the written shard")
+    ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = ap.parse_args()
+    n = args.blocks or (100_000 if args.quick else 1_000_000)
+    out = sys.stderr if args.json else sys.stdout
+    root = Path(args.dir) / f"flexkv-restart-read-{n}-tp1"
+    if not root.exists():
+        print(f"writing {n} blocks in {root} ...", file=out, flush=True)
+        print(f"  {write_shards(root, n, 1):.1f} s", file=out, flush=True)
+    report = root.parent / f"flexkv-rss-report-{n}.pickle"
+    try:
+        worker = run_child(_WORKER, root, n, report)
+        sched = run_child(_SCHEDULER, root, n, report)
+    finally:
+        report.unlink(missing_ok=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    row = {
+        "blocks": n,
+        "worker_b_per_block": round(worker["rss"] / n, 1),
+        "scheduler_b_per_block": round(sched["rss"] / n, 1),
+        "total_b_per_block": round((worker["rss"] + sched["rss"]) / n, 1),
+        "worker_counted_b": round(worker["counted"] / n, 1),
+        "scheduler_counted_b": None if sched["counted"] is None else round(sched["counted"] / n, 1),
+        "worker_reopen_s_per_m": round(worker["reopen_s"] * 1e6 / n, 3),
+        "scheduler_reopen_s_per_m": round(sched["reopen_s"] * 1e6 / n, 3),
+        "lookup_s": round(sched["lookup_s"], 3),
+    }
+    if args.json:
+        print(json.dumps(row))
+    else:
+        for k, v in row.items():
+            print(f"{k:26} {v}")
+
+
+if __name__ == "__main__":
+    main()
