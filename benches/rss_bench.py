@@ -14,11 +14,13 @@ connector-shaped keys, chains of 64 with their parents). Then, each in a fresh i
              lookup pass: every stored chain looked up as a request's block hashes
              (`readable_hashes`), every block must hit.
 
-Per process: RSS (VmRSS) after its work, less RSS before it (interpreter, imports, an empty
-manager or no tier), and the seconds the reopen took: the worker's `open_lower_tiers`, the
-scheduler's read + adoption. Reported: bytes per block for each and summed (goal <= 100 B),
-reopen seconds per 1 M blocks (goal <= 1 s, adoption included), and the counted bytes
-(`index_nbytes()` and the cold sets' `nbytes()`) beside the RSS.
+Each twice: with the freed heap given back to the OS as the connector does (process_memory.py)
+and, the baseline, with it left in glibc's arenas (as before). Per process: RSS (VmRSS) after
+its work, less RSS before it (interpreter, imports, an empty manager or no tier), and the
+seconds the reopen took: the worker's `open_lower_tiers`, the scheduler's read + adoption.
+Reported: bytes per block for each and summed (goal <= 100 B), reopen seconds per 1 M blocks
+(goal <= 1 s, adoption included), and the counted bytes (`index_nbytes()` and the cold sets'
+`nbytes()`) beside the RSS.
 
     python3 benches/rss_bench.py [--blocks 1000000] [--quick] [--dir /tmp] [--keep] [--json]
 """
@@ -45,6 +47,9 @@ sys.path.insert(0, os.path.dirname(sys.argv[4]))
 from restart_read_bench import PAGE_BYTES, namespace, ssd_gb
 from flexkv_py.config import load_config
 root, n, report_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if sys.argv[5] == "kept":  # the baseline: freed heap left in glibc's arenas
+    import flexkv_py.process_memory as pm
+    pm._looked_up, pm._trim = True, None
 ns = namespace(1)
 cfg = load_config({"cpu_cache_gb": 0.01, "ssd_cache_gb": ssd_gb(n, 1), "ssd_cache_dir": root},
                   env={})
@@ -140,13 +145,13 @@ print(json.dumps({"rss": r1 - r0, "reopen_s": reopen_s, "lookup_s": lookup_s,
 )
 
 
-def run_child(code: str, root: Path, n: int, report: Path) -> dict[str, Any]:
+def run_child(code: str, root: Path, n: int, report: Path, heap: str) -> dict[str, Any]:
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
     here = str(Path(__file__).resolve())
     out = subprocess.run(
-        [sys.executable, "-c", code, str(root), str(n), str(report), here],
+        [sys.executable, "-c", code, str(root), str(n), str(report), here, heap],
         capture_output=True,
         text=True,
         env=env,
@@ -173,15 +178,28 @@ def main() -> None:
         print(f"writing {n} blocks in {root} ...", file=out, flush=True)
         print(f"  {write_shards(root, n, 1):.1f} s", file=out, flush=True)
     report = root.parent / f"flexkv-rss-report-{n}.pickle"
+    rows = {}
     try:
-        worker = run_child(_WORKER, root, n, report)
-        sched = run_child(_SCHEDULER, root, n, report)
+        for heap in ("given back", "kept"):
+            worker = run_child(_WORKER, root, n, report, heap)
+            sched = run_child(_SCHEDULER, root, n, report, heap)
+            rows[heap] = summary(n, worker, sched)
     finally:
         report.unlink(missing_ok=True)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    row = {
-        "blocks": n,
+    ours, base = rows["given back"], rows["kept"]
+    row = {"blocks": n, **ours, "baseline_total_b_per_block": base["total_b_per_block"]}
+    row["baseline_over_ours"] = round(base["total_b_per_block"] / ours["total_b_per_block"], 2)
+    if args.json:
+        print(json.dumps(row))
+    else:
+        for k, v in row.items():
+            print(f"{k:28} {v}")
+
+
+def summary(n: int, worker: dict[str, Any], sched: dict[str, Any]) -> dict[str, Any]:
+    return {
         "worker_b_per_block": round(worker["rss"] / n, 1),
         "scheduler_b_per_block": round(sched["rss"] / n, 1),
         "total_b_per_block": round((worker["rss"] + sched["rss"]) / n, 1),
@@ -191,11 +209,6 @@ def main() -> None:
         "scheduler_reopen_s_per_m": round(sched["reopen_s"] * 1e6 / n, 3),
         "lookup_s": round(sched["lookup_s"], 3),
     }
-    if args.json:
-        print(json.dumps(row))
-    else:
-        for k, v in row.items():
-            print(f"{k:26} {v}")
 
 
 if __name__ == "__main__":
