@@ -315,7 +315,8 @@ class CacheEngine:
                     keys[start:], gpu_block_ids[start:], part_end - start
                 )
                 assert job is not None  # keys[start:] is not empty
-                handle = self.executor.submit(job)
+                # A part from host memory: copies issued here, completed by our wait.
+                handle = self.executor.submit(job, here=True)
             except BaseException:
                 if running is not None:  # applied (its pins released) before the error goes up
                     finish(running)

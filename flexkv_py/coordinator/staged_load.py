@@ -46,6 +46,15 @@ class LoadCopies:
             handle = e
         self.issued.append((positions, handle))
 
+    def settle(self) -> None:
+        """Wait for every copy, quietly (`finish` reports the failed ones)."""
+        for _, handle in self.issued:
+            if not isinstance(handle, Exception):
+                try:
+                    handle.wait()
+                except Exception:
+                    pass
+
     def finish(self, failed: dict[bytes, str]) -> int:
         """Wait for every copy; the blocks of a failed one fail (TRANSFER_ERROR) in `failed`.
         Returns how many blocks reached the GPU."""
