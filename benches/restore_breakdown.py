@@ -201,10 +201,10 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
         spinning(True)
         timed_load("spin")
         spinning(False)
-        pipeline_mod.PIPELINE_FIRST_BLOCKS = 16
-        timed_load("first16")
+        pipeline_mod.PIPELINE_FIRST_BLOCKS = 32
+        timed_load("first32")
         spinning(True)
-        timed_load("first16_spin")
+        timed_load("first32_spin")
         spinning(False)
         pipeline_mod.PIPELINE_FIRST_BLOCKS = real_first
         real_parts = engine_mod.pipeline_parts

@@ -76,9 +76,12 @@ class _HereLoad:
     thread to `take` it: a caller waiting for the job (no hop to a load thread and back after
     the last copy), else the load thread once the copies are done."""
 
-    def __init__(self, future: Future[JobResult], run: Callable[[], JobResult]) -> None:
+    def __init__(
+        self, future: Future[JobResult], run: Callable[[], JobResult], copies: LoadCopies
+    ) -> None:
         self.future = future
         self._run = run
+        self.copies = copies
         self._lock = threading.Lock()
         self._taken = False
         self.waiter = False  # a caller waits without a timeout: it takes the completion
@@ -95,9 +98,16 @@ class _HereLoad:
             raise
         self.future.set_result(result)
 
-    def background(self, copies: LoadCopies) -> None:
+    def wait_here(self) -> None:
+        """A caller's wait: the completion runs here (polling the copies), unless the load
+        thread took it first."""
+        self.waiter = True
+        self.copies.spin = True
+        self.take()
+
+    def background(self) -> None:
         """The load thread's part: after the copies, the completion, unless a caller waits."""
-        copies.settle()
+        self.copies.settle()
         if not self.waiter:
             self.take()
 
@@ -120,8 +130,7 @@ class JobHandle:
     def wait(self, timeout: float | None = None) -> JobResult:
         here = self._here
         if here is not None and timeout is None and not self._future.done():
-            here.waiter = True
-            here.take()  # unless the load thread took it first
+            here.wait_here()
         try:
             return self._future.result(timeout)
         except FutureTimeout:
@@ -288,9 +297,11 @@ class JobExecutor:
         copies.issue(list(range(len(job.keys))))
         bodies = self._bodies
         here = _HereLoad(
-            Future(), lambda: self._guard(job, started, lambda: bodies.load(job, started, copies))
+            Future(),
+            lambda: self._guard(job, started, lambda: bodies.load(job, started, copies)),
+            copies,
         )
-        self._load_threads.submit(here.background, copies)
+        self._load_threads.submit(here.background)
         return here
 
     def _start_copy(self, job: StoreJob) -> tuple[D2h, BaseException | None]:

@@ -21,8 +21,8 @@ An H2D batch ends with a scatter no DMA hides (8 SMs move a 32-page chunk, 72 Mi
 an H200: 2 % of a 4K-token restore). Its last chunk is therefore cut in halves down to
 ``tail_pages`` (32 -> 16, 8, 8): each DMA still hides the scatter before it, and the exposed one
 is a quarter as long. The scatters' (GPU block, staging row) pairs of the whole batch go up in one
-pinned copy before its first DMA, not one small copy per chunk (less host time per chunk: the
-tail's small chunks must be issued faster than their DMAs run).
+pinned copy right after its first DMA is issued, not one small copy per chunk (less host time
+per chunk: the tail's small chunks must be issued faster than their DMAs run).
 
 Device memory cost: 2 x ``chunk_pages`` pages (e.g. 2 x 32 x 2.25 MiB = 144 MiB).
 """
@@ -123,15 +123,10 @@ class StagedCopyPath:
         main = torch.cuda.current_stream()
         dma = self._dma_stream
         chunks = h2d_chunks(len(gpu_ids), self._chunk, self._tail)
-        # Every chunk's scatter pairs ([ids, rows] of k pages each), uploaded once.
-        flat = np.empty(2 * len(gpu_ids), dtype=np.int64)
-        for start, end in chunks:
-            flat[2 * start : start + end] = gpu_ids[start:end]
-            flat[start + end : 2 * end] = np.arange(end - start, dtype=np.int64)
-        pairs = torch.from_numpy(flat).pin_memory().to(main.device, non_blocking=True)
         sizes = np.full(self._chunk, self._page, dtype=np.uint64)
         row = np.uint64(self._row)
         host_rows = np.uint64(self._host_addr) + slots.astype(np.uint64) * row
+        pairs: torch.Tensor | None = None
         for start, end in chunks:
             b = self._next_buffer
             self._next_buffer = 1 - b
@@ -142,10 +137,24 @@ class StagedCopyPath:
                 dma.wait_event(self._free[b])  # previous scatter from this buffer is done
             self._copier.copy(stage, host_rows[start:end], sizes[:k], dma.cuda_stream)
             ready.record(dma)
+            if pairs is None:  # after the first DMA is issued: it need not wait for this
+                pairs = self._upload_pairs(gpu_ids, chunks, main.device)
             main.wait_event(ready)
             self._kernels[b].enqueue_pairs("h2d", pairs[2 * start : 2 * end], k)
             self._free[b].record(main)
             self._used[b] = True
+
+    @staticmethod
+    def _upload_pairs(
+        gpu_ids: np.ndarray, chunks: list[tuple[int, int]], device: torch.device
+    ) -> torch.Tensor:
+        """Every chunk's scatter pairs ([GPU block ids, staging rows] of its k pages, at
+        2 * start), in one pinned upload on the current stream."""
+        flat = np.empty(2 * len(gpu_ids), dtype=np.int64)
+        for start, end in chunks:
+            flat[2 * start : start + end] = gpu_ids[start:end]
+            flat[start + end : 2 * end] = np.arange(end - start, dtype=np.int64)
+        return torch.from_numpy(flat).pin_memory().to(device, non_blocking=True)
 
 
 def h2d_chunks(n: int, chunk: int, tail: int) -> list[tuple[int, int]]:
