@@ -256,6 +256,7 @@ class JobExecutor:
         if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
             bodies.deletes.drop_first(job)
         here_load = None
+        future: Future[JobResult]
         if (
             here
             and isinstance(job, LoadJob)
@@ -267,7 +268,7 @@ class JobExecutor:
             here_load = self._here_load(job, started)
             future = here_load.future
         elif isinstance(job, DropJob):
-            future: Future[JobResult] = Future()
+            future = Future()
             future.set_result(self._guard(job, started, lambda: bodies.deletes.drop(job, started)))
         else:
             run: Callable[[], JobResult]
