@@ -3,6 +3,8 @@ last one cut in halves down to the tail size, every page once, in order."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytest.importorskip("triton")  # staged_path imports the Triton path
@@ -15,7 +17,7 @@ from flexkv_py.transfer.staged_path import h2d_chunks
 def test_chunks_cover_the_batch_in_order(n: int, chunk: int, tail: int) -> None:
     chunks = h2d_chunks(n, chunk, tail)
     assert chunks[0][0] == 0 and chunks[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
     sizes = [end - start for start, end in chunks]
     assert all(0 < k <= chunk for k in sizes)
 
