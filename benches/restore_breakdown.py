@@ -1,10 +1,12 @@
 """Where a host restore's time goes beyond the pinned memcpy (issue 24 item 3): one process, no
 model, the Qwen3-8B page shape (36 layers x 8 heads x 16 tokens x 2x128 bf16, LBNHC).
 
-For each P: the pinned memcpy ceiling (one contiguous copy; and the same bytes as per-page batched
-copies), the transfer engine alone (each backend, staged chunk sizes), CacheEngine.load as is and
-with variants (one part; the load job run in the caller's thread), a CPU timeline of one load
-(perf_counter at each step) and a torch.profiler chrome trace of one load.
+For each P: the pinned memcpy ceiling (one contiguous copy of fresh pinned memory, and of the host
+pool's own slots), the transfer engine alone (its default path; waits polled instead of blocking;
+the staged H2D's tail size; 16-page chunks), CacheEngine.load as is and with variants (polled
+waits, a first part of 32 blocks, one part), a CPU timeline of one load (perf_counter at each
+step, `timeline_us` in breakdown.json) and, with --traces, torch.profiler chrome traces of one 4K
+load and one transfer (the profiler stalls other threads: read GPU gaps there with care).
 
     python3 benches/restore_breakdown.py [--tokens 4096,32768] [--reps 9] [--out DIR]
 """
@@ -21,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,22 +51,6 @@ def blocks_equal(caches: dict[str, torch.Tensor], a: list[int], b: list[int]) ->
     return all(
         torch.equal(v.view(torch.int16)[ia], v.view(torch.int16)[ib]) for v in caches.values()
     )
-
-
-def memcpy_batched(host: torch.Tensor, n: int, row: int, reps: int, clock: Clock) -> float:
-    from flexkv_py.transfer.copy_engine_path import BatchCopier
-
-    dev = torch.empty((n, row), dtype=torch.uint8, device="cuda")
-    cp = BatchCopier()
-    dsts = np.uint64(dev.data_ptr()) + np.arange(n, dtype=np.uint64) * np.uint64(row)
-    srcs = np.uint64(host.data_ptr()) + np.arange(n, dtype=np.uint64) * np.uint64(row)
-    sizes = np.full(n, row, dtype=np.uint64)
-
-    def go() -> None:
-        cp.copy(dsts, srcs, sizes, torch.cuda.current_stream().cuda_stream)
-
-    go()
-    return clock.median(go, reps)
 
 
 def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]:
@@ -117,13 +102,6 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
             row["memcpy_ms"] = clock.median(cp, med) * 1e3
             del dev, host
             slot_row = pool.tensor.shape[1]
-            for k in (32, n):
-                try:
-                    row[f"memcpy_pool_pages_batched{k}_ms"] = (
-                        memcpy_batched(pool.tensor, k, slot_row, med, clock) * 1e3 * n / k
-                    )
-                except Exception as e:
-                    row[f"memcpy_pool_pages_batched{k}_error"] = repr(e)
             # the pool's own slots, one contiguous copy (same source memory as the restore)
             pdev = torch.empty((n, slot_row), dtype=torch.uint8, device="cuda")
             cp2 = lambda: pdev.copy_(pool.tensor[:n], non_blocking=True)  # noqa: E731
