@@ -8,7 +8,9 @@ in `tiers`, keyed by `Tier`.
 
 Ordering: a store's GPU->host copy is submitted in the caller's thread inside `submit`, so it is
 ordered after the model work already queued on the caller's CUDA stream; everything that follows
-(waiting, lower-tier I/O, host->GPU copies) runs on a small thread pool. Drops run inside
+(waiting, lower-tier I/O, host->GPU copies) runs on a small thread pool, except for a load from
+host memory submitted with `here` (CacheEngine.load): its copies are issued in the caller's
+thread and the caller that waits for it completes it (_HereLoad). Drops run inside
 `submit`, so a drop happens before any job submitted after it. Jobs never reuse a slot another
 in-flight job uses: the manager guarantees that with pins.
 
