@@ -287,8 +287,9 @@ class CacheEngine:
     ) -> BlockOutcome:
         """Load blocks into GPU blocks; per-block status ("ok" or why not). A load served from
         host memory runs in parts (see pipeline_parts): each part is pinned while the part
-        before copies, and completed while the part after copies. Once a part reaches a lower
-        tier (or misses), the rest of the load is one job."""
+        before copies, and completed while the part after copies; its copies are issued in
+        this thread and its completion runs here too (executor.submit's `here`). Once a part
+        reaches a lower tier (or misses), the rest of the load is one job."""
         if len(gpu_block_ids) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
         self._pump()
@@ -315,7 +316,8 @@ class CacheEngine:
                     keys[start:], gpu_block_ids[start:], part_end - start
                 )
                 assert job is not None  # keys[start:] is not empty
-                handle = self.executor.submit(job)
+                # A part from host memory: copies issued here, completed by our wait.
+                handle = self.executor.submit(job, here=True)
             except BaseException:
                 if running is not None:  # applied (its pins released) before the error goes up
                     finish(running)

@@ -8,7 +8,9 @@ in `tiers`, keyed by `Tier`.
 
 Ordering: a store's GPU->host copy is submitted in the caller's thread inside `submit`, so it is
 ordered after the model work already queued on the caller's CUDA stream; everything that follows
-(waiting, lower-tier I/O, host->GPU copies) runs on a small thread pool. Drops run inside
+(waiting, lower-tier I/O, host->GPU copies) runs on a small thread pool, except for a load from
+host memory submitted with `here` (CacheEngine.load): its copies are issued in the caller's
+thread and the caller that waits for it completes it (_HereLoad). Drops run inside
 `submit`, so a drop happens before any job submitted after it. Jobs never reuse a slot another
 in-flight job uses: the manager guarantees that with pins.
 
@@ -36,6 +38,7 @@ from flexkv_py.coordinator.host_side import HostSlots, build_host_side
 from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import INTERNAL, DropJob, Job, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
+from flexkv_py.coordinator.staged_load import LoadCopies
 from flexkv_py.coordinator.store_copies import D2h
 from flexkv_py.errors import ClosedError
 from flexkv_py.index.namespace import Namespace
@@ -69,12 +72,55 @@ def _then_fail(run: Callable[[], JobResult], fenced: tuple[bytes, ...]) -> JobRe
     return with_failed(run(), fenced)
 
 
+class _HereLoad:
+    """A load from host memory whose host->GPU copies the caller issued (`JobExecutor.submit`
+    with `here`): its completion (wait for the copies, build the JobResult) runs in the first
+    thread to `take` it: a caller waiting for the job (no hop to a load thread and back after
+    the last copy), else the load thread once the copies are done."""
+
+    def __init__(
+        self, future: Future[JobResult], run: Callable[[], JobResult], copies: LoadCopies
+    ) -> None:
+        self.future = future
+        self._run = run
+        self.copies = copies
+        self._lock = threading.Lock()
+        self._taken = False
+        self.waiter = False  # a caller waits without a timeout: it takes the completion
+
+    def take(self) -> None:
+        with self._lock:
+            if self._taken:
+                return
+            self._taken = True
+        try:
+            result = self._run()
+        except BaseException as e:
+            self.future.set_exception(e)
+            raise
+        self.future.set_result(result)
+
+    def wait_here(self) -> None:
+        """A caller's wait: the completion runs here (polling the copies), unless the load
+        thread took it first."""
+        self.waiter = True
+        self.copies.spin = True
+        self.take()
+
+    def background(self) -> None:
+        """The load thread's part: after the copies, the completion, unless a caller waits."""
+        self.copies.settle()
+        if not self.waiter:
+            self.take()
+
+
 class JobHandle:
     """One submitted job. `done()` never blocks; `wait()` returns its JobResult."""
 
-    def __init__(self, job: Job, future: Future[JobResult]) -> None:
+    def __init__(self, job: Job, future: Future[JobResult], here: _HereLoad | None = None) -> None:
         self.job = job
         self._future = future
+        self._here = here
 
     @property
     def job_id(self) -> int:
@@ -84,6 +130,9 @@ class JobHandle:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> JobResult:
+        here = self._here
+        if here is not None and timeout is None and not self._future.done():
+            here.wait_here()
         try:
             return self._future.result(timeout)
         except FutureTimeout:
@@ -163,9 +212,15 @@ class JobExecutor:
         return self.pool.num_slots
 
     # ------------------------------------------------------------------ submit / complete
-    def submit(self, job: Job, fill: Callable[[], None] | None = None) -> JobHandle:
+    def submit(
+        self, job: Job, fill: Callable[[], None] | None = None, *, here: bool = False
+    ) -> JobHandle:
         """Start a job. `fill` (host-only stores, in-process callers): writes the pages into the
-        job's slots; it runs on the job thread after the job's spills have read those slots."""
+        job's slots; it runs on the job thread after the job's spills have read those slots.
+        `here` (in-process callers that wait for their loads): a load whose blocks are all in
+        host memory issues its host->GPU copies now, in the caller's thread (ordered after the
+        caller's stream, as a store's copy is), and its completion runs in the thread that
+        waits for it (see _HereLoad)."""
         shown: Job = job
         fenced: tuple[bytes, ...] = ()
         if isinstance(job, StoreJob):  # never write into a slot a timed-out I/O may touch
@@ -179,7 +234,7 @@ class JobExecutor:
             if reads_gpu:
                 self._reads.begin_locked(job.job_id)
         try:
-            return self._submit(job, fill, reads_gpu, shown, fenced)
+            return self._submit(job, fill, reads_gpu, shown, fenced, here)
         except BaseException:
             self._reads.end(job.job_id)
             raise
@@ -195,14 +250,27 @@ class JobExecutor:
         reads_gpu: bool,
         shown: Job,
         fenced: tuple[bytes, ...],
+        here: bool = False,
     ) -> JobHandle:
         """Run `job`, the part of `shown` that can run; `fenced` keys of `shown` fail."""
         started = time.perf_counter()
         bodies = self._bodies
         if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
             bodies.deletes.drop_first(job)
-        if isinstance(job, DropJob):
-            future: Future[JobResult] = Future()
+        here_load = None
+        future: Future[JobResult]
+        if (
+            here
+            and isinstance(job, LoadJob)
+            and job.gpu_block_ids is not None
+            and not job.spill_keys
+            and not fenced
+            and job.all_from_host
+        ):
+            here_load = self._here_load(job, started)
+            future = here_load.future
+        elif isinstance(job, DropJob):
+            future = Future()
             future.set_result(self._guard(job, started, lambda: bodies.deletes.drop(job, started)))
         else:
             run: Callable[[], JobResult]
@@ -218,13 +286,26 @@ class JobExecutor:
             # `shown`: a crash fails every block of the job, fenced ones included.
             pool = self._load_threads if isinstance(job, LoadJob) else self._threads
             future = pool.submit(self._guard, shown, started, run)
-        handle = JobHandle(shown, future)
+        handle = JobHandle(shown, future, here_load)
         with self._lock:
             self._handles[job.job_id] = handle
             if reads_gpu:
                 self._reads.watch_locked(job.job_id)
         future.add_done_callback(self._on_done)
         return handle
+
+    def _here_load(self, job: LoadJob, started: float) -> _HereLoad:
+        """Issue an all-host load's copies in the caller's thread (see `submit`'s `here`)."""
+        copies = LoadCopies(self._transfer, self._stats, job)
+        copies.issue(list(range(len(job.keys))))
+        bodies = self._bodies
+        here = _HereLoad(
+            Future(),
+            lambda: self._guard(job, started, lambda: bodies.load(job, started, copies)),
+            copies,
+        )
+        self._load_threads.submit(here.background)
+        return here
 
     def _start_copy(self, job: StoreJob) -> tuple[D2h, BaseException | None]:
         """Issue a store's GPU->host copy now, in the caller's thread (ordered after its

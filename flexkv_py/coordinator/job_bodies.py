@@ -267,13 +267,15 @@ class JobBodies:
         )
 
     # ------------------------------------------------------------------ load
-    def load(self, job: LoadJob, started: float) -> JobResult:
+    def load(self, job: LoadJob, started: float, copies: LoadCopies | None = None) -> JobResult:
         """Blocks already in host memory are copied to the GPU at once; blocks staged from a
         lower tier are read in sub-batches and each sub-batch is copied as soon as it lands, so
-        the host->GPU copies overlap the reads instead of following them."""
+        the host->GPU copies overlap the reads instead of following them. `copies`: the host
+        blocks' copies, already issued (by `JobExecutor.submit(..., here=True)`)."""
         slot_nbytes = self.pool.slot_nbytes
-        copies = LoadCopies(self.transfer, self.stats, job)
-        copies.issue(job.reads_from(Tier.HOST))
+        if copies is None:
+            copies = LoadCopies(self.transfer, self.stats, job)
+            copies.issue(job.reads_from(Tier.HOST))
         failed: dict[bytes, str] = {
             k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
         }

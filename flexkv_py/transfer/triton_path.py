@@ -108,9 +108,12 @@ class TritonCopyPath:
         self.sms_used = sm_count if programs <= 0 else min(programs, sm_count)
 
     def enqueue(self, direction: str, gpu_ids: np.ndarray, slots: np.ndarray) -> None:
-        n = len(gpu_ids)
         pairs_host = torch.from_numpy(np.stack([gpu_ids, slots])).pin_memory()
-        pairs = pairs_host.to(self._dev, non_blocking=True)
+        self.enqueue_pairs(direction, pairs_host.to(self._dev, non_blocking=True), len(gpu_ids))
+
+    def enqueue_pairs(self, direction: str, pairs: torch.Tensor, n: int) -> None:
+        """`enqueue` of pairs already on the device: int64, GPU block ids then host slots (n
+        each, contiguous), e.g. one slice of an upload that serves several launches."""
         total = n * self._tiles_per_page
         nprog = total if self._programs <= 0 else min(self._programs, total)
         _page_copy_kernel[(nprog,)](

@@ -85,3 +85,48 @@ def test_an_error_preparing_a_part_leaves_the_part_before_applied(
         assert all(e is not None and e.pins == 0 for e in map(mgr.index.entry, keys))
         monkeypatch.setattr(mgr, "prepare_load_part", real)
         assert eng.load(keys, dst).ok
+
+
+def test_host_parts_are_issued_and_completed_in_the_callers_thread(tmp_path: Path) -> None:
+    """executor.submit(here=True), as CacheEngine.load submits a part from host memory: the
+    copies are issued in the caller's thread and the caller that waits runs the completion;
+    with no one waiting, the load thread completes the job (poll returns it)."""
+    import threading
+    import time
+
+    n = 300
+    caches = _vllm_caches("LBNHC", num_blocks=2 * n + 2)
+    geom = describe_kv_caches(caches)
+    ns = _ns(page_bytes=geom.page_nbytes)
+    keys = _keys(ns, n)
+    src, dst = list(range(n)), list(range(n + 1, 2 * n + 1))
+    cfg = _config(tmp_path, 2 * n, slot=geom.slot_nbytes)
+    with CacheEngine.from_kv_caches(cfg, ns, caches) as eng:
+        assert eng.store(keys, src).ok
+        bodies = eng.executor._bodies
+        real_load = bodies.load
+        threads: list[str] = []
+
+        def load(*a: Any, **k: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return real_load(*a, **k)
+
+        bodies.load = load  # type: ignore[method-assign]
+        out = eng.load(keys, dst)
+        assert out.ok and set(out.source_tiers) == {"host"}
+        assert len(threads) == len(pipeline_parts(n)) > 1
+        assert set(threads) == {threading.current_thread().name}
+        for name, t in caches.items():
+            assert torch.equal(t[dst], t[src]), name
+        # No waiter: the load thread completes it.
+        job = eng.manager.prepare_load(keys[:10], dst[:10])
+        assert job is not None
+        eng.executor.submit(job, here=True)
+        results: list[JobResult] = []
+        deadline = time.monotonic() + 10
+        while not results and time.monotonic() < deadline:
+            results = eng.executor.poll()
+            time.sleep(0.01)
+        assert [r.job_id for r in results] == [job.job_id] and not results[0].failed
+        assert threads[-1] != threading.current_thread().name
+        eng.manager.complete(results[0])
