@@ -34,8 +34,9 @@ from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.host_side import HostSlots, build_host_side
 from flexkv_py.coordinator.job_bodies import JobBodies
-from flexkv_py.coordinator.jobs import INTERNAL, DropJob, Job, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.jobs import INTERNAL, Job, JobResult, StoreJob, drops_first
 from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
+from flexkv_py.coordinator.leg_handlers import Handlers
 from flexkv_py.coordinator.store_copies import D2h
 from flexkv_py.errors import ClosedError
 from flexkv_py.index.namespace import Namespace
@@ -142,6 +143,19 @@ class JobExecutor:
         self._bodies = JobBodies(
             host_pool, self.tiers, self.late_io, self._transfer, self._reads, self._stats
         )
+        # The body of each purpose but the store (whose GPU->host copy starts in `submit`).
+        self._purposes: dict[str, Callable[[Any, float], JobResult]] = {
+            "load": self._bodies.load,
+            "spill": self._bodies.spill,
+            "drop": self._bodies.deletes.drop,
+            "move": self._bodies.move,
+        }
+
+    @property
+    def handlers(self) -> Handlers:
+        """The leg handlers, by (source medium, destination medium): register another path
+        (GPU <-> SSD, GPU <-> peer) here."""
+        return self._bodies.handlers
 
     @classmethod
     def from_kv_caches(
@@ -168,10 +182,14 @@ class JobExecutor:
         job's slots; it runs on the job thread after the job's spills have read those slots."""
         shown: Job = job
         fenced: tuple[bytes, ...] = ()
-        if isinstance(job, StoreJob):  # never write into a slot a timed-out I/O may touch
-            job, fenced = fence_store(job, self.late_io.fenced(job.host_slots), fill is not None)
+        store = job if job.kind == "store" else None
+        if store is not None:  # never write into a slot a timed-out I/O may touch
+            assert isinstance(store, StoreJob)
+            job, fenced = fence_store(
+                store, self.late_io.fenced(store.host_slots), fill is not None
+            )
             fill = None if fenced and fill is not None else fill
-        reads_gpu = isinstance(job, StoreJob) and job.gpu_block_ids is not None and bool(job.keys)
+        reads_gpu = store is not None and job.gpu_block_ids is not None and bool(job.keys)
         with self._lock:
             if self._closed:
                 raise ClosedError("job executor is shut down")
@@ -199,24 +217,24 @@ class JobExecutor:
         """Run `job`, the part of `shown` that can run; `fenced` keys of `shown` fail."""
         started = time.perf_counter()
         bodies = self._bodies
-        if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
-            bodies.deletes.drop_first(job)
-        if isinstance(job, DropJob):
-            future: Future[JobResult] = Future()
-            future.set_result(self._guard(job, started, lambda: bodies.deletes.drop(job, started)))
+        first = drops_first(job)
+        if first:  # room for its writes, first
+            bodies.deletes.drop_first(job.job_id, first)
+        run: Callable[[], JobResult]
+        if job.kind == "store":
+            assert isinstance(job, StoreJob)
+            d2h, d2h_error = self._start_copy(job) if reads_gpu else (None, None)
+            run = functools.partial(bodies.store, job, d2h, d2h_error, started, fill)
         else:
-            run: Callable[[], JobResult]
-            if isinstance(job, StoreJob):
-                d2h, d2h_error = self._start_copy(job) if reads_gpu else (None, None)
-                run = lambda: bodies.store(job, d2h, d2h_error, started, fill)  # noqa: E731
-            elif isinstance(job, LoadJob):
-                run = lambda: bodies.load(job, started)  # noqa: E731
-            else:
-                run = lambda: bodies.spill(job, started)  # noqa: E731
+            run = functools.partial(self._purposes[job.kind], job, started)
+        if job.kind == "drop":  # inside submit: before any job submitted after it
+            future: Future[JobResult] = Future()
+            future.set_result(self._guard(job, started, run))
+        else:
             if fenced:
                 run = functools.partial(_then_fail, run, fenced)
             # `shown`: a crash fails every block of the job, fenced ones included.
-            pool = self._load_threads if isinstance(job, LoadJob) else self._threads
+            pool = self._load_threads if job.kind == "load" else self._threads
             future = pool.submit(self._guard, shown, started, run)
         handle = JobHandle(shown, future)
         with self._lock:
@@ -249,7 +267,7 @@ class JobExecutor:
         except Exception:
             logger.exception("job %d (%s) failed unexpectedly", job.job_id, job.kind)
             failed = dict.fromkeys(job.keys, INTERNAL)
-            gpu = frozenset(job.gpu_block_ids or ()) if isinstance(job, LoadJob) else frozenset()
+            gpu = frozenset(job.gpu_block_ids or ()) if job.kind == "load" else frozenset()
             self._stats.add("jobs_crashed")
             result = JobResult(
                 job.job_id,

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flexkv_py.coordinator.legs import Blocks, Host, Leg, OnTier
 from flexkv_py.index.tier_names import Tier
 
-JobKind = Literal["store", "load", "spill", "drop"]
+JobKind = Literal["store", "load", "spill", "drop", "move"]
 
 # One status vocabulary, from the lower tier's per-block status to JobResult.failed and on to
 # BlockOutcome.statuses: every string a block can carry is defined here, once.
@@ -117,6 +118,15 @@ class StoreJob:
         """Positions of the blocks this job copies to `tier` after the host copy."""
         return [i for i, tiers in enumerate(self.write_tiers) if tier in tiers]
 
+    @property
+    def blocks(self) -> Blocks:
+        return Blocks(self.keys, self.parents, self.metas)
+
+    @property
+    def spill_leg(self) -> Leg:
+        """The spill the job runs first: its victims' slots -> `spill_tier`."""
+        return spill_leg(self)
+
 
 @dataclass(frozen=True)
 class LoadJob:
@@ -148,6 +158,11 @@ class LoadJob:
         """Positions of the blocks this job stages from `tier` into their host slots."""
         return [i for i, s in enumerate(self.sources) if s is tier]
 
+    @property
+    def spill_leg(self) -> Leg:
+        """As StoreJob.spill_leg."""
+        return spill_leg(self)
+
 
 @dataclass(frozen=True)
 class SpillJob:
@@ -166,6 +181,13 @@ class SpillJob:
     chain_links: tuple[tuple[bytes, bytes | None], ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
+
+    @property
+    def leg(self) -> Leg:
+        """Its one leg: the slots -> `tier`."""
+        return Leg(
+            Blocks(self.keys, self.parents, self.metas), Host(self.host_slots), OnTier(self.tier)
+        )
 
 
 @dataclass(frozen=True)
@@ -186,34 +208,39 @@ class DropJob:
     namespace: bool = False
 
 
-Job = StoreJob | LoadJob | SpillJob | DropJob
+@dataclass(frozen=True)
+class LegJob:
+    """A job that is only its legs, run in order on one job thread through the executor's
+    handlers (leg_handlers.py): a block that failed in a leg is left out of the later ones. Any
+    pair of media a handler is registered for can be moved so, with no new job class."""
 
-# Per-key chain parents and metadata for a lower-tier put (None: the job carries none).
-PutExtras = tuple[list[bytes | None], list[bytes | None]]
+    job_id: int
+    legs: tuple[Leg, ...]
+    kind: JobKind = "move"
+    gpu_block_ids: None = None
+    drop_first: Drops = NO_DROPS
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """Every block the job moves (in the order its legs first name them)."""
+        return tuple(dict.fromkeys(k for leg in self.legs for k in leg.keys))
 
 
-def put_extras(job: StoreJob | SpillJob, keys: Sequence[bytes]) -> PutExtras | None:
-    """The parents and metas `job` carries for `keys` (some of its own keys), or None."""
-    if not job.parents and not job.metas:
-        return None
-    at = {k: i for i, k in enumerate(job.keys)}
-
-    def pick(values: tuple[bytes | None, ...]) -> list[bytes | None]:
-        return [values[at[k]] if values and k in at else None for k in keys]
-
-    return pick(job.parents), pick(job.metas)
+Job = StoreJob | LoadJob | SpillJob | DropJob | LegJob
 
 
-def inline_spill(job: StoreJob | LoadJob) -> SpillJob:
-    """The spill a store or load job runs first (`spill_keys`), as a SpillJob: the blocks,
-    their slots and what the SSD keeps with them."""
-    return SpillJob(
-        job.job_id,
-        job.spill_keys,
-        job.spill_slots,
-        job.spill_tier,
-        parents=job.spill_parents,
-        metas=job.spill_metas,
+def drops_first(job: Job) -> Drops:
+    """The deletes to run before `job` (a drop job is deletes itself: none)."""
+    return NO_DROPS if isinstance(job, DropJob) else job.drop_first
+
+
+def spill_leg(job: StoreJob | LoadJob) -> Leg:
+    """The spill a store or load job runs first (`spill_keys`): the blocks, with what the SSD
+    keeps with them, from their slots to `spill_tier`."""
+    return Leg(
+        Blocks(job.spill_keys, job.spill_parents, job.spill_metas),
+        Host(job.spill_slots),
+        OnTier(job.spill_tier),
     )
 
 
