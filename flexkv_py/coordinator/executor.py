@@ -249,7 +249,7 @@ class JobExecutor:
         stream), or mark the caller's stream for a copy the job issues after its spill."""
         assert job.gpu_block_ids is not None
         try:
-            if job.spill_keys or len(set(job.host_slots)) < len(job.host_slots):
+            if job.spill.keys or len(set(job.host_slots)) < len(job.host_slots):
                 # The slots must be written out first (a spill, or the round before in a store
                 # streamed through reused slots): remember the point on the caller's stream
                 # the copies have to follow, issue them from the job thread.

@@ -16,12 +16,22 @@ from collections.abc import Callable, Mapping, Sequence
 
 from flexkv_py.coordinator.jobs import Drops, Job, JobResult, LoadJob, SpillJob, StoreJob
 from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Leg, write_out
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.cold_blocks import DIGEST_LEN
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.policies import AdmissionPolicy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
+
+
+def spill_of(victims: Sequence[Victim], tier: Tier | None) -> Leg:
+    """The leg a job runs first: the evicted `victims` written out of the slots it reuses, to
+    `tier` (a job with no victims spills nothing)."""
+    if not victims:
+        return NO_SPILL
+    keys = tuple(v.key for v in victims)
+    return write_out(Blocks(keys), [v.host_slot for v in victims], tier or Tier.SSD)
 
 
 class HostSpace:
@@ -154,10 +164,11 @@ class HostSpace:
 
     def complete_chained(self, job: StoreJob | LoadJob, result: JobResult) -> None:
         """The victims a store or load wrote out before reusing their slots."""
-        for key in job.spill_keys:
+        tier = job.spill.tier or Tier.SSD
+        for key in job.spill.keys:
             ok = key not in result.spill_failed
-            self._index.commit_write(key, job.spill_tier, ok)
-            self._spill_done(key, job.spill_tier, ok)
+            self._index.commit_write(key, tier, ok)
+            self._spill_done(key, tier, ok)
 
     def flush_spills(self) -> None:
         """The background evictions chosen so far go out as one SpillJob."""

@@ -241,7 +241,7 @@ class JobBodies:
     ) -> JobResult:
         slot_nbytes = self.pool.slot_nbytes
         failed: dict[bytes, str] = {}
-        spill = self.handlers.move(job.spill_leg)
+        spill = self.handlers.move(job.spill)
         spill_failed, nbytes = spill.failed, spill.nbytes
         if spill_failed and self.late_io.fenced(job.host_slots):
             # The spill timed out and may still read these slots: copying into them now could
@@ -287,7 +287,7 @@ class JobBodies:
         }
         nbytes = 0
         try:
-            spill_failed = self.handlers.move(job.spill_leg).failed
+            spill_failed = self.handlers.move(job.spill).failed
             for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     nbytes += copies.finish(failed) * slot_nbytes

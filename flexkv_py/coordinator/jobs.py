@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flexkv_py.coordinator.legs import Blocks, Host, Leg, OnTier
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Host, Leg, OnTier
 from flexkv_py.index.tier_names import Tier
 
 JobKind = Literal["store", "load", "spill", "drop", "move"]
@@ -86,8 +86,8 @@ NO_DROPS = Drops()
 @dataclass(frozen=True)
 class StoreJob:
     """GPU blocks -> host slots; then host slot -> each tier in `write_tiers[i]` (write-through).
-    With `spill_keys`, those blocks are first written from their slots to `spill_tier` (their
-    slots are the ones this job fills), and the GPU->host copy waits for that.
+    With a `spill`, those blocks are first written from their slots to their tier (their slots
+    are the ones this job fills), and the GPU->host copy waits for that.
 
     `gpu_block_ids` None: the caller already filled the slots (host-only path)."""
 
@@ -97,13 +97,9 @@ class StoreJob:
     host_slots: tuple[int, ...]
     write_tiers: tuple[tuple[Tier, ...], ...]  # per block: lower tiers to copy it to, maybe ()
     kind: JobKind = "store"
-    # Evicted blocks whose slots this job reuses: written host -> spill_tier before anything else.
-    spill_keys: tuple[bytes, ...] = ()
-    spill_slots: tuple[int, ...] = ()
-    spill_tier: Tier = Tier.SSD
-    # Parallel to `spill_keys` (or () for none): what `parents` / `metas` are to `keys`.
-    spill_parents: tuple[bytes | None, ...] = ()
-    spill_metas: tuple[bytes | None, ...] = ()
+    # Evicted blocks whose slots this job reuses: written from those slots to their lower tier
+    # (a host -> tier leg) before anything else.
+    spill: Leg = NO_SPILL
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
     streamed: int = 0
@@ -122,11 +118,6 @@ class StoreJob:
     def blocks(self) -> Blocks:
         return Blocks(self.keys, self.parents, self.metas)
 
-    @property
-    def spill_leg(self) -> Leg:
-        """The spill the job runs first: its victims' slots -> `spill_tier`."""
-        return spill_leg(self)
-
 
 @dataclass(frozen=True)
 class LoadJob:
@@ -142,11 +133,7 @@ class LoadJob:
     host_slots: tuple[int, ...]
     sources: tuple[Tier | None, ...]
     kind: JobKind = "load"
-    spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
-    spill_slots: tuple[int, ...] = ()
-    spill_tier: Tier = Tier.SSD
-    spill_parents: tuple[bytes | None, ...] = ()
-    spill_metas: tuple[bytes | None, ...] = ()
+    spill: Leg = NO_SPILL  # as in StoreJob
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
@@ -157,11 +144,6 @@ class LoadJob:
     def reads_from(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job stages from `tier` into their host slots."""
         return [i for i, s in enumerate(self.sources) if s is tier]
-
-    @property
-    def spill_leg(self) -> Leg:
-        """As StoreJob.spill_leg."""
-        return spill_leg(self)
 
 
 @dataclass(frozen=True)
@@ -234,16 +216,6 @@ def drops_first(job: Job) -> Drops:
     return NO_DROPS if isinstance(job, DropJob) else job.drop_first
 
 
-def spill_leg(job: StoreJob | LoadJob) -> Leg:
-    """The spill a store or load job runs first (`spill_keys`): the blocks, with what the SSD
-    keeps with them, from their slots to `spill_tier`."""
-    return Leg(
-        Blocks(job.spill_keys, job.spill_parents, job.spill_metas),
-        Host(job.spill_slots),
-        OnTier(job.spill_tier),
-    )
-
-
 @dataclass(frozen=True)
 class JobResult:
     """Outcome of one job on one rank (or merged over ranks).
@@ -256,7 +228,7 @@ class JobResult:
     evicted: per tier, logical keys that tier evicted for capacity while the job ran.
     dropped: per tier, logical keys the job deleted that the scheduler named by fingerprint or
         by namespace (`Drops.prints`, `DropJob.prints` / `namespace`): it announces them.
-    spill_failed: a job's `spill_keys` that did not reach its tier (for SpillJob: `failed`).
+    spill_failed: a job's `spill` keys that did not reach its tier (for SpillJob: `failed`).
     """
 
     job_id: int

@@ -130,6 +130,23 @@ class Leg:
         return Leg(self.blocks.take(positions), self.src.take(positions), self.dst.take(positions))
 
     @property
+    def tier(self) -> Tier | None:
+        """The lower tier at either end of the leg, if any."""
+        for end in (self.dst, self.src):
+            if isinstance(end, OnTier):
+                return end.tier
+        return None
+
+    @property
     def kinds(self) -> tuple[type, type]:
         """(source kind, destination kind): what picks its handler."""
         return type(self.src), type(self.dst)
+
+
+def write_out(blocks: Blocks, slots: Sequence[int], tier: Tier) -> Leg:
+    """The leg writing `blocks` from their host `slots` to `tier` (a spill, a write-through)."""
+    return Leg(blocks, Host(tuple(slots)), OnTier(tier))
+
+
+# The spill of a job that spills nothing.
+NO_SPILL = write_out(NO_BLOCKS, (), Tier.SSD)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
-from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.host_space import HostSpace, spill_of
 from flexkv_py.coordinator.jobs import Job, JobResult, StoreJob
 from flexkv_py.coordinator.kv_events import EventQueue
 from flexkv_py.coordinator.outbox import Outbox
@@ -141,9 +141,7 @@ class StorePlanner:
                 host_slots=tuple(host_slots),
                 write_tiers=write_tiers,
                 parents=todo_parents if self._links is not None else (),
-                spill_keys=tuple(v.key for v in chained),
-                spill_slots=tuple(v.host_slot for v in chained),
-                spill_tier=self._spill_tier or Tier.SSD,
+                spill=spill_of(chained, self._spill_tier),
                 streamed=passing,
                 drop_first=self._host.take_drops(),  # after write_tiers: room for its writes
             )

@@ -53,10 +53,10 @@ class HostOnlyBlocks:
     def submitted(self, job: Any) -> None:
         """A job is about to run: slots it fills or writes out no longer hold a host-only block."""
         if isinstance(job, StoreJob):
-            self._forget(job.spill_slots)
+            self._forget(job.spill.src.places() or ())
             self._forget(job.host_slots)
         elif isinstance(job, LoadJob):
-            self._forget(job.spill_slots)
+            self._forget(job.spill.src.places() or ())
             self._forget(
                 [
                     s

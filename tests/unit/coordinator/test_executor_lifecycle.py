@@ -20,6 +20,7 @@ from helpers.store_util import block
 from flexkv_py.config import FlexKVConfig, load_config
 from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD
+from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.errors import ClosedError
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -170,7 +171,9 @@ def test_store_abandoned_before_its_chained_copy_issues_no_copy(
     page = block(victim, ex.pool.slot_nbytes)
     ex.pool.tensor[0].numpy()[:] = memoryview(page)  # type: ignore[attr-defined]
     gate = threading.Event()
-    job = StoreJob(1, (key,), (4,), (0,), (WRITE_NONE,), spill_keys=(victim,), spill_slots=(0,))
+    job = StoreJob(
+        1, (key,), (4,), (0,), (WRITE_NONE,), spill=write_out(Blocks((victim,)), (0,), Tier.SSD)
+    )
     # `fill` runs on the job thread after the spill and before the copy is issued.
     handle = ex.submit(job, fill=gate.wait)
     try:
