@@ -176,10 +176,8 @@ class HostSpace:
             return
         assert self.spill_tier is not None, "spills are planned only with a spill tier"
         job = SpillJob(
-            job_id=self._outbox.new_id(),
-            keys=tuple(v.key for v in self._spill_batch),
-            host_slots=tuple(v.host_slot for v in self._spill_batch),
-            tier=self.spill_tier,
+            self._outbox.new_id(),
+            spill_of(self._spill_batch, self.spill_tier),
             drop_first=self.take_drops(),  # room the index made for these writes
         )
         self._spill_batch = []

@@ -148,28 +148,33 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class SpillJob:
-    """Host slots -> `tier` for blocks leaving the host tier (write-back)."""
+    """Blocks leaving the host tier (write-back): one leg, host slots -> a lower tier."""
 
     job_id: int
-    keys: tuple[bytes, ...]
-    host_slots: tuple[int, ...]
-    tier: Tier = Tier.SSD
+    leg: Leg
     kind: JobKind = "spill"
     gpu_block_ids: None = None
-    parents: tuple[bytes | None, ...] = ()  # as in StoreJob
-    metas: tuple[bytes | None, ...] = ()
     # (key, parent) links of the blocks' ancestors outside the job: the object tier needs a
     # block's whole chain to write its manifests (coordinator/write_behind_object.py).
     chain_links: tuple[tuple[bytes, bytes | None], ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.leg.src, Host) or not isinstance(self.leg.dst, OnTier):
+            raise ValueError("a spill writes host slots to a lower tier")
+
     @property
-    def leg(self) -> Leg:
-        """Its one leg: the slots -> `tier`."""
-        return Leg(
-            Blocks(self.keys, self.parents, self.metas), Host(self.host_slots), OnTier(self.tier)
-        )
+    def keys(self) -> tuple[bytes, ...]:
+        return self.leg.keys
+
+    @property
+    def host_slots(self) -> tuple[int, ...]:
+        return self.leg.src.places() or ()
+
+    @property
+    def tier(self) -> Tier:
+        return self.leg.tier or Tier.SSD
 
 
 @dataclass(frozen=True)

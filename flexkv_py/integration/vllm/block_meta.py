@@ -138,10 +138,15 @@ def with_block_metas(
     for entry in entries:
         job = entry.job
         changes: dict[str, Any] = {}
-        if isinstance(job, StoreJob | SpillJob) and not job.metas and job.keys:
+        if isinstance(job, StoreJob) and not job.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
                 changes.update(parents=extras[0], metas=extras[1])
+        if isinstance(job, SpillJob) and not job.leg.blocks.metas and job.keys:
+            extras = _extras(job.keys, origins, scales or {})
+            if extras is not None:
+                blocks = Blocks(job.keys, extras[0], extras[1])
+                changes.update(leg=dataclasses.replace(job.leg, blocks=blocks))
         spill = job.spill if isinstance(job, StoreJob | LoadJob) else None
         if spill is not None and spill.keys and not spill.blocks.metas:
             extras = _extras(spill.keys, origins, scales or {})
