@@ -1,10 +1,11 @@
 """Worker side: runs the manager's jobs on this rank's host pool, lower tiers and GPU KV cache.
 
-This module is the job registry (submit, poll, wait, abandon, shutdown, stats). What the jobs
-do is in job_bodies.py; when a store stops reading GPU blocks is in gpu_reads.py; bounded
-lower-tier waits in late_io.py; copy ordering in transfer/stream_order.py; building the host
-pool and transfer engine in host_side.py. The lower tiers are `LowerTier`s (tiers/protocol.py)
-in `tiers`, keyed by `Tier`.
+This module is the job registry (submit, poll, wait, abandon, shutdown, stats), and picks each
+job's body by its purpose (`kind`). What the jobs do is in job_bodies.py, which moves their
+legs through the handler registry (leg_handlers.py, `JobExecutor.handlers`); when a store stops
+reading GPU blocks is in gpu_reads.py; bounded lower-tier waits in late_io.py; copy ordering in
+transfer/stream_order.py; building the host pool and transfer engine in host_side.py.
+The lower tiers are `LowerTier`s (tiers/protocol.py) in `tiers`, keyed by `Tier`.
 
 Ordering: a store's GPU->host copy is submitted in the caller's thread inside `submit`, so it is
 ordered after the model work already queued on the caller's CUDA stream; everything that follows

@@ -1,7 +1,7 @@
 """Host space for the manager: slots for jobs, eviction per policy, spills to the spill tier.
 
 A job that needs slots takes free ones first, then evicts per policy. A victim that must reach the
-spill tier first (write-back) travels inside the job (`spill_keys`): the worker writes it out
+spill tier first (write-back) travels inside the job (its `spill` leg): the worker writes it out
 before reusing its slot. To keep that off the critical path the manager also keeps `free_target`
 of the slots free-or-spilling with background SpillJobs; a spilled slot is free only once its
 write is confirmed.

@@ -1,4 +1,6 @@
-"""The job bodies: what a store, load, spill and drop do on this rank, tier by tier.
+"""The job bodies: the steps of each purpose (store, load, spill, move) on this rank, in the
+order of their legs; every plain leg (a spill, a write-through, a `LegJob`'s) moves through the
+handler registered for its pair of media (leg_handlers.py, registered here).
 
 Host <-> lower tier goes through each tier's async batches straight on pool memory: each block
 buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DIRECT needs no
@@ -6,7 +8,7 @@ bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_ord
 copy issued from a job thread).
 
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
-`LoadJob.sources`, `SpillJob.tier`, `DropJob.tiers`): one batch per tier and job part, never a
+`LoadJob.sources`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
 tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
 
