@@ -92,7 +92,9 @@ class StoreJob:
     `gpu_block_ids` None: the caller already filled the slots (host-only path)."""
 
     job_id: int
-    keys: tuple[bytes, ...]
+    # The blocks, with the chain parent and opaque metadata the SSD keeps with each (token ids,
+    # extra keys; see integration/vllm/block_meta.py).
+    blocks: Blocks
     gpu_block_ids: tuple[int, ...] | None
     host_slots: tuple[int, ...]
     write_tiers: tuple[tuple[Tier, ...], ...]  # per block: lower tiers to copy it to, maybe ()
@@ -103,10 +105,6 @@ class StoreJob:
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
     streamed: int = 0
-    # Per block (parallel to `keys`, or () for none): its chain parent and the opaque metadata
-    # the SSD keeps with it (token ids, extra keys; see integration/vllm/block_meta.py).
-    parents: tuple[bytes | None, ...] = ()
-    metas: tuple[bytes | None, ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
@@ -114,9 +112,15 @@ class StoreJob:
         """Positions of the blocks this job copies to `tier` after the host copy."""
         return [i for i, tiers in enumerate(self.write_tiers) if tier in tiers]
 
+    def __post_init__(self) -> None:
+        n = len(self.blocks)
+        ids = self.gpu_block_ids
+        if len(self.host_slots) != n or len(self.write_tiers) != n or (ids and len(ids) != n):
+            raise ValueError(f"StoreJob {self.job_id}: its per-block columns are not {n} long")
+
     @property
-    def blocks(self) -> Blocks:
-        return Blocks(self.keys, self.parents, self.metas)
+    def keys(self) -> tuple[bytes, ...]:
+        return self.blocks.keys
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,10 @@ def with_block_metas(
     for entry in entries:
         job = entry.job
         changes: dict[str, Any] = {}
-        if isinstance(job, StoreJob) and not job.metas and job.keys:
+        if isinstance(job, StoreJob) and not job.blocks.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
-                changes.update(parents=extras[0], metas=extras[1])
+                changes.update(blocks=Blocks(job.keys, extras[0], extras[1]))
         if isinstance(job, SpillJob) and not job.leg.blocks.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
