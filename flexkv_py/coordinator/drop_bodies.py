@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from flexkv_py.coordinator.counters import Counters
-from flexkv_py.coordinator.jobs import DropJob, JobResult, LoadJob, SpillJob, StoreJob
+from flexkv_py.coordinator.jobs import DropJob, Drops, JobResult
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.protocol import LowerTier
@@ -71,14 +71,14 @@ class TierDeletes:
                 n = self._deleting(tier, 0, lower.delete, keys)
                 self.stats.add(f"{tier.value}_deleted_blocks", n)
 
-    def drop_first(self, job: StoreJob | LoadJob | SpillJob) -> None:
+    def drop_first(self, job_id: int, drops: Drops) -> None:
         """A job's `drop_first` (room for its writes), run before the job: by key, then by
         fingerprint; what the fingerprints resolved to goes into the job's result."""
-        self.delete(job.drop_first.keys)
-        dropped = self._delete_prints(job.drop_first.prints)
+        self.delete(drops.keys)
+        dropped = self._delete_prints(drops.prints)
         if dropped:
             with self._dropped_lock:
-                self._dropped[job.job_id] = dropped
+                self._dropped[job_id] = dropped
 
     def _delete_prints(self, prints: Mapping[Tier, bytes]) -> dict[Tier, tuple[bytes, ...]]:
         """Delete the blocks named by fingerprint per tier (joined 8-byte digests) on the tiers

@@ -1,10 +1,11 @@
 """Worker side: runs the manager's jobs on this rank's host pool, lower tiers and GPU KV cache.
 
-This module is the job registry (submit, poll, wait, abandon, shutdown, stats). What the jobs
-do is in job_bodies.py; when a store stops reading GPU blocks is in gpu_reads.py; bounded
-lower-tier waits in late_io.py; copy ordering in transfer/stream_order.py; building the host
-pool and transfer engine in host_side.py. The lower tiers are `LowerTier`s (tiers/protocol.py)
-in `tiers`, keyed by `Tier`.
+This module is the job registry (submit, poll, wait, abandon, shutdown, stats), and picks each
+job's body by its purpose (`kind`). What the jobs do is in job_bodies.py, which moves their
+legs through the handler registry (leg_handlers.py, `JobExecutor.handlers`); when a store stops
+reading GPU blocks is in gpu_reads.py; bounded lower-tier waits in late_io.py; copy ordering in
+transfer/stream_order.py; building the host pool and transfer engine in host_side.py.
+The lower tiers are `LowerTier`s (tiers/protocol.py) in `tiers`, keyed by `Tier`.
 
 Ordering: a store's GPU->host copy is submitted in the caller's thread inside `submit`, so it is
 ordered after the model work already queued on the caller's CUDA stream; everything that follows
@@ -36,8 +37,9 @@ from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.gpu_reads import GpuReads
 from flexkv_py.coordinator.host_side import HostSlots, build_host_side
 from flexkv_py.coordinator.job_bodies import JobBodies
-from flexkv_py.coordinator.jobs import INTERNAL, DropJob, Job, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.jobs import INTERNAL, Job, JobResult, LoadJob, StoreJob, drops_first
 from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
+from flexkv_py.coordinator.leg_handlers import Handlers
 from flexkv_py.coordinator.staged_load import LoadCopies
 from flexkv_py.coordinator.store_copies import D2h
 from flexkv_py.errors import ClosedError
@@ -191,6 +193,19 @@ class JobExecutor:
         self._bodies = JobBodies(
             host_pool, self.tiers, self.late_io, self._transfer, self._reads, self._stats
         )
+        # The body of each purpose but the store (whose GPU->host copy starts in `submit`).
+        self._purposes: dict[str, Callable[[Any, float], JobResult]] = {
+            "load": self._bodies.load,
+            "spill": self._bodies.spill,
+            "drop": self._bodies.deletes.drop,
+            "move": self._bodies.move,
+        }
+
+    @property
+    def handlers(self) -> Handlers:
+        """The leg handlers, by (source medium, destination medium): register another path
+        (GPU <-> SSD, GPU <-> peer) here."""
+        return self._bodies.handlers
 
     @classmethod
     def from_kv_caches(
@@ -223,10 +238,14 @@ class JobExecutor:
         waits for it (see _HereLoad)."""
         shown: Job = job
         fenced: tuple[bytes, ...] = ()
-        if isinstance(job, StoreJob):  # never write into a slot a timed-out I/O may touch
-            job, fenced = fence_store(job, self.late_io.fenced(job.host_slots), fill is not None)
+        store = job if job.kind == "store" else None
+        if store is not None:  # never write into a slot a timed-out I/O may touch
+            assert isinstance(store, StoreJob)
+            job, fenced = fence_store(
+                store, self.late_io.fenced(store.host_slots), fill is not None
+            )
             fill = None if fenced and fill is not None else fill
-        reads_gpu = isinstance(job, StoreJob) and job.gpu_block_ids is not None and bool(job.keys)
+        reads_gpu = store is not None and job.gpu_block_ids is not None and bool(job.keys)
         with self._lock:
             if self._closed:
                 raise ClosedError("job executor is shut down")
@@ -255,37 +274,38 @@ class JobExecutor:
         """Run `job`, the part of `shown` that can run; `fenced` keys of `shown` fail."""
         started = time.perf_counter()
         bodies = self._bodies
-        if not isinstance(job, DropJob) and job.drop_first:  # room for its writes, first
-            bodies.deletes.drop_first(job)
+        first = drops_first(job)
+        if first:  # room for its writes, first
+            bodies.deletes.drop_first(job.job_id, first)
         here_load = None
         future: Future[JobResult]
         if (
             here
             and isinstance(job, LoadJob)
             and job.gpu_block_ids is not None
-            and not job.spill_keys
+            and not job.spill.keys
             and not fenced
             and job.all_from_host
         ):
             here_load = self._here_load(job, started)
             future = here_load.future
-        elif isinstance(job, DropJob):
-            future = Future()
-            future.set_result(self._guard(job, started, lambda: bodies.deletes.drop(job, started)))
         else:
             run: Callable[[], JobResult]
-            if isinstance(job, StoreJob):
+            if job.kind == "store":
+                assert isinstance(job, StoreJob)
                 d2h, d2h_error = self._start_copy(job) if reads_gpu else (None, None)
-                run = lambda: bodies.store(job, d2h, d2h_error, started, fill)  # noqa: E731
-            elif isinstance(job, LoadJob):
-                run = lambda: bodies.load(job, started)  # noqa: E731
+                run = functools.partial(bodies.store, job, d2h, d2h_error, started, fill)
             else:
-                run = lambda: bodies.spill(job, started)  # noqa: E731
-            if fenced:
-                run = functools.partial(_then_fail, run, fenced)
-            # `shown`: a crash fails every block of the job, fenced ones included.
-            pool = self._load_threads if isinstance(job, LoadJob) else self._threads
-            future = pool.submit(self._guard, shown, started, run)
+                run = functools.partial(self._purposes[job.kind], job, started)
+            if job.kind == "drop":  # inside submit: before any job submitted after it
+                future = Future()
+                future.set_result(self._guard(job, started, run))
+            else:
+                if fenced:
+                    run = functools.partial(_then_fail, run, fenced)
+                # `shown`: a crash fails every block of the job, fenced ones included.
+                pool = self._load_threads if job.kind == "load" else self._threads
+                future = pool.submit(self._guard, shown, started, run)
         handle = JobHandle(shown, future, here_load)
         with self._lock:
             self._handles[job.job_id] = handle
@@ -312,7 +332,7 @@ class JobExecutor:
         stream), or mark the caller's stream for a copy the job issues after its spill."""
         assert job.gpu_block_ids is not None
         try:
-            if job.spill_keys or len(set(job.host_slots)) < len(job.host_slots):
+            if job.spill.keys or len(set(job.host_slots)) < len(job.host_slots):
                 # The slots must be written out first (a spill, or the round before in a store
                 # streamed through reused slots): remember the point on the caller's stream
                 # the copies have to follow, issue them from the job thread.
@@ -330,7 +350,7 @@ class JobExecutor:
         except Exception:
             logger.exception("job %d (%s) failed unexpectedly", job.job_id, job.kind)
             failed = dict.fromkeys(job.keys, INTERNAL)
-            gpu = frozenset(job.gpu_block_ids or ()) if isinstance(job, LoadJob) else frozenset()
+            gpu = frozenset(job.gpu_block_ids or ()) if job.kind == "load" else frozenset()
             self._stats.add("jobs_crashed")
             result = JobResult(
                 job.job_id,

@@ -1,7 +1,7 @@
 """Host space for the manager: slots for jobs, eviction per policy, spills to the spill tier.
 
 A job that needs slots takes free ones first, then evicts per policy. A victim that must reach the
-spill tier first (write-back) travels inside the job (`spill_keys`): the worker writes it out
+spill tier first (write-back) travels inside the job (its `spill` leg): the worker writes it out
 before reusing its slot. To keep that off the critical path the manager also keeps `free_target`
 of the slots free-or-spilling with background SpillJobs; a spilled slot is free only once its
 write is confirmed.
@@ -16,12 +16,22 @@ from collections.abc import Callable, Mapping, Sequence
 
 from flexkv_py.coordinator.jobs import Drops, Job, JobResult, LoadJob, SpillJob, StoreJob
 from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Leg, write_out
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.cold_blocks import DIGEST_LEN
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.policies import AdmissionPolicy
 from flexkv_py.index.tier_index import TierIndex
 from flexkv_py.index.tier_names import Tier
+
+
+def spill_of(victims: Sequence[Victim], tier: Tier | None) -> Leg:
+    """The leg a job runs first: the evicted `victims` written out of the slots it reuses, to
+    `tier` (a job with no victims spills nothing)."""
+    if not victims:
+        return NO_SPILL
+    keys = tuple(v.key for v in victims)
+    return write_out(Blocks(keys), [v.host_slot for v in victims], tier or Tier.SSD)
 
 
 class HostSpace:
@@ -154,10 +164,11 @@ class HostSpace:
 
     def complete_chained(self, job: StoreJob | LoadJob, result: JobResult) -> None:
         """The victims a store or load wrote out before reusing their slots."""
-        for key in job.spill_keys:
+        tier = job.spill.tier or Tier.SSD
+        for key in job.spill.keys:
             ok = key not in result.spill_failed
-            self._index.commit_write(key, job.spill_tier, ok)
-            self._spill_done(key, job.spill_tier, ok)
+            self._index.commit_write(key, tier, ok)
+            self._spill_done(key, tier, ok)
 
     def flush_spills(self) -> None:
         """The background evictions chosen so far go out as one SpillJob."""
@@ -165,10 +176,8 @@ class HostSpace:
             return
         assert self.spill_tier is not None, "spills are planned only with a spill tier"
         job = SpillJob(
-            job_id=self._outbox.new_id(),
-            keys=tuple(v.key for v in self._spill_batch),
-            host_slots=tuple(v.host_slot for v in self._spill_batch),
-            tier=self.spill_tier,
+            self._outbox.new_id(),
+            spill_of(self._spill_batch, self.spill_tier),
             drop_first=self.take_drops(),  # room the index made for these writes
         )
         self._spill_batch = []

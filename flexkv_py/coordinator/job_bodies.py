@@ -1,4 +1,6 @@
-"""The job bodies: what a store, load, spill and drop do on this rank, tier by tier.
+"""The job bodies: the steps of each purpose (store, load, spill, move) on this rank, in the
+order of their legs; every plain leg (a spill, a write-through, a `LegJob`'s) moves through the
+handler registered for its pair of media (leg_handlers.py, registered here).
 
 Host <-> lower tier goes through each tier's async batches straight on pool memory: each block
 buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DIRECT needs no
@@ -6,7 +8,7 @@ bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_ord
 copy issued from a job thread).
 
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
-`LoadJob.sources`, `SpillJob.tier`, `DropJob.tiers`): one batch per tier and job part, never a
+`LoadJob.sources`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
 tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
 
@@ -22,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
+from flexkv_py.coordinator.copy_handlers import HostCopy
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.drop_bodies import TierDeletes
 from flexkv_py.coordinator.gpu_reads import GpuReads
@@ -33,14 +36,15 @@ from flexkv_py.coordinator.jobs import (
     NOT_FOUND,
     TRANSFER_ERROR,
     JobResult,
+    LegJob,
     LoadJob,
     SpillJob,
     StoreJob,
-    inline_spill,
-    put_extras,
     reason_for_status,
 )
 from flexkv_py.coordinator.late_io import LateIo
+from flexkv_py.coordinator.leg_handlers import Handlers, Moved
+from flexkv_py.coordinator.legs import Blocks, Gpu, Host, OnTier
 from flexkv_py.coordinator.planning import store_rounds
 from flexkv_py.coordinator.staged_load import (
     READ_BATCH_BYTES,
@@ -51,6 +55,7 @@ from flexkv_py.coordinator.staged_load import (
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
 from flexkv_py.coordinator.store_write_through import SlotMemory, store_in_rounds, write_through
+from flexkv_py.coordinator.tier_handlers import HostToTier, TierToHost
 from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
@@ -80,6 +85,16 @@ class JobBodies:
         self.stats = stats
         self.copies = StoreCopies(transfer, reads, stats)
         self.deletes = TierDeletes(tiers, stats)
+        # Every leg moves through the handler for its pair of media (leg_handlers.py).
+        self.handlers = Handlers()
+        self.handlers.register(Host, OnTier, HostToTier(self))
+        self.handlers.register(OnTier, Host, TierToHost(self))
+        self.handlers.register(Gpu, Host, HostCopy("d2h", transfer, stats, pool.slot_nbytes))
+        self.handlers.register(Host, Gpu, HostCopy("h2d", transfer, stats, pool.slot_nbytes))
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self.pool.slot_nbytes
 
     # ------------------------------------------------------------------ lower-tier I/O
     def tier_batch(
@@ -88,15 +103,16 @@ class JobBodies:
         put: bool,
         keys: Sequence[bytes],
         slots: Sequence[int],
-        job: StoreJob | SpillJob | None = None,
+        extras: Blocks | None = None,
     ) -> dict[bytes, str]:
-        """Run one batch on `tier`: key -> failure reason for the blocks that did not make it."""
+        """Run one batch on `tier`: key -> failure reason for the blocks that did not make it.
+        `extras`: the blocks of a put, whose parents and metas go with them."""
         if not keys:
             return {}
         lower = self.tiers.get(tier)
         if lower is None:
             return dict.fromkeys(keys, NOT_FOUND)
-        batch = self._submit(lower, put, keys, slots, job)
+        batch = self._submit(lower, put, keys, slots, extras)
         failed = self._collect(tier, put, batch, keys, slots)
         return dict.fromkeys(keys, IO_TIMEOUT) if failed is None else failed
 
@@ -106,18 +122,14 @@ class JobBodies:
         put: bool,
         keys: Sequence[bytes],
         slots: Sequence[int],
-        job: StoreJob | SpillJob | None = None,
+        blocks: Blocks | None = None,
     ) -> BatchLike:
         addr, nbytes = self.pool.slot_address, self.pool.slot_nbytes
         items = [(k, (addr(s), nbytes)) for k, s in zip(keys, slots, strict=True)]
         if not put:
             return lower.submit_get(items)
         # Chain parents and token ids go with the blocks to a tier that keeps them (the SSD).
-        extras = put_extras(job, keys) if job is not None else None
-        links = job.chain_links if isinstance(job, SpillJob) else ()
-        remember = getattr(lower, "remember_links", None)  # the object tier's manifests
-        if links and remember is not None:
-            remember(links)
+        extras = blocks.extras() if blocks is not None else None
         if extras is not None and getattr(lower, "stores_block_meta", False):
             return lower.submit_put(items, parents=extras[0], metas=extras[1])  # type: ignore[call-arg]
         return lower.submit_put(items)
@@ -231,10 +243,8 @@ class JobBodies:
     ) -> JobResult:
         slot_nbytes = self.pool.slot_nbytes
         failed: dict[bytes, str] = {}
-        spill_failed = self.tier_batch(
-            job.spill_tier, True, job.spill_keys, job.spill_slots, inline_spill(job)
-        )
-        nbytes = (len(job.spill_keys) - len(spill_failed)) * slot_nbytes
+        spill = self.handlers.move(job.spill)
+        spill_failed, nbytes = spill.failed, spill.nbytes
         if spill_failed and self.late_io.fenced(job.host_slots):
             # The spill timed out and may still read these slots: copying into them now could
             # persist our KV under the victims' keys. The copy was not issued yet (spill first).
@@ -281,9 +291,7 @@ class JobBodies:
         }
         nbytes = 0
         try:
-            spill_failed = self.tier_batch(
-                job.spill_tier, True, job.spill_keys, job.spill_slots, inline_spill(job)
-            )
+            spill_failed = self.handlers.move(job.spill).failed
             for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     nbytes += copies.finish(failed) * slot_nbytes
@@ -340,13 +348,39 @@ class JobBodies:
 
     # ------------------------------------------------------------------ spill
     def spill(self, job: SpillJob, started: float) -> JobResult:
-        failed = self.tier_batch(job.tier, True, job.keys, job.host_slots, job)
+        lower = self.tiers.get(job.tier)
+        remember = getattr(lower, "remember_links", None)  # the object tier's manifests
+        if job.keys and job.chain_links and remember is not None:
+            remember(job.chain_links)
+        moved = self.handlers.move(job.leg)
         return JobResult(
             job.job_id,
             "spill",
+            failed=moved.failed,
+            evicted=self.deletes.evicted(),
+            nbytes=moved.nbytes,
+            seconds=time.perf_counter() - started,
+            dropped=self.deletes.took(job.job_id),
+        )
+
+    # ------------------------------------------------------------------ legs
+    def move(self, job: LegJob, started: float) -> JobResult:
+        """A job of legs only: each through its handler, in order; a block that failed in a leg
+        does not travel in the later ones."""
+        failed: dict[bytes, str] = {}
+        nbytes = 0
+        for leg in job.legs:
+            if failed:
+                leg = leg.take([i for i, k in enumerate(leg.keys) if k not in failed])
+            moved: Moved = self.handlers.move(leg)
+            failed.update(moved.failed)
+            nbytes += moved.nbytes
+        return JobResult(
+            job.job_id,
+            "move",
             failed=failed,
             evicted=self.deletes.evicted(),
-            nbytes=(len(job.keys) - len(failed)) * self.pool.slot_nbytes,
+            nbytes=nbytes,
             seconds=time.perf_counter() - started,
             dropped=self.deletes.took(job.job_id),
         )

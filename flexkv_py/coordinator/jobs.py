@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Host, Leg, OnTier
 from flexkv_py.index.tier_names import Tier
 
-JobKind = Literal["store", "load", "spill", "drop"]
+JobKind = Literal["store", "load", "spill", "drop", "move"]
 
 # One status vocabulary, from the lower tier's per-block status to JobResult.failed and on to
 # BlockOutcome.statuses: every string a block can carry is defined here, once.
@@ -85,37 +86,41 @@ NO_DROPS = Drops()
 @dataclass(frozen=True)
 class StoreJob:
     """GPU blocks -> host slots; then host slot -> each tier in `write_tiers[i]` (write-through).
-    With `spill_keys`, those blocks are first written from their slots to `spill_tier` (their
-    slots are the ones this job fills), and the GPU->host copy waits for that.
+    With a `spill`, those blocks are first written from their slots to their tier (their slots
+    are the ones this job fills), and the GPU->host copy waits for that.
 
     `gpu_block_ids` None: the caller already filled the slots (host-only path)."""
 
     job_id: int
-    keys: tuple[bytes, ...]
+    # The blocks, with the chain parent and opaque metadata the SSD keeps with each (token ids,
+    # extra keys; see integration/vllm/block_meta.py).
+    blocks: Blocks
     gpu_block_ids: tuple[int, ...] | None
     host_slots: tuple[int, ...]
     write_tiers: tuple[tuple[Tier, ...], ...]  # per block: lower tiers to copy it to, maybe ()
     kind: JobKind = "store"
-    # Evicted blocks whose slots this job reuses: written host -> spill_tier before anything else.
-    spill_keys: tuple[bytes, ...] = ()
-    spill_slots: tuple[int, ...] = ()
-    spill_tier: Tier = Tier.SSD
-    # Parallel to `spill_keys` (or () for none): what `parents` / `metas` are to `keys`.
-    spill_parents: tuple[bytes | None, ...] = ()
-    spill_metas: tuple[bytes | None, ...] = ()
+    # Evicted blocks whose slots this job reuses: written from those slots to their lower tier
+    # (a host -> tier leg) before anything else.
+    spill: Leg = NO_SPILL
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
     streamed: int = 0
-    # Per block (parallel to `keys`, or () for none): its chain parent and the opaque metadata
-    # the SSD keeps with it (token ids, extra keys; see integration/vllm/block_meta.py).
-    parents: tuple[bytes | None, ...] = ()
-    metas: tuple[bytes | None, ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
         return [i for i, tiers in enumerate(self.write_tiers) if tier in tiers]
+
+    def __post_init__(self) -> None:
+        n = len(self.blocks)
+        ids = self.gpu_block_ids
+        if len(self.host_slots) != n or len(self.write_tiers) != n or (ids and len(ids) != n):
+            raise ValueError(f"StoreJob {self.job_id}: its per-block columns are not {n} long")
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self.blocks.keys
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,7 @@ class LoadJob:
     host_slots: tuple[int, ...]
     sources: tuple[Tier | None, ...]
     kind: JobKind = "load"
-    spill_keys: tuple[bytes, ...] = ()  # as in StoreJob
-    spill_slots: tuple[int, ...] = ()
-    spill_tier: Tier = Tier.SSD
-    spill_parents: tuple[bytes | None, ...] = ()
-    spill_metas: tuple[bytes | None, ...] = ()
+    spill: Leg = NO_SPILL  # as in StoreJob
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
@@ -151,21 +152,33 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class SpillJob:
-    """Host slots -> `tier` for blocks leaving the host tier (write-back)."""
+    """Blocks leaving the host tier (write-back): one leg, host slots -> a lower tier."""
 
     job_id: int
-    keys: tuple[bytes, ...]
-    host_slots: tuple[int, ...]
-    tier: Tier = Tier.SSD
+    leg: Leg
     kind: JobKind = "spill"
     gpu_block_ids: None = None
-    parents: tuple[bytes | None, ...] = ()  # as in StoreJob
-    metas: tuple[bytes | None, ...] = ()
     # (key, parent) links of the blocks' ancestors outside the job: the object tier needs a
     # block's whole chain to write its manifests (coordinator/write_behind_object.py).
     chain_links: tuple[tuple[bytes, bytes | None], ...] = ()
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.leg.src, Host) or not isinstance(self.leg.dst, OnTier):
+            raise ValueError("a spill writes host slots to a lower tier")
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self.leg.keys
+
+    @property
+    def host_slots(self) -> tuple[int, ...]:
+        return self.leg.src.places() or ()
+
+    @property
+    def tier(self) -> Tier:
+        return self.leg.tier or Tier.SSD
 
 
 @dataclass(frozen=True)
@@ -186,35 +199,30 @@ class DropJob:
     namespace: bool = False
 
 
-Job = StoreJob | LoadJob | SpillJob | DropJob
+@dataclass(frozen=True)
+class LegJob:
+    """A job that is only its legs, run in order on one job thread through the executor's
+    handlers (leg_handlers.py): a block that failed in a leg is left out of the later ones. Any
+    pair of media a handler is registered for can be moved so, with no new job class."""
 
-# Per-key chain parents and metadata for a lower-tier put (None: the job carries none).
-PutExtras = tuple[list[bytes | None], list[bytes | None]]
+    job_id: int
+    legs: tuple[Leg, ...]
+    kind: JobKind = "move"
+    gpu_block_ids: None = None
+    drop_first: Drops = NO_DROPS
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """Every block the job moves (in the order its legs first name them)."""
+        return tuple(dict.fromkeys(k for leg in self.legs for k in leg.keys))
 
 
-def put_extras(job: StoreJob | SpillJob, keys: Sequence[bytes]) -> PutExtras | None:
-    """The parents and metas `job` carries for `keys` (some of its own keys), or None."""
-    if not job.parents and not job.metas:
-        return None
-    at = {k: i for i, k in enumerate(job.keys)}
-
-    def pick(values: tuple[bytes | None, ...]) -> list[bytes | None]:
-        return [values[at[k]] if values and k in at else None for k in keys]
-
-    return pick(job.parents), pick(job.metas)
+Job = StoreJob | LoadJob | SpillJob | DropJob | LegJob
 
 
-def inline_spill(job: StoreJob | LoadJob) -> SpillJob:
-    """The spill a store or load job runs first (`spill_keys`), as a SpillJob: the blocks,
-    their slots and what the SSD keeps with them."""
-    return SpillJob(
-        job.job_id,
-        job.spill_keys,
-        job.spill_slots,
-        job.spill_tier,
-        parents=job.spill_parents,
-        metas=job.spill_metas,
-    )
+def drops_first(job: Job) -> Drops:
+    """The deletes to run before `job` (a drop job is deletes itself: none)."""
+    return NO_DROPS if isinstance(job, DropJob) else job.drop_first
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ class JobResult:
     evicted: per tier, logical keys that tier evicted for capacity while the job ran.
     dropped: per tier, logical keys the job deleted that the scheduler named by fingerprint or
         by namespace (`Drops.prints`, `DropJob.prints` / `namespace`): it announces them.
-    spill_failed: a job's `spill_keys` that did not reach its tier (for SpillJob: `failed`).
+    spill_failed: a job's `spill` keys that did not reach its tier (for SpillJob: `failed`).
     """
 
     job_id: int

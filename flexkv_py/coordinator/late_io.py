@@ -180,7 +180,7 @@ def fence_store(job: StoreJob, fenced: set[int], fills: bool) -> tuple[StoreJob,
     ids = job.gpu_block_ids
     part = replace(
         job,
-        keys=tuple(job.keys[i] for i in keep),
+        blocks=job.blocks.take(keep),
         gpu_block_ids=None if ids is None else tuple(ids[i] for i in keep),
         host_slots=tuple(job.host_slots[i] for i in keep),
         write_tiers=tuple(job.write_tiers[i] for i in keep),

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
-from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.host_space import HostSpace, spill_of
 from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob
 from flexkv_py.coordinator.kv_events import EventQueue
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
@@ -173,7 +173,7 @@ class LoadPlanner:
         job = self.prepare_load(keys, gpu_block_ids)
         if job is None:
             return []
-        if len(bounds) < 2 or job.spill_keys or job.drop_first or not job.all_from_host:
+        if len(bounds) < 2 or job.spill.keys or job.drop_first or not job.all_from_host:
             return [job]
         self._outbox.forget(job.job_id)
         ids = job.gpu_block_ids
@@ -206,9 +206,7 @@ class LoadPlanner:
             gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
             host_slots=tuple(slots),
             sources=tuple(sources),
-            spill_keys=tuple(v.key for v in chained),
-            spill_slots=tuple(v.host_slot for v in chained),
-            spill_tier=self._host.spill_tier or Tier.SSD,
+            spill=spill_of(chained, self._host.spill_tier),
             drop_first=self._host.take_drops(),  # room the index made for the spills (eviction.py)
         )
         self._track(job, promoted)

@@ -4,7 +4,8 @@ with those writes when the job has fewer slots than blocks.
 
 Kept apart from job_bodies.py (which runs every job kind and owns the per-tier batch calls)
 because it is the one store-only path that loops over rounds; it calls back into the bodies
-for the batches (`tier_batch`) and the GPU -> host copies (`copies`), through `StoreBodies`.
+for the host -> tier legs (`handlers`) and the GPU -> host copies (`copies`), through
+`StoreBodies`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from flexkv_py.coordinator.jobs import IO_TIMEOUT, TRANSFER_ERROR, StoreJob
+from flexkv_py.coordinator.legs import Host, Leg, OnTier
 from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.transfer.stream_order import StreamMark
 
 if TYPE_CHECKING:
     from flexkv_py.coordinator.late_io import LateIo
+    from flexkv_py.coordinator.leg_handlers import Handlers
     from flexkv_py.coordinator.store_copies import StoreCopies
 
 
@@ -35,15 +38,7 @@ class StoreBodies(Protocol):
     pool: SlotMemory
     late_io: LateIo
     copies: StoreCopies
-
-    def tier_batch(
-        self,
-        tier: Tier,
-        put: bool,
-        keys: Sequence[bytes],
-        slots: Sequence[int],
-        job: StoreJob | None = None,
-    ) -> dict[bytes, str]: ...
+    handlers: Handlers
 
 
 def write_through(
@@ -59,13 +54,14 @@ def write_through(
         return 0
     todo = [i for i in positions if job.keys[i] not in failed]
     nbytes = 0
+    blocks = job.blocks
     for tier in lower_in_order(set().union(*(job.write_tiers[i] for i in todo))):
         mine = [i for i in todo if tier in job.write_tiers[i]]
-        keys = [job.keys[i] for i in mine]
-        tier_failed = bodies.tier_batch(tier, True, keys, [job.host_slots[i] for i in mine], job)
-        nbytes += (len(mine) - len(tier_failed)) * bodies.pool.slot_nbytes
-        if tier_failed:
-            write_failed.setdefault(tier, set()).update(tier_failed)
+        slots = Host(tuple(job.host_slots[i] for i in mine))
+        moved = bodies.handlers.move(Leg(blocks.take(mine), slots, OnTier(tier)))
+        nbytes += moved.nbytes
+        if moved.failed:
+            write_failed.setdefault(tier, set()).update(moved.failed)
     return nbytes
 
 

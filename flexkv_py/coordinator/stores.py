@@ -25,9 +25,10 @@ from collections.abc import Sequence
 
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
-from flexkv_py.coordinator.host_space import HostSpace
+from flexkv_py.coordinator.host_space import HostSpace, spill_of
 from flexkv_py.coordinator.jobs import Job, JobResult, StoreJob
 from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.index.entry import Victim
@@ -130,7 +131,7 @@ class StorePlanner:
                 write_tiers = ((),) * len(todo)
             job = StoreJob(
                 job_id=self._outbox.new_id(),
-                keys=tuple(todo_keys),
+                blocks=Blocks(tuple(todo_keys), todo_parents if self._links is not None else ()),
                 gpu_block_ids=(
                     None
                     if gpu_block_ids is None
@@ -140,10 +141,7 @@ class StorePlanner:
                 ),
                 host_slots=tuple(host_slots),
                 write_tiers=write_tiers,
-                parents=todo_parents if self._links is not None else (),
-                spill_keys=tuple(v.key for v in chained),
-                spill_slots=tuple(v.host_slot for v in chained),
-                spill_tier=self._spill_tier or Tier.SSD,
+                spill=spill_of(chained, self._spill_tier),
                 streamed=passing,
                 drop_first=self._host.take_drops(),  # after write_tiers: room for its writes
             )

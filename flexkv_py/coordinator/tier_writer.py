@@ -41,6 +41,7 @@ from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.host_space import HostSpace
 from flexkv_py.coordinator.jobs import NO_DROPS, Job, JobResult, LoadJob, SpillJob
 from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
@@ -242,22 +243,21 @@ class TierWriter:
         if links is None:
             job = SpillJob(
                 self._outbox.new_id(),
-                tuple(keys),
-                tuple(slots),
-                self.tier,
+                write_out(Blocks(tuple(keys)), slots, self.tier),
                 drop_first=self._host.take_drops() if self._makes_room else NO_DROPS,
             )
         else:
             keys, slots = links.root_first(keys, slots)
-            job = SpillJob(
-                self._outbox.new_id(),
+            blocks = Blocks(
                 tuple(keys),
-                tuple(slots),
-                self.tier,
-                parents=tuple(links.parent(k) for k in keys),
+                tuple(links.parent(k) for k in keys),
                 # Metadata the bucket does not keep; present, so the connector's fill-in from
                 # what it remembers (block_meta.with_block_metas) keeps these parents.
-                metas=(None,) * len(keys),
+                (None,) * len(keys),
+            )
+            job = SpillJob(
+                self._outbox.new_id(),
+                write_out(blocks, slots, self.tier),
                 chain_links=tuple(links.ancestors(keys)),
                 drop_first=self._host.take_drops() if self._makes_room else NO_DROPS,
             )

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flexkv_py.coordinator.jobs import LoadJob, SpillJob, StoreJob
+from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN
 from flexkv_py.integration.vllm.events import BlockOrigin, BlockOrigins, scaled_origin
 from flexkv_py.integration.vllm.metadata import JobEntry
@@ -132,19 +133,26 @@ def with_block_metas(
 ) -> list[JobEntry]:
     """The step's jobs with each stored or spilled block's parent and metadata filled in from
     what the scheduler remembers of it (blocks it no longer remembers go without), the blocks
-    a store or load spills first (`spill_keys`) included."""
+    a store or load spills first (its `spill` leg) included."""
     out: list[JobEntry] = []
     for entry in entries:
         job = entry.job
         changes: dict[str, Any] = {}
-        if isinstance(job, StoreJob | SpillJob) and not job.metas and job.keys:
+        if isinstance(job, StoreJob) and not job.blocks.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
-                changes.update(parents=extras[0], metas=extras[1])
-        if isinstance(job, StoreJob | LoadJob) and job.spill_keys and not job.spill_metas:
-            extras = _extras(job.spill_keys, origins, scales or {})
+                changes.update(blocks=Blocks(job.keys, extras[0], extras[1]))
+        if isinstance(job, SpillJob) and not job.leg.blocks.metas and job.keys:
+            extras = _extras(job.keys, origins, scales or {})
             if extras is not None:
-                changes.update(spill_parents=extras[0], spill_metas=extras[1])
+                blocks = Blocks(job.keys, extras[0], extras[1])
+                changes.update(leg=dataclasses.replace(job.leg, blocks=blocks))
+        spill = job.spill if isinstance(job, StoreJob | LoadJob) else None
+        if spill is not None and spill.keys and not spill.blocks.metas:
+            extras = _extras(spill.keys, origins, scales or {})
+            if extras is not None:
+                blocks = Blocks(spill.keys, extras[0], extras[1])
+                changes.update(spill=dataclasses.replace(spill, blocks=blocks))
         if changes:
             assert job is not None
             entry = dataclasses.replace(entry, job=dataclasses.replace(job, **changes))

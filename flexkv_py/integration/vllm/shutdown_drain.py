@@ -53,10 +53,10 @@ class HostOnlyBlocks:
     def submitted(self, job: Any) -> None:
         """A job is about to run: slots it fills or writes out no longer hold a host-only block."""
         if isinstance(job, StoreJob):
-            self._forget(job.spill_slots)
+            self._forget(job.spill.src.places() or ())
             self._forget(job.host_slots)
         elif isinstance(job, LoadJob):
-            self._forget(job.spill_slots)
+            self._forget(job.spill.src.places() or ())
             self._forget(
                 [
                     s
@@ -75,8 +75,8 @@ class HostOnlyBlocks:
         for i, (key, slot) in enumerate(zip(job.keys, job.host_slots, strict=True)):
             if key in failed or (i in on_ssd and key not in not_written):
                 continue
-            parent = job.parents[i] if job.parents else None
-            meta = job.metas[i] if job.metas else None
+            parent = job.blocks.parents[i] if job.blocks.parents else None
+            meta = job.blocks.metas[i] if job.blocks.metas else None
             self._by_slot[slot] = (key, parent, meta)
 
     def reset(self) -> None:

@@ -455,8 +455,9 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     # Host full (write-back): the job first writes the victims to SSD, then reuses their slots.
     job2 = mgr.prepare_store(keys[4:], None)
     assert job2 is not None and len(job2.keys) == 4
-    assert set(job2.spill_keys) == set(keys[:4])
-    assert set(job2.spill_slots) == set(job.host_slots)
+    assert set(job2.spill.keys) == set(keys[:4])
+    assert job2.spill.src.places() is not None
+    assert set(job2.spill.src.places()) == set(job.host_slots)
     assert mgr.lookup(keys) == 0  # victims are not readable until their spill is confirmed
     assert run(job2, fill=True).ok
     drain()
@@ -524,7 +525,7 @@ def test_blocks_reset_while_being_written_are_never_announced(tmp_path: Path) ->
     assert first is not None
     mgr.complete(JobResult(first.job_id, "store"))
     spilling = mgr.prepare_store(keys[2:], None)  # no free slot: keys[0] spills first
-    assert spilling is not None and spilling.spill_keys == (keys[0],)
+    assert spilling is not None and spilling.spill.keys == (keys[0],)
     mgr.take_events()
     mgr.reset()
     mgr.complete(JobResult(spilling.job_id, "store"))

@@ -17,6 +17,7 @@ from helpers.coordinator_util import _config, _engine, _keys, _ns, _pages
 from flexkv_py.coordinator import CacheEngine, DropJob, Drops, JobResult, StoreJob
 from flexkv_py.coordinator.jobs import INTERNAL
 from flexkv_py.coordinator.kv_events import KVEvent
+from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.cold_blocks import key_print
 from flexkv_py.index.tier_names import Tier
@@ -157,7 +158,7 @@ def test_a_job_that_crashes_after_its_drop_first_still_names_what_it_deleted(
 
         job = StoreJob(
             20_000,
-            (b"x" * 8,),
+            Blocks((b"x" * 8,)),
             None,
             (0,),  # never written: the fill crashes first
             ((),),
@@ -187,7 +188,7 @@ def test_a_delete_the_store_refuses_neither_stops_the_job_nor_raises_to_its_subm
         victim = eng.manager.index.cold_keys_among(keys)[0]  # adopted at the restart
         job = StoreJob(
             20_001,
-            (b"y" * 8,),
+            Blocks((b"y" * 8,)),
             None,
             (0,),  # already filled (nothing to copy), written to no tier
             ((),),

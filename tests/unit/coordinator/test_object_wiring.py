@@ -143,7 +143,7 @@ def test_object_write_behind_sends_ancestors_before_descendants(tmp_path: Path) 
     (job,) = mgr.take_jobs()
     assert isinstance(job, SpillJob) and job.tier is Tier.OBJECT
     assert job.keys == tuple(keys)  # root first: one chain, ancestors in the same batch
-    assert job.parents == (None, *keys[:7])
+    assert job.leg.blocks.parents == (None, *keys[:7])
     assert mgr.take_jobs() == []  # one object write-behind at a time
     mgr.complete(JobResult(job.job_id, "spill"))
     assert all(mgr.index.readable_on(k, Tier.OBJECT) for k in keys)

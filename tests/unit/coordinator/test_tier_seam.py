@@ -40,6 +40,7 @@ from flexkv_py.coordinator.jobs import (
     STATUS_REASON,
     reason_for_status,
 )
+from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.errors import ClosedError, InternalStateError
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -178,7 +179,7 @@ def test_store_load_drop_run_for_every_tier_the_job_names(
     k = _keys(ex.namespace, 3, "s")
     pages = [block(key, SLOT) for key in k]
     write = ((Tier.SSD, Tier.OBJECT), (Tier.OBJECT,), ())
-    store = StoreJob(1, tuple(k), None, (0, 1, 2), write)
+    store = StoreJob(1, Blocks(tuple(k)), None, (0, 1, 2), write)
     result = _run(ex, store, lambda: _fill(pool, [0, 1, 2], pages))
     assert result.ok and result.write_failed == {}
     assert [ssd.contains(key) for key in k] == [True, False, False]
@@ -211,10 +212,10 @@ def test_rejected_put_is_its_own_reason_not_no_space(
     obj.reject = {k[1]}
     pages = [block(key, SLOT) for key in k]
     _fill(pool, [0, 1], pages)
-    spill = _run(ex, SpillJob(1, tuple(k), (0, 1), tier=Tier.OBJECT))
+    spill = _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
     assert spill.failed == {k[1]: REJECTED} and REJECTED != NO_SPACE
     assert ex.stats()["failed_spill_rejected"] == 1
-    store = StoreJob(2, tuple(k), None, (2, 3), ((Tier.OBJECT,),) * 2)
+    store = StoreJob(2, Blocks(tuple(k)), None, (2, 3), ((Tier.OBJECT,),) * 2)
     result = _run(ex, store, lambda: _fill(pool, [2, 3], pages))
     assert result.ok and result.write_failed == {Tier.OBJECT: frozenset({k[1]})}
 
@@ -225,7 +226,7 @@ def test_each_tier_reports_its_own_evictions(
     ex, pool, obj = two_tiers
     k = _keys(ex.namespace, 2, "e")
     _fill(pool, [0, 1], [block(key, SLOT) for key in k])
-    _run(ex, SpillJob(1, tuple(k), (0, 1), tier=Tier.OBJECT))
+    _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
     obj.evict([k[0]])
     result = _run(ex, DropJob(2, (), tiers=()))
     assert result.evicted == {Tier.OBJECT: (k[0],)}
@@ -238,7 +239,7 @@ def test_a_tier_the_rank_lacks_fails_fast_without_a_device(tmp_path: Path) -> No
     ex = JobExecutor(cfg, _ns(), pool, options=ExecutorOptions(tiers={}), owns=(pool,))
     try:
         k = _keys(ex.namespace, 2, "n")
-        spill = _run(ex, SpillJob(1, tuple(k), (0, 1), tier=Tier.OBJECT))
+        spill = _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
         assert spill.failed == dict.fromkeys(k, NOT_FOUND)
         load = _run(ex, LoadJob(2, tuple(k), None, (2, 3), (Tier.SSD, Tier.HOST)))
         assert load.failed == {k[0]: NOT_FOUND}
