@@ -198,6 +198,9 @@ STATUSES: tuple[BlockStatus, ...]
 # The journal format this build writes. Opening (not read-only) a store written by another
 # version moves its files to ``<dir>/set-aside/v<old>-<unix secs>/`` (one WARNING) and starts empty.
 JOURNAL_FORMAT_VERSION: int
+# The store's allocation unit (bytes) and the pages each data file starts with (its superblock).
+STORE_PAGE: int
+SUPERBLOCK_PAGES: int
 
 @final
 class BlockSet:
@@ -278,6 +281,12 @@ def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ..
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""
+def store_capacity_blocks(capacity_bytes: int, dirs: int, stored_bytes: int) -> int:
+    """Blocks of `stored_bytes` a store of `capacity_bytes` over `dirs` directories holds (no
+    dedup, no compression): the store's own layout arithmetic. ConfigError unless `dirs` and
+    `stored_bytes` are >= 1."""
+def block_pages(stored_bytes: int) -> int:
+    """Pages one block of `stored_bytes` takes on disk (its header page plus its data)."""
 
 # --- The object-store tier (rust/object): blocks as objects in S3, GCS, Azure, files or memory.
 

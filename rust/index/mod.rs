@@ -26,7 +26,7 @@ use keys::KeyArena;
 
 use crate::error::{Result, StoreError};
 use crate::format::journal::{ContentTag, Location};
-use crate::format::{round_up_to_page, PAGE};
+use crate::format::PAGE;
 
 /// A content's id in the index: what a key record names and a reader pins.
 pub type ContentId = u32;
@@ -60,10 +60,7 @@ impl EvictionPolicy {
     }
 }
 
-/// Pages an extent occupies: the header page plus the payload rounded up.
-pub fn extent_pages(stored_len: u64) -> u64 {
-    1 + (round_up_to_page(stored_len as usize) / PAGE) as u64
-}
+pub use crate::format::layout::extent_pages;
 
 /// An extent whose last reference went away: the caller returns it to the allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,5 +29,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     // The journal format this build writes; a store of another version is set aside.
     m.add("JOURNAL_FORMAT_VERSION", crate::format::journal::FILE_VERSION)?;
+    // The layout's units, for sizing a store by whole blocks (`store_capacity_blocks`).
+    m.add("STORE_PAGE", crate::format::PAGE)?;
+    m.add("SUPERBLOCK_PAGES", crate::format::layout::SUPERBLOCK_PAGES)?;
     Ok(())
 }

@@ -382,3 +382,21 @@ pub fn io_uring_available() -> bool {
 pub fn set_fault_delays(enabled: bool) {
     crate::io::fault::set_delays_enabled(enabled);
 }
+
+/// Blocks of `stored_bytes` a store of `capacity_bytes` over `dirs` directories holds: the
+/// store's own layout arithmetic, so the Python index sizes the SSD tier as the store fills it.
+#[pyfunction]
+pub fn store_capacity_blocks(capacity_bytes: u64, dirs: usize, stored_bytes: u64) -> PyResult<u64> {
+    if dirs < 1 || stored_bytes < 1 {
+        return Err(to_py(StoreError::Config(format!(
+            "need >= 1 directory and block byte, got {dirs}, {stored_bytes}"
+        ))));
+    }
+    Ok(crate::format::layout::capacity_blocks(capacity_bytes, dirs, stored_bytes))
+}
+
+/// Pages one block of `stored_bytes` takes on disk (its header page plus its data).
+#[pyfunction]
+pub fn block_pages(stored_bytes: u64) -> u64 {
+    crate::format::layout::extent_pages(stored_bytes)
+}

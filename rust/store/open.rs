@@ -20,6 +20,7 @@ use crate::device::dir_lock::DirLock;
 use crate::device::set::{Device, DeviceSet};
 use crate::error::{Result, StoreError};
 use crate::format::journal::FileHeader;
+use crate::format::layout;
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
 use crate::index::admission::FrequencySketch;
@@ -84,7 +85,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     let fresh = replayed.is_none();
 
     // Data files: check that each belongs to this store at this position, or create it.
-    let per_dir = (cfg.capacity_bytes / ndirs as u64) / PAGE as u64 * PAGE as u64;
+    let per_dir = layout::data_file_len(cfg.capacity_bytes, ndirs);
     let mut files = Vec::with_capacity(ndirs);
     // Directories whose data file had to be created: journal records pointing there are void.
     let mut recreated = vec![false; ndirs];
@@ -133,7 +134,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     let pages_of =
         |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
     let mut allocators: Vec<ExtentAllocator> =
-        files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
+        files.iter().map(|f| ExtentAllocator::new(layout::SUPERBLOCK_PAGES, pages_of(f))).collect();
     let mut replay = Replay { next_seq: 1, ..Replay::default() };
     let mut journal_bytes = 0;
     let journal_ident = replayed.as_ref().and_then(|r| r.ident);
