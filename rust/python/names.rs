@@ -7,7 +7,6 @@ use pyo3::types::PyTuple;
 
 use crate::compression::Compression;
 use crate::hashing::HashAlgo;
-use crate::index::EvictionPolicy;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
 use crate::store::{Durability, Status};
@@ -18,7 +17,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, values) in [
         ("IO_ENGINES", EngineChoice::NAMES),
         ("COMPRESSIONS", Compression::NAMES),
-        ("EVICTIONS", EvictionPolicy::NAMES),
         ("CONTENT_HASHES", HashAlgo::NAMES),
         ("DURABILITIES", Durability::NAMES),
         ("FAULT_TARGETS", FaultPlan::TARGETS),

@@ -13,7 +13,6 @@ use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::hashing::HashAlgo;
 use crate::index::block_set::Digest;
-use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
 use crate::store::{BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig};
@@ -86,7 +85,7 @@ impl PyBlockStore {
 impl PyBlockStore {
     #[new]
     #[pyo3(signature = (dirs, capacity_bytes, *, io_engine="auto", queue_depth=64, compression="none",
-        zstd_level=1, eviction="lru", admit_min_hits=1, content_hash="xxh3-128", durability="process",
+        zstd_level=1, content_hash="xxh3-128", durability="process",
         preallocate=true, read_only=false, batch_threads=4, fault_injection=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -97,8 +96,6 @@ impl PyBlockStore {
         queue_depth: u32,
         compression: &str,
         zstd_level: i32,
-        eviction: &str,
-        admit_min_hits: u32,
         content_hash: &str,
         durability: &str,
         preallocate: bool,
@@ -110,7 +107,6 @@ impl PyBlockStore {
         let parsed = (|| -> crate::error::Result<()> {
             cfg.io_engine = EngineChoice::parse(io_engine)?;
             cfg.compression = Compression::parse(compression, zstd_level)?;
-            cfg.eviction = EvictionPolicy::parse(eviction)?;
             cfg.hash = HashAlgo::parse(content_hash)?;
             cfg.durability = Durability::parse(durability)?;
             cfg.fault_injection = fault_injection.map(crate::io::fault::FaultPlan::parse).transpose()?;
@@ -118,7 +114,6 @@ impl PyBlockStore {
         })();
         parsed.map_err(to_py)?;
         cfg.queue_depth = queue_depth;
-        cfg.admit_min_hits = admit_min_hits;
         cfg.preallocate = preallocate;
         cfg.read_only = read_only;
         cfg.batch_threads = batch_threads.max(1);
@@ -164,7 +159,7 @@ impl PyBlockStore {
         Ok(PyBatchHandle::from_batch(batch))
     }
 
-    /// Every stored key with its chain parent (None when it has none stored), coldest first.
+    /// Every stored key with its chain parent (None when it has none stored), oldest write first.
     fn inventory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let inv = py.detach(|| self.store.inventory());
         PyList::new(
@@ -267,7 +262,7 @@ impl PyBlockStore {
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
-    /// Delete every key that starts with one of `prefixes`; returns them, coldest first.
+    /// Delete every key that starts with one of `prefixes`; returns them, oldest write first.
     fn delete_prefixed<'py>(&self, py: Python<'py>, prefixes: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyList>> {
         let store = self.store.clone();
         let keys = py.detach(move || store.delete_with_prefix(&prefixes)).map_err(to_py)?;

@@ -46,7 +46,6 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 continue;
             }
             state.index.pin(id);
-            state.index.touch(key);
             let header = AlignedBuf::zeroed(PAGE);
             pending.push(Pending { item: i, content: id, tag: content.tag, loc, header, bounce: None });
         }

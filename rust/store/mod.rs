@@ -154,7 +154,7 @@ impl BlockStore {
         Ok(batch)
     }
 
-    /// Every stored key with its chain parent (when that is stored too), coldest first.
+    /// Every stored key with its chain parent (when that is stored too), oldest write first.
     pub fn inventory(&self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         let state = self.shared.state.lock();
         let mut out = Vec::with_capacity(state.index.len());
@@ -208,7 +208,7 @@ impl BlockStore {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k).collect()
     }
 
-    /// Bytes the in-memory index holds (keys, contents, eviction order), for benches.
+    /// Bytes the in-memory index holds (keys, contents), for benches.
     pub fn index_nbytes(&self) -> usize {
         self.shared.state.lock().index.nbytes()
     }

@@ -23,7 +23,6 @@ use crate::format::journal::FileHeader;
 use crate::format::layout;
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
-use crate::index::admission::FrequencySketch;
 use crate::index::Index;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
@@ -128,7 +127,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         files.push(file);
     }
 
-    let mut index = Index::new(cfg.eviction);
+    let mut index = Index::new();
     // A read-only view allocates nothing; it accepts every recorded extent so that a damaged
     // (e.g. truncated) file shows up as corrupt blocks on verify instead of silently missing.
     let pages_of =
@@ -211,7 +210,6 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
             index,
             allocators,
             journal,
-            sketch: FrequencySketch::new(cfg.admit_min_hits),
             next_seq,
             next_dir: 0,
             evicted: VecDeque::new(),

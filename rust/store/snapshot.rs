@@ -32,7 +32,6 @@ impl BlockStore {
             ("misses", StatValue::Int(g(&c.misses))),
             ("puts", StatValue::Int(g(&c.puts))),
             ("deduped", StatValue::Int(g(&c.deduped))),
-            ("rejected", StatValue::Int(g(&c.rejected))),
             ("no_space", StatValue::Int(g(&c.no_space))),
             ("evictions", StatValue::Int(g(&c.evictions))),
             ("corrupt_reads", StatValue::Int(g(&c.corrupt_reads))),

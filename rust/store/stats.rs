@@ -8,7 +8,6 @@ pub struct Counters {
     pub misses: AtomicU64,
     pub puts: AtomicU64,
     pub deduped: AtomicU64,
-    pub rejected: AtomicU64,
     pub no_space: AtomicU64,
     pub evictions: AtomicU64,
     pub corrupt_reads: AtomicU64,

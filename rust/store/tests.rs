@@ -364,15 +364,11 @@ fn a_dedup_candidate_with_a_damaged_header_is_dropped_and_the_next_put_stores() 
 }
 
 #[test]
-fn owner_ordered_store_still_evicts_when_full_and_lists_by_write_after_a_reopen() {
+fn a_full_store_still_evicts_and_lists_by_write_after_a_reopen() {
     // No order is kept, but a device that fills up still takes puts (a clock sweep picks
     // victims), and after a reopen the keys come oldest write first.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = || {
-        let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 1 << 20);
-        cfg.eviction = crate::index::EvictionPolicy::Owner;
-        cfg
-    };
+    let cfg = || StoreConfig::new(vec![dir.path().to_path_buf()], 1 << 20);
     let keys: Vec<Vec<u8>> = (0..60).map(|i| format!("k{i:02}").into_bytes()).collect();
     {
         let store = BlockStore::open(cfg()).unwrap();

@@ -1,7 +1,7 @@
-//! Put phase 2, under the state lock: per block, admission, dedup (same key and content tag,
+//! Put phase 2, under the state lock: per block, dedup (same key and content tag,
 //! or a stored content with this block's tag — to be confirmed by its header page in phase 3 —
-//! or an earlier item of this batch), then room on some device, evicting cold keys while
-//! nothing fits. The deletes this causes are journaled before any data is written; if that
+//! or an earlier item of this batch), then room on some device, evicting keys while nothing
+//! fits (a last resort: the store's owner deletes what it evicts before that happens). The deletes this causes are journaled before any data is written; if that
 //! fails, nothing of the batch is written or acknowledged.
 
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use crate::store::{Shared, State};
 
 const POISONED: &str = "identical content failed verification and is being dropped; store it again later";
 
-/// Find room for `pages`, evicting cold keys while nothing fits.
+/// Find room for `pages`, evicting keys while nothing fits.
 fn allocate(
     shared: &Shared,
     state: &mut State,
@@ -59,15 +59,9 @@ pub(super) fn plan(shared: &Shared, items: &[(Vec<u8>, RawBuf)], encoded: &[Enco
             plans.push(Plan::Superseded { by: last });
             continue;
         }
-        if !state.sketch.offer(key) {
-            Counters::add(&shared.counters.rejected, 1);
-            plans.push(Plan::Done(BlockResult::new(Status::Rejected, buf.len as u64)));
-            continue;
-        }
         // The key already holds content with this tag. A clash of tags (~2^-48) keeps the
         // key's earlier bytes: a value written for this very key, verified on every read.
         if state.index.lookup(key).is_some_and(|(_, c)| c.tag == tag) {
-            state.index.touch(key);
             Counters::add(&shared.counters.deduped, 1);
             plans.push(Plan::Done(BlockResult::new(Status::Deduped, buf.len as u64)));
             continue;

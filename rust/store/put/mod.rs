@@ -1,6 +1,6 @@
 //! The put path, one file per phase:
 //! 1. encode (no lock, here): content hash and optional compression per block;
-//! 2. `admit` (lock): admission, dedup, allocation with eviction; journal the deletes;
+//! 2. `admit` (lock): dedup, allocation (evicting when full); journal the deletes;
 //! 3. `write` (no lock): one vectored write per block — header page + payload, straight from
 //!    caller memory when it is page-aligned — then fdatasync when durability asks for it; and
 //!    one header-page read per dedup candidate (the index finds it by its 6-byte content tag:
