@@ -23,7 +23,6 @@ pub use contents::ContentEntry;
 use contents::ContentArena;
 use keys::KeyArena;
 
-use crate::error::{Result, StoreError};
 use crate::format::journal::{ContentTag, Location};
 use crate::format::PAGE;
 

@@ -9,7 +9,8 @@ use crate::compression::Compression;
 use crate::hashing::HashAlgo;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
-use crate::store::{Durability, Status};
+use crate::store::Durability;
+use crate::tier::Status;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

@@ -15,15 +15,15 @@ use crate::hashing::HashAlgo;
 use crate::index::block_set::Digest;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
-use crate::store::{BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig};
-use crate::tier::BlockTier;
+use crate::store::{BlockStore, Durability, PutExtra, StoreConfig};
+use crate::tier::{BlockResult, BlockTier, Keepalive, RawBuf, Status};
 
 /// The SSD block store for Python. The calls every block tier has go through the `BlockTier`
 /// trait (`tier`); the SSD-only ones (verify, checkpoint, keys, io engine) use `store`. Both
 /// are the same object.
 #[pyclass(name = "BlockStore", module = "flexkv_py._native", frozen)]
 pub struct PyBlockStore {
-    tier: Arc<dyn BlockTier>,
+    tier: Arc<dyn BlockTier<Error = StoreError>>,
     store: Arc<BlockStore>,
 }
 

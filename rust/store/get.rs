@@ -5,7 +5,6 @@
 //! the indexed write), and the payload must match the header's full hash. Lock: drop keys
 //! whose content proved corrupt so they are recomputed, never served, and unpin.
 
-use super::batch::{BlockResult, RawBuf, Status};
 use super::stats::Counters;
 use super::Shared;
 use crate::compression::decompress_into;
@@ -15,6 +14,7 @@ use crate::format::{round_up_to_page, PAGE};
 use crate::index::{extent_pages, ContentId};
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoFailure, IoOp};
+use crate::tier::batch::{BlockResult, RawBuf, Status};
 
 struct Pending {
     item: usize,

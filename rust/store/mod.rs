@@ -2,7 +2,6 @@
 //! or more directories. Data path per batch: hash (+ compress) → index decision → vectored
 //! O_DIRECT I/O on the directory queues → journal append → completion.
 
-pub mod batch;
 pub mod config;
 pub mod journal_file;
 pub mod stats;
@@ -29,11 +28,10 @@ use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::MAX_KEY_LEN;
 
-pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
+use crate::tier::{Batch, BlockResult, Keepalive, RawBuf, StatsSnapshot, Status};
 pub use config::{Durability, StoreConfig};
 pub use put::PutExtra;
 pub(crate) use shared::{Shared, State};
-use stats::StatsSnapshot;
 
 pub struct BlockStore {
     shared: Arc<Shared>,
@@ -349,6 +347,8 @@ fn check_extras(items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Result<()> 
 }
 
 impl crate::tier::BlockTier for BlockStore {
+    type Error = StoreError;
+
     fn tier_name(&self) -> &'static str {
         "ssd"
     }

@@ -2,9 +2,10 @@
 //! journal state. Kept apart from `mod.rs` (the batch submit / delete / close paths) because it
 //! only reads: it takes the state lock once, copies the totals out and builds the list unlocked.
 
-use super::stats::{Counters, StatValue, StatsSnapshot};
+use super::stats::Counters;
 use super::BlockStore;
 use crate::format::PAGE;
+use crate::tier::{StatValue, StatsSnapshot};
 
 impl BlockStore {
     pub fn stats(&self) -> StatsSnapshot {

@@ -11,9 +11,9 @@ use crate::format::journal::{content_tag, Location};
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::extent_pages;
-use crate::store::batch::{BlockResult, RawBuf, Status};
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
+use crate::tier::batch::{BlockResult, RawBuf, Status};
 
 const POISONED: &str = "identical content failed verification and is being dropped; store it again later";
 

@@ -12,12 +12,12 @@ mod admit;
 mod commit;
 mod write;
 
-use super::batch::{BlockResult, RawBuf};
 use super::Shared;
 use crate::format::journal::Location;
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::{extent_pages, ContentId, FreedExtent};
+use crate::tier::batch::{BlockResult, RawBuf};
 
 /// What a put may carry beside the bytes: the previous block of the key's prefix chain
 /// (journaled, a few bytes in RAM) and opaque metadata (in the header page only, never in RAM).
