@@ -278,10 +278,12 @@ def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ..
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""
+
 def store_capacity_blocks(capacity_bytes: int, dirs: int, stored_bytes: int) -> int:
     """Blocks of `stored_bytes` a store of `capacity_bytes` over `dirs` directories holds (no
     dedup, no compression): the store's own layout arithmetic. ConfigError unless `dirs` and
     `stored_bytes` are >= 1."""
+
 def block_pages(stored_bytes: int) -> int:
     """Pages one block of `stored_bytes` takes on disk (its header page plus its data)."""
 
