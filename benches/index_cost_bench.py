@@ -225,10 +225,7 @@ def rss():
 directory, capacity = sys.argv[1], int(sys.argv[2])
 r0 = rss()
 t, c = time.perf_counter(), time.process_time()
-from flexkv_py._native import EVICTIONS
-# The connector's store policy (flexkv_py/tiers/ssd/tier.py): no order kept when "owner" exists.
-eviction = "owner" if "owner" in EVICTIONS else "lru"
-store = BlockStore(directory, capacity, preallocate=False, eviction=eviction)
+store = BlockStore(directory, capacity, preallocate=False)
 open_s, open_cpu_s = time.perf_counter() - t, time.process_time() - c
 r1 = rss()
 nb = store.index_nbytes() if hasattr(store, "index_nbytes") else None

@@ -90,7 +90,7 @@ def write_shards(root: Path, n: int, tp: int) -> float:
         shard = root / rank.shard_dir_name
         shard.mkdir(parents=True)
         capacity = int(ssd_gb(n, tp) * (1 << 30)) // tp
-        with BlockStore(str(shard), capacity, preallocate=False, eviction="owner") as store:  # type: ignore[arg-type]
+        with BlockStore(str(shard), capacity, preallocate=False) as store:
             pending = []
             for at in range(0, n, BATCH):
                 span = range(at, min(n, at + BATCH))

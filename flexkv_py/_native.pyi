@@ -10,7 +10,7 @@ from typing import Literal, TypeAlias, final
 
 from typing_extensions import Buffer
 
-from flexkv_py.config.choices import Compression, ContentHash, Durability, IoEngine, StoreEviction
+from flexkv_py.config.choices import Compression, ContentHash, Durability, IoEngine
 
 # A block buffer: any buffer-protocol object (bytes, bytearray, memoryview, numpy array, a slice of
 # a HostPool) or a raw ``(address, nbytes)`` pair, e.g. ``(tensor.data_ptr(), tensor.nbytes)``.
@@ -23,7 +23,7 @@ BlockStatus = Literal[
     "not_found",  # get: key unknown (never stored, deleted or evicted)
     "corrupt",  # get: checksum/header mismatch; the buffer content is undefined
     "io_error",  # the device failed (EIO, short read/write, ENOSPC on write)
-    "rejected",  # put: refused by the admission policy (not seen often enough)
+    "rejected",  # put: refused (an object-tier key out of range, a read-only shard)
     "no_space",  # put: larger than the whole budget, or everything else is pinned
     "bad_buffer",  # get: output buffer too small / read-only
 ]
@@ -105,8 +105,6 @@ class BlockStore:
         queue_depth: int = 64,
         compression: Compression = "none",
         zstd_level: int = 1,
-        eviction: StoreEviction = "lru",
-        admit_min_hits: int = 1,
         content_hash: ContentHash = "xxh3-128",
         durability: Durability = "process",
         preallocate: bool = True,
@@ -117,9 +115,9 @@ class BlockStore:
         """`dirs`: a list, or FlexKV's ';'-separated string. `capacity_bytes` is the physical
         byte budget, split evenly across directories. `read_only=True` opens an existing store
         (capacity ignored) without taking the lock, e.g. to inspect a directory in use.
-        `eviction` also accepts "owner" (in `EVICTIONS`, not a host policy, so not in the
-        Literal): the store keeps no eviction order, its owner deletes what it evicts, a full
-        device evicts by a clock sweep, and `keys()`/`inventory()` list oldest write first.
+        The store keeps no eviction order: its owner (the scheduler's index) deletes what it
+        evicts; a put that still finds the device full evicts by a clock sweep (reported by
+        `drain_evicted`), and `keys()`/`inventory()` list oldest write first.
         `fault_injection` (testing only; also the FLEXKV_FAULT_INJECTION environment variable):
         "<read|write|any>:<EIO|ENOSPC>:<N>" fails every Nth matching device I/O,
         "<read|write|any>:DELAY<ms>:<N>" delays it, "journal:<EIO|ENOSPC>:<N>" fails every Nth
@@ -161,7 +159,7 @@ class BlockStore:
         past its 4-byte rank tag) is in `fingerprints` (8 bytes each, joined); returns them."""
         ...
     def delete_prefixed(self, prefixes: Sequence[bytes]) -> list[bytes]:
-        """Delete every key that starts with one of `prefixes`; returns them, coldest first."""
+        """Delete every key that starts with one of `prefixes`; returns them, oldest write first."""
         ...
     def clear(self) -> int:
         """Delete every key; returns how many were removed."""
@@ -183,13 +181,12 @@ class BlockStore:
     def __exit__(self, *exc: object) -> None: ...
     def __len__(self) -> int: ...
     def index_nbytes(self) -> int:
-        """Bytes the in-memory index holds (keys, contents, eviction order), estimated from
+        """Bytes the in-memory index holds (keys, contents), estimated from
         its allocations; ``index_nbytes() / len(store)`` is the index cost per block."""
 
 # The names the native parsers accept for each string option (aliases aside), in their order.
 IO_ENGINES: tuple[str, ...]
 COMPRESSIONS: tuple[str, ...]
-EVICTIONS: tuple[str, ...]
 CONTENT_HASHES: tuple[str, ...]
 DURABILITIES: tuple[str, ...]
 FAULT_TARGETS: tuple[str, ...]
@@ -198,6 +195,9 @@ STATUSES: tuple[BlockStatus, ...]
 # The journal format this build writes. Opening (not read-only) a store written by another
 # version moves its files to ``<dir>/set-aside/v<old>-<unix secs>/`` (one WARNING) and starts empty.
 JOURNAL_FORMAT_VERSION: int
+# The store's allocation unit (bytes) and the pages each data file starts with (its superblock).
+STORE_PAGE: int
+SUPERBLOCK_PAGES: int
 
 @final
 class BlockSet:
@@ -278,6 +278,14 @@ def content_hash(data: Buffer, algorithm: ContentHash = "xxh3-128") -> bytes: ..
 def io_uring_available() -> bool: ...
 def set_fault_delays(enabled: bool) -> None:
     """Testing: turn slow-mode fault injection (``DELAY<ms>``) on or off in this process."""
+
+def store_capacity_blocks(capacity_bytes: int, dirs: int, stored_bytes: int) -> int:
+    """Blocks of `stored_bytes` a store of `capacity_bytes` over `dirs` directories holds (no
+    dedup, no compression): the store's own layout arithmetic. ConfigError unless `dirs` and
+    `stored_bytes` are >= 1."""
+
+def block_pages(stored_bytes: int) -> int:
+    """Pages one block of `stored_bytes` takes on disk (its header page plus its data)."""
 
 # --- The object-store tier (rust/object): blocks as objects in S3, GCS, Azure, files or memory.
 

@@ -1,9 +1,11 @@
 """The flexkv-py exception tree: every error the package raises on purpose is a `FlexKVError`.
 
-The base and the store's errors are made by the native module (so Rust can raise them, each
-mapped from one `StoreError` variant); the Python layers' errors are defined here, on the same
-base. Where callers have always caught a builtin, the class keeps it as a second base
-(``except ValueError`` still catches a `ConfigError`).
+The base and the tiers' errors are made by the native module (so Rust can raise them, each
+mapped from one variant of the SSD store's `StoreError` or the object tier's `ObjectError`: a
+closed object tier is a `StoreClosedError`, a failed request an `IoEngineError`, a refused
+configuration a `ConfigError`); the Python layers' errors are defined here, on the same base.
+Where callers have always caught a builtin, the class keeps it as a second base (``except
+ValueError`` still catches a `ConfigError`).
 
 FlexKVError
 ├── ConfigError (also ValueError)          bad configuration or input; the message names the key

@@ -1,5 +1,5 @@
-//! One error type for the whole crate; the Python layer maps each variant to an exception class
-//! (`rust/python/errors.rs`) and hands the `io::Error` behind an `Io` variant over as the
+//! The SSD block store's error type (the object tier has its own, `object::ObjectError`); the
+//! Python layer maps each variant to an exception class (`rust/python/errors.rs`) and hands the `io::Error` behind an `Io` variant over as the
 //! exception's `__cause__`.
 
 use std::fmt::Display;
@@ -51,6 +51,12 @@ pub enum StoreError {
     /// A wait ran out of time (maps to `TimeoutError`).
     #[error("timed out after {0:.3}s")]
     Timeout(f64),
+}
+
+impl From<crate::tier::TimedOut> for StoreError {
+    fn from(t: crate::tier::TimedOut) -> Self {
+        StoreError::Timeout(t.0)
+    }
 }
 
 impl StoreError {

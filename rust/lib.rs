@@ -1,6 +1,7 @@
 //! flexkv-py's native core: a crash-safe, content-deduplicated block store for KV-cache
 //! pages over io_uring + O_DIRECT, and an aligned host pool. The data path, module by module:
-//! `store` (batches) → `index` (key → content → extent) → `device` (directories, files,
+//! `tier` (the seam and the batch types every tier shares) → `store` (the SSD tier's batches)
+//! → `index` (key → content → extent) → `device` (directories, files,
 //! allocation) → `io` (engines, queues) with `format` defining every on-disk byte.
 
 pub mod compression;
@@ -19,5 +20,5 @@ pub mod tier;
 mod python;
 
 pub use error::{Result, StoreError};
-pub use store::{BlockResult, BlockStore, RawBuf, Status, StoreConfig};
-pub use tier::BlockTier;
+pub use store::{BlockStore, StoreConfig};
+pub use tier::{BlockResult, BlockTier, RawBuf, Status};

@@ -11,8 +11,6 @@ from typing import Any, Literal, get_args
 
 # Host tier eviction (LFU counts hits, which only the host tier sees).
 EvictionPolicy = Literal["lru", "fifo", "lfu"]
-# The order the native store evicts SSD blocks in.
-StoreEviction = Literal["lru", "fifo"]
 AdmissionMode = Literal["write_back", "write_through"]
 IoEngine = Literal["auto", "io_uring", "psync"]
 Compression = Literal["none", "zstd"]

@@ -30,7 +30,7 @@ CORRUPT = "corrupt"  # lower tier: checksum/header mismatch, data discarded
 IO_ERROR = "io_error"  # lower tier device error (EIO, ENOSPC, short I/O)
 IO_TIMEOUT = "io_timeout"  # lower-tier I/O not done within its timeout (or its slot still is)
 NO_SPACE = "no_space"  # lower-tier put refused: larger than its budget / everything else pinned
-REJECTED = "rejected"  # lower-tier put refused by its admission policy (not seen often enough)
+REJECTED = "rejected"  # lower-tier put refused: a read-only tier, a key the tier cannot take
 TRANSFER_ERROR = "transfer_error"  # GPU<->host copy failed
 NO_SLOT = "no_slot"  # manager: no host slot free to stage the block
 MISSING = "missing"  # manager: block no longer in any tier when the load was prepared
@@ -44,7 +44,7 @@ STATUS_REASON: dict[str, str | None] = {
     "not_found": NOT_FOUND,
     "corrupt": CORRUPT,
     "io_error": IO_ERROR,
-    "rejected": REJECTED,  # the store's admission sketch, not a lack of room (rust/store/put.rs)
+    "rejected": REJECTED,  # refused by the tier (read-only shard, bad key), not a lack of room
     "no_space": NO_SPACE,
     "bad_buffer": INTERNAL,  # our buffer was too small / read-only: an executor bug
 }

@@ -3,6 +3,7 @@
 
 pub mod header;
 pub mod journal;
+pub mod layout;
 pub mod superblock;
 
 /// O_DIRECT alignment and allocation unit: every extent starts and ends on a 4 KiB boundary.

@@ -41,7 +41,6 @@ mod tests {
     use super::super::keys::fingerprint;
     use super::*;
     use crate::format::journal::{ContentTag, Location};
-    use crate::index::EvictionPolicy;
 
     fn loc(i: u64) -> Location {
         Location {
@@ -78,7 +77,7 @@ mod tests {
 
     #[test]
     fn fingerprints_resolve_to_this_ranks_keys_and_prefixes_select_a_namespace() {
-        let mut ix = Index::new(EvictionPolicy::Lru);
+        let mut ix = Index::new();
         for i in 0..1000u64 {
             ix.insert(&key(0, i), content(i), &loc(i));
             ix.insert(&key(1, i), content(1000 + i), &loc(1000 + i));

@@ -1,10 +1,9 @@
 //! The keys of the index, packed: one fixed 39-byte record (align 1) per key in a flat arena,
 //! found through an `IdTable` of u32 ids. A key's id is also its content's slot in the
 //! parallel content arena (contents.rs), so a record names no content; a removed key's slot
-//! is reused only once `release`d (its content may outlive it: `Index` decides). An ordered
-//! arena (LRU/FIFO) also keeps the keys in eviction order by u32 links in a side vector (8
-//! bytes per key); an unordered one (the owner-ordered policy: its owner decides evictions)
-//! keeps none and sweeps the arena like a clock when it must evict on its own.
+//! is reused only once `release`d (its content may outlive it: `Index` decides). No eviction
+//! order is kept: the store's owner decides evictions, and when the store must evict on its
+//! own (a full device) it sweeps the arena like a clock.
 //!
 //! A connector key is a 28-byte head shared by every block of one model and rank (rank tag,
 //! namespace prefix, variant) and the engine's block hash (32 bytes for sha256). Heads are
@@ -55,15 +54,6 @@ fn parent_tag_of(hash: u32) -> (u32, u8) {
     ((hash >> 8 & 0xF) << 28, hash as u8)
 }
 
-/// A key's neighbours in the eviction order (towards the front / the back).
-#[derive(Clone, Copy)]
-struct Link {
-    prev: u32,
-    next: u32,
-}
-
-const UNLINKED: Link = Link { prev: NIL, next: NIL };
-
 const EMPTY: KeyRecord = KeyRecord { tail: [0; TAIL_MAX], parent: NIL, parent_tag: 0, head: FREE };
 
 /// A key's interned head with the length of its tail.
@@ -103,10 +93,7 @@ fn hash_parts(records: &[KeyRecord], heads: &[Head], spilled: &HashMap<u32, Box<
 #[derive(Default)]
 pub(crate) struct KeyArena {
     records: Vec<KeyRecord>,
-    /// Eviction order, one per record; empty when the arena is unordered.
-    links: Vec<Link>,
-    ordered: bool,
-    /// Where the next clock sweep of an unordered arena starts.
+    /// Where the next clock sweep starts.
     sweep: u32,
     free: Option<u32>,
     len: usize,
@@ -115,16 +102,9 @@ pub(crate) struct KeyArena {
     /// The head used last: nearly every key of a batch (or a replay) shares it.
     last_head: u16,
     spilled: HashMap<u32, Box<[u8]>>,
-    front: Option<u32>,
-    back: Option<u32>,
 }
 
 impl KeyArena {
-    /// An arena that keeps keys in eviction order (`ordered`) or not.
-    pub fn new(ordered: bool) -> Self {
-        KeyArena { ordered, ..KeyArena::default() }
-    }
-
     pub fn len(&self) -> usize {
         self.len
     }
@@ -140,7 +120,6 @@ impl KeyArena {
         let map_entry = |k: usize, v: usize| k + v + 1;
         let spilled: usize = self.spilled.values().map(|k| k.len().div_ceil(16) * 16 + 16).sum();
         self.records.capacity() * size_of::<KeyRecord>()
-            + self.links.capacity() * size_of::<Link>()
             + self.table.heap_bytes()
             + self.heads.heap_bytes()
             + self.spilled.capacity() * map_entry(4, size_of::<Box<[u8]>>())
@@ -150,9 +129,6 @@ impl KeyArena {
     /// Room for `additional` more keys without growing the arena or the table.
     pub fn reserve(&mut self, additional: usize) {
         super::arena::reserve(&mut self.records, self.len, additional);
-        if self.ordered {
-            super::arena::reserve(&mut self.links, self.len, additional);
-        }
         if self.table.full_for(self.len + additional) {
             self.rebuild_table(self.len + additional);
         }
@@ -160,7 +136,7 @@ impl KeyArena {
 
     fn rebuild_table(&mut self, len: usize) {
         let mut table = IdTable::default();
-        let live: Vec<u32> = self.live_ids().collect();
+        let live: Vec<u32> = self.order().collect();
         table.rebuild(len, live.iter().map(|&id| (self.hash_of(id), id)));
         self.table = table;
     }
@@ -250,7 +226,7 @@ impl KeyArena {
         Some(id)
     }
 
-    /// Add `key` (absent) at the back of the order; returns its id (a slot whose content half
+    /// Add `key` (absent); returns its id (a slot whose content half
     /// is free).
     pub fn insert(&mut self, key: &[u8]) -> u32 {
         // Ids must fit the table: a slot held by a content that outlived its key is not free.
@@ -269,20 +245,11 @@ impl KeyArena {
             None => r.head = SPILLED,
         }
         let id = super::arena::place(&mut self.records, &mut self.free, r, |r| r.parent);
-        if self.ordered && id as usize >= self.links.len() {
-            if self.links.len() == self.links.capacity() {
-                self.links.reserve_exact(self.links.len() / 4 + 16);
-            }
-            self.links.push(UNLINKED);
-        }
         if r.head == SPILLED {
             self.spilled.insert(id, key.into());
         }
         self.table.insert_new(hash_key(key), id);
         self.len += 1;
-        if self.ordered {
-            self.link_back(id);
-        }
         id
     }
 
@@ -291,9 +258,6 @@ impl KeyArena {
         let hash = self.hash_of(id);
         let KeyArena { records, heads, spilled, table, .. } = self;
         table.remove(hash, id, |i| hash_parts(records, heads.values(), spilled, i));
-        if self.ordered {
-            self.unlink(id);
-        }
         if self.records[id as usize].head == SPILLED {
             self.spilled.remove(&id);
         }
@@ -308,41 +272,9 @@ impl KeyArena {
         self.free = Some(id);
     }
 
-    fn link_back(&mut self, id: u32) {
-        self.links[id as usize] = Link { prev: self.back.unwrap_or(NIL), next: NIL };
-        match self.back {
-            Some(b) => self.links[b as usize].next = id,
-            None => self.front = Some(id),
-        }
-        self.back = Some(id);
-    }
-
-    fn unlink(&mut self, id: u32) {
-        let Link { prev, next } = self.links[id as usize];
-        match prev {
-            NIL => self.front = (next != NIL).then_some(next),
-            p => self.links[p as usize].next = next,
-        }
-        match next {
-            NIL => self.back = (prev != NIL).then_some(prev),
-            n => self.links[n as usize].prev = prev,
-        }
-    }
-
-    /// Move `id` to the back of the order (hottest); nothing when unordered.
-    pub fn move_to_back(&mut self, id: u32) {
-        if self.ordered && self.back != Some(id) {
-            self.unlink(id);
-            self.link_back(id);
-        }
-    }
-
-    /// The key to evict: the coldest when ordered, else the next live one of a clock sweep
-    /// over the arena (a last resort: the owner decides evictions).
+    /// The key to evict: the next live one of a clock sweep over the arena (a last resort:
+    /// the owner decides evictions).
     pub fn victim(&mut self) -> Option<u32> {
-        if self.ordered {
-            return self.front;
-        }
         let n = self.records.len() as u32;
         let start = self.sweep.min(n);
         let id = (start..n).chain(0..start).find(|&i| self.records[i as usize].head != FREE)?;
@@ -351,19 +283,8 @@ impl KeyArena {
     }
 
     /// Live ids in arena order.
-    fn live_ids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn order(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.records.len() as u32).filter(|&i| self.records[i as usize].head != FREE)
-    }
-
-    /// Ids from coldest to hottest when ordered; in arena order when not.
-    pub fn order(&self) -> Box<dyn Iterator<Item = u32> + '_> {
-        if !self.ordered {
-            return Box::new(self.live_ids());
-        }
-        Box::new(std::iter::successors(self.front, |&id| {
-            let next = self.links[id as usize].next;
-            (next != NIL).then_some(next)
-        }))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The in-memory index: logical key -> content (tag) -> extent. Keys are kept in eviction
-//! order (LRU or FIFO), or in none when the store's owner decides evictions (owner-ordered);
+//! The in-memory index: logical key -> content (tag) -> extent. No eviction order is kept:
+//! the store's owner (the scheduler's index) decides evictions and deletes what it evicts;
 //! content is refcounted by keys and pinned by in-flight reads, and its extent is released
 //! only when both counts reach zero.
 //!
@@ -11,7 +11,6 @@
 //! slot is freed when both halves are: a content outlives its key while other keys or readers
 //! hold it.
 
-pub mod admission;
 mod arena;
 pub mod block_set;
 mod by_fingerprint;
@@ -24,46 +23,13 @@ pub use contents::ContentEntry;
 use contents::ContentArena;
 use keys::KeyArena;
 
-use crate::error::{Result, StoreError};
 use crate::format::journal::{ContentTag, Location};
-use crate::format::{round_up_to_page, PAGE};
+use crate::format::PAGE;
 
 /// A content's id in the index: what a key record names and a reader pins.
 pub type ContentId = u32;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EvictionPolicy {
-    /// Least recently used: reads move a key to the back.
-    Lru,
-    /// First in, first out: reads do not change the order.
-    Fifo,
-    /// The store's owner (the scheduler's index) decides evictions and deletes what it
-    /// evicts: no order is kept (8 bytes less per key). When a put finds no room anyway, a
-    /// clock sweep over the keys picks victims, so a full device still degrades. Listings
-    /// (the restart inventory) come oldest write first, by the content's write seq.
-    Owner,
-}
-
-impl EvictionPolicy {
-    /// The names `parse` accepts, exported to Python as `EVICTIONS`.
-    pub const NAMES: &'static [&'static str] = &["lru", "fifo", "owner"];
-
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "lru" => Ok(EvictionPolicy::Lru),
-            "fifo" => Ok(EvictionPolicy::Fifo),
-            "owner" => Ok(EvictionPolicy::Owner),
-            other => Err(StoreError::Config(format!(
-                "eviction: unknown policy {other:?} (expected \"lru\", \"fifo\" or \"owner\")"
-            ))),
-        }
-    }
-}
-
-/// Pages an extent occupies: the header page plus the payload rounded up.
-pub fn extent_pages(stored_len: u64) -> u64 {
-    1 + (round_up_to_page(stored_len as usize) / PAGE) as u64
-}
+pub use crate::format::layout::extent_pages;
 
 /// An extent whose last reference went away: the caller returns it to the allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,10 +43,10 @@ fn freed(loc: &Location) -> FreedExtent {
     FreedExtent { dir: loc.dir, first_page: loc.offset / PAGE as u64, pages: extent_pages(loc.stored_len) }
 }
 
+#[derive(Default)]
 pub struct Index {
     keys: KeyArena,
     contents: ContentArena,
-    policy: EvictionPolicy,
     logical_bytes: u64,
     physical_bytes: u64,
     content_raw_bytes: u64,
@@ -88,16 +54,8 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(policy: EvictionPolicy) -> Self {
-        Index {
-            keys: KeyArena::new(policy != EvictionPolicy::Owner),
-            contents: ContentArena::default(),
-            policy,
-            logical_bytes: 0,
-            physical_bytes: 0,
-            content_raw_bytes: 0,
-            content_stored_bytes: 0,
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Make room for `additional` more keys (and as many contents) at once, so that a replay
@@ -161,21 +119,6 @@ impl Index {
         Some((c, self.contents.entry(c)))
     }
 
-    /// Record an access for the eviction order.
-    pub fn touch(&mut self, key: &[u8]) {
-        if self.policy == EvictionPolicy::Lru {
-            if let Some(id) = self.keys.find(key) {
-                self.keys.move_to_back(id);
-            }
-        }
-    }
-
-    fn touch_id(&mut self, id: u32) {
-        if self.policy == EvictionPolicy::Lru {
-            self.keys.move_to_back(id);
-        }
-    }
-
     /// Map `key` to the content tagged `tag` that lies at `loc`, adding it when no content is
     /// there yet (the caller owns the extent then). Returns the extent of content that lost
     /// its last reference (when `key` was remapped).
@@ -202,7 +145,6 @@ impl Index {
         let mut released = None;
         if let Some(id) = self.keys.find(key) {
             if Some(self.contents.resolve(id)) == known {
-                self.touch_id(id);
                 return None;
             }
             released = self.remove(key);
@@ -301,42 +243,37 @@ impl Index {
         Some(freed(&loc))
     }
 
-    /// The next key to evict (front of the order; the owner-ordered policy's clock sweep).
+    /// The next key to evict when the device is full (a clock sweep: a last resort).
     pub fn victim(&mut self) -> Option<Vec<u8>> {
         self.keys.victim().map(|id| self.keys.key(id))
     }
 
-    /// Key ids coldest first: the eviction order, or for the owner-ordered policy (which
-    /// keeps none) the order of the contents' writes.
-    fn order(&self) -> Box<dyn Iterator<Item = u32> + '_> {
-        if self.policy != EvictionPolicy::Owner {
-            return self.keys.order();
-        }
+    /// Key ids oldest write first (by their contents' write seq).
+    fn order(&self) -> impl Iterator<Item = u32> {
         let mut by_seq: Vec<(u64, u32)> =
             self.keys.order().map(|id| (self.contents.seq(self.contents.resolve(id)), id)).collect();
         by_seq.sort_unstable();
-        Box::new(by_seq.into_iter().map(|(_, id)| id))
+        by_seq.into_iter().map(|(_, id)| id)
     }
 
-    /// Keys (rebuilt from the packed arena) with their content id, coldest to hottest.
+    /// Keys (rebuilt from the packed arena) with their content id, oldest write first.
     pub fn keys_in_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
         self.order().map(|id| (self.keys.key(id), self.contents.resolve(id)))
     }
 
-    /// `keys_in_order` without the owner-ordered policy's sort (scans under the state lock).
+    /// `keys_in_order` without the sort (scans under the state lock).
     pub fn keys_any_order(&self) -> impl Iterator<Item = (Vec<u8>, ContentId)> + '_ {
         self.keys.order().map(|id| (self.keys.key(id), self.contents.resolve(id)))
     }
 
     /// Visit every key with its content's tag and location and its chain parent (if stored),
-    /// coldest first, through reused key buffers.
+    /// oldest write first, through reused key buffers.
     pub fn for_each_in_order(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
         self.visit(self.order(), f)
     }
 
-    /// `for_each_in_order` in the order a compacted journal needs: the eviction order for LRU
-    /// and FIFO (replay restores it), any order for the owner-ordered policy (no sort under
-    /// the state lock: its listings sort by seq, which the records carry).
+    /// `for_each_in_order` in arena order, for a compacted journal (no sort under the state
+    /// lock: listings sort by seq, which the records carry).
     pub fn for_each(&self, f: impl FnMut(&[u8], ContentTag, Location, Option<&[u8]>)) {
         self.visit(self.keys.order(), f)
     }

@@ -14,7 +14,7 @@ fn packed_key(h: u8, i: u32) -> Vec<u8> {
 
 #[test]
 fn dedup_refcounts_free_at_zero() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     assert_eq!(ix.insert(b"a", 1, &loc(4096, 8192)), None);
     // A second key shares the content only at its location (a confirmed duplicate).
     assert_eq!(ix.share(b"b", 1, &loc(4096, 8192)), Some(None));
@@ -30,7 +30,7 @@ fn dedup_refcounts_free_at_zero() {
 
 #[test]
 fn pinned_content_is_freed_by_the_last_reader() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     ix.insert(b"a", 2, &loc(8192, 4096));
     let (id, _) = ix.lookup(b"a").unwrap();
     ix.pin(id);
@@ -39,19 +39,8 @@ fn pinned_content_is_freed_by_the_last_reader() {
 }
 
 #[test]
-fn lru_and_fifo_orders() {
-    for (policy, expect) in [(EvictionPolicy::Lru, b"b"), (EvictionPolicy::Fifo, b"a")] {
-        let mut ix = Index::new(policy);
-        ix.insert(b"a", 1, &loc(4096, 4096));
-        ix.insert(b"b", 2, &loc(12288, 4096));
-        ix.touch(b"a");
-        assert_eq!(ix.victim().unwrap(), expect.to_vec());
-    }
-}
-
-#[test]
 fn remap_releases_old_content() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     ix.insert(b"k", 1, &loc(4096, 4096));
     let f = ix.insert(b"k", 2, &loc(12288, 4096));
     assert_eq!(f.map(|f| f.first_page), Some(1));
@@ -60,8 +49,8 @@ fn remap_releases_old_content() {
 }
 
 #[test]
-fn packed_and_spilled_keys_come_back_whole_in_order() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+fn packed_and_spilled_keys_come_back_whole_in_write_order() {
+    let mut ix = Index::new();
     let mut expect: Vec<Vec<u8>> = Vec::new();
     for i in 0..300u32 {
         // Connector-shaped keys under two heads, a short tail, and keys of no such shape.
@@ -71,21 +60,18 @@ fn packed_and_spilled_keys_come_back_whole_in_order() {
             2 => [&[1; keys::HEAD_LEN][..], &i.to_le_bytes()].concat(),
             _ => format!("odd-{i}").into_bytes(),
         };
-        ix.insert(&key, i as u64, &loc(4096 * (1 + 2 * i as u64), 100));
+        ix.insert(&key, i as u64, &loc_seq(4096 * (1 + 2 * i as u64), i as u64 + 1));
         expect.push(key);
     }
-    // Take every third key out and touch some of the rest: freed records are reused below.
+    // Take every third key out: freed records are reused below.
     for (i, key) in expect.clone().iter().enumerate() {
         if i % 3 == 0 {
             assert!(ix.remove(key).is_some());
         }
     }
     expect = expect.into_iter().enumerate().filter(|(i, _)| i % 3 != 0).map(|(_, k)| k).collect();
-    let touched = expect.remove(7);
-    ix.touch(&touched);
-    expect.push(touched);
     let again = packed_key(3, 9999);
-    ix.insert(&again, 0xEE, &loc(4096 * 1000, 100));
+    ix.insert(&again, 0xEE, &loc_seq(4096 * 1000, 1000));
     expect.push(again);
     let got: Vec<Vec<u8>> = ix.keys_in_order().map(|(k, _)| k).collect();
     assert_eq!(got, expect);
@@ -93,12 +79,12 @@ fn packed_and_spilled_keys_come_back_whole_in_order() {
         assert!(ix.contains(key), "{key:?}");
     }
     assert!(!ix.contains(&packed_key(1, 0)));
-    assert_eq!(ix.victim(), Some(expect[0].clone()));
+    assert!(ix.victim().is_some_and(|v| expect.contains(&v)));
 }
 
 #[test]
 fn wide_locations_round_trip() {
-    let mut ix = Index::new(EvictionPolicy::Fifo);
+    let mut ix = Index::new();
     let far = Location {
         dir: 3,
         offset: 1 << 46,
@@ -131,7 +117,7 @@ fn wide_locations_round_trip() {
 fn raw_lengths_round_trip_through_the_length_table_and_past_it() {
     // Compressed blocks name their raw length by a u8 into a table of 255; the 256th distinct
     // length and later ones go wide. Every location reads back exactly, and freeing one works.
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     let at = |i: u64, raw: u64| Location {
         dir: 1,
         offset: 4096 * (1 + 4 * i),
@@ -158,7 +144,7 @@ fn raw_lengths_round_trip_through_the_length_table_and_past_it() {
 
 #[test]
 fn connector_keys_cost_under_100_bytes_each() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     let n = 50_000u32;
     ix.reserve(n as usize);
     for i in 0..n {
@@ -172,7 +158,7 @@ fn connector_keys_cost_under_100_bytes_each() {
 fn contents_sharing_a_tag_stay_apart_and_are_found_by_location() {
     // Two different blocks with one tag (a ~2^-48 clash, forced here): each keeps its own
     // content, found by tag and location; removing one leaves the other whole.
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     ix.insert(b"a", 5, &loc(4096, 4096));
     ix.insert(b"b", 5, &loc(12288, 4096));
     assert_eq!(ix.content_count(), 2);
@@ -189,21 +175,16 @@ fn loc_seq(offset: u64, seq: u64) -> Location {
 }
 
 #[test]
-fn owner_ordered_keeps_no_links_lists_by_write_and_sweeps_like_a_clock() {
-    let mut owner = Index::new(EvictionPolicy::Owner);
-    let mut lru = Index::new(EvictionPolicy::Lru);
+fn lists_by_write_and_sweeps_like_a_clock() {
+    let mut owner = Index::new();
     let n = 1000u32;
     owner.reserve(n as usize);
-    lru.reserve(n as usize);
     // Inserted out of write order: the listing follows the writes' seqs, not the arena.
     let seq_of = |i: u32| ((i * 7919) % n) as u64 + 1;
     for i in 0..n {
         let at = loc_seq(4096 * (1 + 2 * i as u64), seq_of(i));
         owner.insert(&packed_key(1, i), i as u64, &at);
-        lru.insert(&packed_key(1, i), i as u64, &at);
     }
-    assert!(owner.nbytes() + 8 * n as usize <= lru.nbytes(), "{} vs {}", owner.nbytes(), lru.nbytes());
-    owner.touch(&packed_key(1, 3)); // no order to change
     let listed: Vec<u64> = owner.keys_in_order().map(|(_, c)| owner.content(c).unwrap().loc.seq).collect();
     assert_eq!(listed, (1..=n as u64).collect::<Vec<_>>());
     // The sweep visits every key once before it comes back, skipping removed ones.
@@ -226,7 +207,7 @@ fn owner_ordered_keeps_no_links_lists_by_write_and_sweeps_like_a_clock() {
 #[test]
 fn a_shared_content_outlives_its_first_key_and_its_slot_is_reused_only_when_free() {
     // Slot ids are content ids: the first key's slot holds the content the second key shares.
-    let mut ix = Index::new(EvictionPolicy::Owner);
+    let mut ix = Index::new();
     ix.insert(&packed_key(1, 0), 7, &loc(4096, 4096));
     let (owner, _) = ix.lookup(&packed_key(1, 0)).unwrap();
     assert_eq!(ix.share(&packed_key(1, 1), 7, &loc(4096, 4096)), Some(None));
@@ -261,7 +242,7 @@ fn a_shared_content_outlives_its_first_key_and_its_slot_is_reused_only_when_free
 
 #[test]
 fn a_pinned_content_keeps_its_slot_after_its_key_goes() {
-    let mut ix = Index::new(EvictionPolicy::Lru);
+    let mut ix = Index::new();
     ix.insert(b"a", 1, &loc(4096, 4096));
     let (id, _) = ix.lookup(b"a").unwrap();
     ix.pin(id);
@@ -396,7 +377,7 @@ mod model {
     proptest! {
         #[test]
         fn index_matches_a_model_of_keys_writes_and_readers(ops in prop::collection::vec(op(), 1..120)) {
-            let mut ix = Index::new(EvictionPolicy::Owner);
+            let mut ix = Index::new();
             let mut m = Model::default();
             let mut next = 0u64;
             for op in ops {
@@ -457,7 +438,7 @@ mod model {
 #[test]
 fn tags_count_six_bytes_so_a_v3_journals_eight_byte_tags_match() {
     // A v3 journal's tags carry 8 bytes of the content hash; the index (and v4) keep 6.
-    let mut ix = Index::new(EvictionPolicy::Owner);
+    let mut ix = Index::new();
     ix.insert(b"a", 0xABCD_1111_2222_3333, &loc(4096, 4096));
     assert_eq!(ix.lookup(b"a").unwrap().1.tag, 0x1111_2222_3333);
     assert_eq!(ix.candidate(0x1111_2222_3333).map(|(_, c)| c.loc), Some(loc(4096, 4096)));

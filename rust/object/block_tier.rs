@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
+use super::error::Result;
 use super::ObjectTier;
-use crate::error::Result;
-use crate::store::batch::{Batch, Keepalive, RawBuf};
-use crate::store::stats::StatsSnapshot;
+use crate::tier::batch::{Batch, Keepalive, RawBuf};
 use crate::tier::BlockTier;
+use crate::tier::StatsSnapshot;
 
 impl BlockTier for ObjectTier {
+    type Error = super::ObjectError;
+
     fn tier_name(&self) -> &'static str {
         "object"
     }

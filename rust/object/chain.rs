@@ -21,15 +21,15 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 
+use super::error::Result;
 use super::fan_out::fan_out;
 use super::manifest::{self, Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
 use super::{hex_name, object_path, ObjectTier, Shared};
-use crate::error::Result;
 use crate::hashing::HashAlgo;
-use crate::store::batch::Keepalive;
-use crate::store::{Batch, BlockResult, RawBuf, Status};
+use crate::tier::batch::Keepalive;
+use crate::tier::{Batch, BlockResult, RawBuf, Status};
 
 /// Manifests whose last use this process remembers recording.
 const TOUCHED_CAP: usize = 1 << 16;

@@ -15,7 +15,7 @@ use super::manifest::{Manifest, SEGMENT};
 use super::ops::Ctx;
 use super::stats::bump;
 use super::{finish, Shared};
-use crate::store::{BlockResult, RawBuf, Status};
+use crate::tier::{BlockResult, RawBuf, Status};
 
 /// One block of the put: its index in the batch, chain position, key and buffer.
 type Item = (usize, usize, Vec<u8>, RawBuf);

@@ -14,8 +14,8 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
+use super::error::{ObjectError, Result};
 use crate::compression::Compression;
-use crate::error::{Result, StoreError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -154,10 +154,10 @@ impl ObjectConfig {
 
     pub fn validate(&self) -> Result<()> {
         if self.concurrency == 0 {
-            return Err(StoreError::Config("concurrency: must be at least 1".into()));
+            return Err(ObjectError::Config("concurrency: must be at least 1".into()));
         }
         if self.timeout.is_zero() {
-            return Err(StoreError::Config("timeout_s: must be > 0".into()));
+            return Err(ObjectError::Config("timeout_s: must be > 0".into()));
         }
         Ok(())
     }
@@ -170,14 +170,15 @@ pub struct Built {
     pub prefix: Path,
 }
 
-fn bad_url(cfg: &ObjectConfig, why: impl fmt::Display) -> StoreError {
-    StoreError::Config(format!("object store url {:?}: {why}", cfg.url))
+fn bad_url(cfg: &ObjectConfig, why: impl fmt::Display) -> ObjectError {
+    ObjectError::Config(format!("object store url {:?}: {why}", cfg.url))
 }
 
 pub fn build(cfg: &ObjectConfig) -> Result<Built> {
     cfg.validate()?;
     let parsed = url::Url::parse(&cfg.url).map_err(|e| bad_url(cfg, e))?;
-    let config_err = |e: object_store::Error| StoreError::Config(cfg.scrub(format!("{}: {e}", cfg.target())));
+    let config_err =
+        |e: object_store::Error| ObjectError::Config(cfg.scrub(format!("{}: {e}", cfg.target())));
     let trimmed = parsed.path().trim_matches('/').to_string();
     let (backend, store, prefix): (Backend, Arc<dyn ObjectStore>, String) = match parsed.scheme() {
         "s3" | "s3a" => (Backend::S3, Arc::new(build_s3(cfg, &parsed)?), trimmed),
@@ -214,7 +215,7 @@ pub fn build(cfg: &ObjectConfig) -> Result<Built> {
         "file" => {
             let dir = parsed.to_file_path().map_err(|_| bad_url(cfg, "not an absolute local path"))?;
             std::fs::create_dir_all(&dir)
-                .map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
+                .map_err(|e| ObjectError::io(format!("creating {}", dir.display()), e))?;
             let fs = LocalFileSystem::new_with_prefix(&dir).map_err(config_err)?;
             (Backend::File, Arc::new(fs), String::new())
         }
@@ -241,7 +242,7 @@ fn refuse_metadata(cfg: &ObjectConfig, has_own: bool, how: &str) -> Result<()> {
     if has_own || cfg.allow_instance_metadata {
         return Ok(());
     }
-    Err(StoreError::Config(format!(
+    Err(ObjectError::Config(format!(
         "{}: no credentials (give {how}); the cloud metadata address is only asked with \
          allow_instance_metadata",
         cfg.target()
@@ -264,7 +265,7 @@ fn build_s3(cfg: &ObjectConfig, url: &url::Url) -> Result<object_store::aws::Ama
         }
         (None, None) => {}
         _ => {
-            return Err(StoreError::Config(
+            return Err(ObjectError::Config(
                 "access_key_id and secret_access_key: give both or neither".into(),
             ))
         }
@@ -279,11 +280,11 @@ fn build_s3(cfg: &ObjectConfig, url: &url::Url) -> Result<object_store::aws::Ama
     let allow_http = cfg.allow_http || env_flag("AWS_ALLOW_HTTP");
     let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_default();
     if !allow_http && endpoint.starts_with("http://") {
-        return Err(StoreError::Config(format!(
+        return Err(ObjectError::Config(format!(
             "{}: the endpoint is plain HTTP; pass allow_http=True (or set AWS_ALLOW_HTTP=true) to use it",
             cfg.target()
         )));
     }
     b = b.with_retry(cfg.retry()).with_client_options(cfg.client_options(allow_http));
-    b.build().map_err(|e| StoreError::Config(cfg.scrub(format!("{}: {e}", cfg.target()))))
+    b.build().map_err(|e| ObjectError::Config(cfg.scrub(format!("{}: {e}", cfg.target()))))
 }

@@ -29,11 +29,11 @@ use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 use object_store::ObjectMeta;
 
+use super::error::{ObjectError, Result};
 use super::gc_plan::{closure, dangling, fit_budget, hex};
 use super::manifest::Manifest;
 use super::ops::Ctx;
 use super::ObjectTier;
-use crate::error::{Result, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct GcOptions {
@@ -128,7 +128,7 @@ impl ObjectTier {
     /// One collection pass (see the module's protocol).
     pub fn gc(&self, opts: &GcOptions) -> Result<GcReport> {
         let (rt, ctx) = self.client()?;
-        rt.block_on(self.gc_async(&ctx, opts)).map_err(StoreError::Device)
+        rt.block_on(self.gc_async(&ctx, opts)).map_err(ObjectError::Request)
     }
 
     async fn gc_async(&self, ctx: &Ctx, opts: &GcOptions) -> std::result::Result<GcReport, String> {
@@ -257,7 +257,7 @@ impl ObjectTier {
     pub fn inventory(&self) -> Result<Vec<(String, u64)>> {
         let (rt, ctx) = self.client()?;
         rt.block_on(async {
-            let all = ctx.list(&self.prefix).await.map_err(StoreError::Device)?;
+            let all = ctx.list(&self.prefix).await.map_err(ObjectError::Request)?;
             let mut out: HashMap<String, u64> = HashMap::new();
             for m in &all {
                 let rel: Vec<_> = m.location.prefix_match(&self.prefix).into_iter().flatten().collect();
@@ -286,7 +286,7 @@ impl ObjectTier {
         let path = self.prefix.clone().join(LEASE);
         let body = format!("{holder}\n{}", now_ms() + lease.as_millis() as i64).into_bytes();
         rt.block_on(async {
-            let current = ctx.get_small(&path).await.map_err(StoreError::Device)?;
+            let current = ctx.get_small(&path).await.map_err(ObjectError::Request)?;
             let take = match current.as_deref().map(String::from_utf8_lossy) {
                 None => ctx.put_small(&path, body, true).await,
                 Some(text) => {
@@ -294,14 +294,14 @@ impl ObjectTier {
                     if who == holder {
                         ctx.put_small(&path, body, false).await
                     } else if until.trim().parse::<i64>().unwrap_or(0) < now_ms() {
-                        ctx.delete(path.clone()).await.map_err(StoreError::Device)?;
+                        ctx.delete(path.clone()).await.map_err(ObjectError::Request)?;
                         ctx.put_small(&path, body, true).await
                     } else {
                         Ok(false)
                     }
                 }
             };
-            take.map_err(StoreError::Device)
+            take.map_err(ObjectError::Request)
         })
     }
 }

@@ -10,6 +10,7 @@ mod chain_put;
 mod claim;
 pub mod codec;
 pub mod config;
+pub mod error;
 mod fan_out;
 pub mod gc;
 mod gc_plan;
@@ -35,18 +36,16 @@ use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
 pub use config::{Backend, ObjectConfig};
+pub use error::{ObjectError, Result};
 
 use self::fan_out::fan_out;
 use self::known::KnownKeys;
 use self::ops::Ctx;
 use self::stats::{bump, ObjectStats};
 use crate::compression::Compression;
-use crate::error::{Result, StoreError};
 use crate::format::MAX_KEY_LEN;
 use crate::hashing::HashAlgo;
-use crate::store::batch::Keepalive;
-use crate::store::stats::{StatValue, StatsSnapshot};
-use crate::store::{Batch, BlockResult, RawBuf, Status};
+use crate::tier::{Batch, BlockResult, Keepalive, RawBuf, StatValue, StatsSnapshot, Status};
 
 /// The client of one process: rebuilt when a forked child first uses the tier.
 struct Client {
@@ -171,7 +170,7 @@ impl ObjectTier {
     /// runtime threads are not shared across fork).
     fn client(&self) -> Result<(Arc<Runtime>, Ctx)> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
+            return Err(ObjectError::Closed);
         }
         let mut slot = self.client.lock();
         let pid = std::process::id();
@@ -183,7 +182,7 @@ impl ObjectTier {
             std::mem::forget(inherited);
             *slot = Some(self.make_client(keep)?);
         }
-        let c = slot.as_ref().ok_or(StoreError::Closed)?;
+        let c = slot.as_ref().ok_or(ObjectError::Closed)?;
         Ok((c.rt.clone(), c.ctx.clone()))
     }
 
@@ -335,7 +334,7 @@ impl ObjectTier {
         });
         let ok = outcomes.iter().filter(|o| o.is_ok()).count();
         match outcomes.into_iter().find_map(|o| o.err()) {
-            Some(msg) => Err(StoreError::Device(msg)),
+            Some(msg) => Err(ObjectError::Request(msg)),
             None => Ok(ok),
         }
     }

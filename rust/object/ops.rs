@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 use super::codec::{decode_into, DecodeError};
 use super::stats::{bump, ObjectStats};
 use super::stream_decode::StreamDecode;
-use crate::store::{BlockResult, RawBuf, Status};
+use crate::tier::{BlockResult, RawBuf, Status};
 
 /// What every request of one tier shares.
 #[derive(Clone)]

@@ -1,8 +1,8 @@
 //! The open-time probe, callable again as `check`: one listing request proves the endpoint,
 //! bucket and credentials work, and a failure names which (never the secret).
 
+use super::error::{ObjectError, Result};
 use super::ObjectTier;
-use crate::error::{Result, StoreError};
 
 impl ObjectTier {
     /// Prove with one listing request that the store answers and accepts the credentials
@@ -33,7 +33,7 @@ impl ObjectTier {
                 _ if has(&["NoSuchBucket", "404 Not Found"]) => "the bucket does not exist",
                 _ => "the store did not answer",
             };
-            StoreError::Config(ctx.message(format!("{why}: {}", text.replace('\n', " "))))
+            ObjectError::Config(ctx.message(format!("{why}: {}", text.replace('\n', " "))))
         })
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::runtime::Runtime;
 
-use crate::error::{Result, StoreError};
+use super::error::{ObjectError, Result};
 
 static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 
@@ -34,7 +34,7 @@ pub fn runtime() -> Result<(Arc<Runtime>, bool)> {
         .thread_name("flexkv-object")
         .enable_all()
         .build()
-        .map_err(|e| StoreError::io("starting the object tier's runtime", e))?;
+        .map_err(|e| ObjectError::io("starting the object tier's runtime", e))?;
     let rt = Arc::new(rt);
     *slot = Some((pid, rt.clone()));
     Ok((rt, true))

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::store::stats::{StatValue, StatsSnapshot};
+use crate::tier::{StatValue, StatsSnapshot};
 
 macro_rules! counters {
     ($($name:ident),* $(,)?) => {

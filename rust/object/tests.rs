@@ -59,7 +59,7 @@ fn round_trip(url: &str, compression: &str) {
     assert_eq!(count("put_requests"), 20, "known keys are not uploaded again");
     assert_eq!(count("puts_known"), 20);
     tier.close();
-    assert!(matches!(tier.submit_put(Vec::new(), None), Err(StoreError::Closed)));
+    assert!(matches!(tier.submit_put(Vec::new(), None), Err(ObjectError::Closed)));
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn corrupt_object_is_reported_not_returned() {
 #[test]
 fn bad_urls_and_missing_credentials_are_config_errors() {
     for url in ["ftp://x/y", "not a url", "s3:///nobucket"] {
-        assert!(matches!(ObjectTier::open(ObjectConfig::new(url)), Err(StoreError::Config(_))), "{url}");
+        assert!(matches!(ObjectTier::open(ObjectConfig::new(url)), Err(ObjectError::Config(_))), "{url}");
     }
     let mut cfg = ObjectConfig::new("s3://bucket/prefix");
     cfg.endpoint = Some("http://127.0.0.1:9".into());
@@ -139,7 +139,8 @@ fn bad_urls_and_missing_credentials_are_config_errors() {
 #[test]
 fn driven_through_the_block_tier_seam() {
     use crate::tier::BlockTier;
-    let tier: Arc<dyn BlockTier> = Arc::new(ObjectTier::open(ObjectConfig::new("memory://")).unwrap());
+    let tier: Arc<dyn BlockTier<Error = ObjectError>> =
+        Arc::new(ObjectTier::open(ObjectConfig::new("memory://")).unwrap());
     assert_eq!(tier.tier_name(), "object");
     let mut data = blocks(10, 3000);
     let items = data.iter_mut().map(|(k, v)| (k.clone(), raw(v))).collect();
@@ -153,5 +154,5 @@ fn driven_through_the_block_tier_seam() {
     assert!(!tier.contains(&keys[0]));
     assert!(tier.drain_evicted().is_empty());
     tier.close().unwrap();
-    assert!(matches!(tier.submit_get(Vec::new(), None), Err(StoreError::Closed)));
+    assert!(matches!(tier.submit_get(Vec::new(), None), Err(ObjectError::Closed)));
 }

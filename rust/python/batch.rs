@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::errors::to_py;
-use crate::store::{Batch, BlockResult};
+use crate::tier::{Batch, BlockResult};
 
 #[pyclass(name = "BlockResult", module = "flexkv_py._native", frozen)]
 pub struct PyBlockResult {

@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::store::RawBuf;
+use crate::tier::RawBuf;
 
 pub struct Extracted {
     pub items: Vec<(Vec<u8>, RawBuf)>,

@@ -1,5 +1,6 @@
 //! The Python exception hierarchy. Classes are created once at import (so they can also
-//! inherit from ValueError / OSError / KeyError) and each StoreError variant maps to one. An
+//! inherit from ValueError / OSError / KeyError) and each variant of a tier's error type
+//! (`StoreError`, `ObjectError`) maps to one. An
 //! error with an OS error behind it carries that error (as the matching `OSError` subclass) as
 //! the exception's `__cause__`.
 
@@ -10,6 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::StoreError;
+use crate::object::ObjectError;
+use crate::tier::TimedOut;
 
 struct Classes {
     base: Py<PyType>,
@@ -83,22 +86,20 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-pub fn to_py(err: StoreError) -> PyErr {
-    let msg = err.to_string();
+/// An error the Python layer raises: each tier's error type maps its variants onto the one
+/// hierarchy made in `register`.
+pub trait ToPyErr {
+    fn to_py_err(self) -> PyErr;
+}
+
+pub fn to_py(err: impl ToPyErr) -> PyErr {
+    err.to_py_err()
+}
+
+/// The class `pick` chooses, with `source` (an OS error) as the exception's `__cause__`.
+fn raise(msg: String, pick: fn(&Classes) -> &Py<PyType>, source: Option<std::io::Error>) -> PyErr {
     let Some(c) = CLASSES.get() else { return PyException::new_err(msg) };
-    let (cls, source) = match err {
-        StoreError::Config(_) => (&c.config, None),
-        StoreError::Closed => (&c.closed, None),
-        StoreError::Full(_) => (&c.full, None),
-        StoreError::Corrupt { .. } | StoreError::Foreign { .. } | StoreError::FormatVersion { .. } => {
-            (&c.corrupt, None)
-        }
-        StoreError::Io { source, .. } => (&c.io, Some(source)),
-        StoreError::Device(_) => (&c.io, None),
-        StoreError::Locked(_) => (&c.locked, None),
-        StoreError::NotFound(_) => (&c.not_found, None),
-        StoreError::Timeout(_) => return PyTimeoutError::new_err(msg),
-    };
+    let cls = pick(c);
     Python::attach(|py| {
         let err = PyErr::from_type(cls.bind(py).clone(), msg);
         if let Some(source) = source {
@@ -106,6 +107,44 @@ pub fn to_py(err: StoreError) -> PyErr {
         }
         err
     })
+}
+
+impl ToPyErr for StoreError {
+    fn to_py_err(self) -> PyErr {
+        let msg = self.to_string();
+        match self {
+            StoreError::Config(_) => raise(msg, |c| &c.config, None),
+            StoreError::Closed => raise(msg, |c| &c.closed, None),
+            StoreError::Full(_) => raise(msg, |c| &c.full, None),
+            StoreError::Corrupt { .. } | StoreError::Foreign { .. } | StoreError::FormatVersion { .. } => {
+                raise(msg, |c| &c.corrupt, None)
+            }
+            StoreError::Io { source, .. } => raise(msg, |c| &c.io, Some(source)),
+            StoreError::Device(_) => raise(msg, |c| &c.io, None),
+            StoreError::Locked(_) => raise(msg, |c| &c.locked, None),
+            StoreError::NotFound(_) => raise(msg, |c| &c.not_found, None),
+            StoreError::Timeout(_) => PyTimeoutError::new_err(msg),
+        }
+    }
+}
+
+impl ToPyErr for ObjectError {
+    fn to_py_err(self) -> PyErr {
+        let msg = self.to_string();
+        match self {
+            ObjectError::Config(_) => raise(msg, |c| &c.config, None),
+            ObjectError::Closed => raise(msg, |c| &c.closed, None),
+            ObjectError::Request(_) => raise(msg, |c| &c.io, None),
+            ObjectError::Io { source, .. } => raise(msg, |c| &c.io, Some(source)),
+            ObjectError::Timeout(_) => PyTimeoutError::new_err(msg),
+        }
+    }
+}
+
+impl ToPyErr for TimedOut {
+    fn to_py_err(self) -> PyErr {
+        PyTimeoutError::new_err(self.to_string())
+    }
 }
 
 /// `OSError(errno, strerror)`: Python picks the matching subclass (FileNotFoundError, ...) and

@@ -32,5 +32,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(store::io_uring_available, m)?)?;
     m.add_function(wrap_pyfunction!(store::set_fault_delays, m)?)?;
+    m.add_function(wrap_pyfunction!(store::store_capacity_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(store::block_pages, m)?)?;
     Ok(())
 }

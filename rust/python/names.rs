@@ -7,10 +7,10 @@ use pyo3::types::PyTuple;
 
 use crate::compression::Compression;
 use crate::hashing::HashAlgo;
-use crate::index::EvictionPolicy;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
-use crate::store::{Durability, Status};
+use crate::store::Durability;
+use crate::tier::Status;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -18,7 +18,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, values) in [
         ("IO_ENGINES", EngineChoice::NAMES),
         ("COMPRESSIONS", Compression::NAMES),
-        ("EVICTIONS", EvictionPolicy::NAMES),
         ("CONTENT_HASHES", HashAlgo::NAMES),
         ("DURABILITIES", Durability::NAMES),
         ("FAULT_TARGETS", FaultPlan::TARGETS),
@@ -29,5 +28,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     // The journal format this build writes; a store of another version is set aside.
     m.add("JOURNAL_FORMAT_VERSION", crate::format::journal::FILE_VERSION)?;
+    // The layout's units, for sizing a store by whole blocks (`store_capacity_blocks`).
+    m.add("STORE_PAGE", crate::format::PAGE)?;
+    m.add("SUPERBLOCK_PAGES", crate::format::layout::SUPERBLOCK_PAGES)?;
     Ok(())
 }

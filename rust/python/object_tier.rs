@@ -12,8 +12,8 @@ use super::buffers::extract_items;
 use super::errors::to_py;
 use super::stats::stats_dict;
 use crate::compression::Compression;
-use crate::error::StoreError;
 use crate::object::gc::GcOptions;
+use crate::object::ObjectError;
 use crate::object::{ObjectConfig, ObjectTier};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -55,7 +55,7 @@ impl PyObjectTier {
             [("timeout_s", timeout_s), ("touch_interval_s", touch_interval_s)].into_iter().chain(lease)
         {
             if !(v > 0.0 && v.is_finite()) {
-                return Err(to_py(StoreError::Config(format!(
+                return Err(to_py(ObjectError::Config(format!(
                     "{name}: must be a finite number > 0, got {v}"
                 ))));
             }
@@ -138,7 +138,7 @@ impl PyObjectTier {
     ) -> PyResult<Bound<'py, PyDict>> {
         for (name, v) in [("ttl_s", ttl_s), ("grace_s", grace_s)] {
             if !(v >= 0.0 && v.is_finite()) {
-                return Err(to_py(StoreError::Config(format!(
+                return Err(to_py(ObjectError::Config(format!(
                     "{name}: must be a finite number >= 0, got {v}"
                 ))));
             }
@@ -185,7 +185,7 @@ impl PyObjectTier {
     /// Take or renew the background-GC lease; `True`: run GC now.
     fn try_gc_lease(&self, py: Python<'_>, holder: String, lease_s: f64) -> PyResult<bool> {
         if !(lease_s > 0.0 && lease_s.is_finite()) {
-            return Err(to_py(StoreError::Config(format!(
+            return Err(to_py(ObjectError::Config(format!(
                 "lease_s: must be a finite number > 0, got {lease_s}"
             ))));
         }

@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::store::stats::{StatValue, StatsSnapshot};
+use crate::tier::{StatValue, StatsSnapshot};
 
 pub(super) fn stats_dict(py: Python<'_>, stats: StatsSnapshot) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);

@@ -13,18 +13,17 @@ use crate::compression::Compression;
 use crate::error::StoreError;
 use crate::hashing::HashAlgo;
 use crate::index::block_set::Digest;
-use crate::index::EvictionPolicy;
 use crate::io::aligned::AlignedBuf;
 use crate::io::EngineChoice;
-use crate::store::{BlockResult, BlockStore, Durability, Keepalive, PutExtra, RawBuf, Status, StoreConfig};
-use crate::tier::BlockTier;
+use crate::store::{BlockStore, Durability, PutExtra, StoreConfig};
+use crate::tier::{BlockResult, BlockTier, Keepalive, RawBuf, Status};
 
 /// The SSD block store for Python. The calls every block tier has go through the `BlockTier`
 /// trait (`tier`); the SSD-only ones (verify, checkpoint, keys, io engine) use `store`. Both
 /// are the same object.
 #[pyclass(name = "BlockStore", module = "flexkv_py._native", frozen)]
 pub struct PyBlockStore {
-    tier: Arc<dyn BlockTier>,
+    tier: Arc<dyn BlockTier<Error = StoreError>>,
     store: Arc<BlockStore>,
 }
 
@@ -86,7 +85,7 @@ impl PyBlockStore {
 impl PyBlockStore {
     #[new]
     #[pyo3(signature = (dirs, capacity_bytes, *, io_engine="auto", queue_depth=64, compression="none",
-        zstd_level=1, eviction="lru", admit_min_hits=1, content_hash="xxh3-128", durability="process",
+        zstd_level=1, content_hash="xxh3-128", durability="process",
         preallocate=true, read_only=false, batch_threads=4, fault_injection=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -97,8 +96,6 @@ impl PyBlockStore {
         queue_depth: u32,
         compression: &str,
         zstd_level: i32,
-        eviction: &str,
-        admit_min_hits: u32,
         content_hash: &str,
         durability: &str,
         preallocate: bool,
@@ -110,7 +107,6 @@ impl PyBlockStore {
         let parsed = (|| -> crate::error::Result<()> {
             cfg.io_engine = EngineChoice::parse(io_engine)?;
             cfg.compression = Compression::parse(compression, zstd_level)?;
-            cfg.eviction = EvictionPolicy::parse(eviction)?;
             cfg.hash = HashAlgo::parse(content_hash)?;
             cfg.durability = Durability::parse(durability)?;
             cfg.fault_injection = fault_injection.map(crate::io::fault::FaultPlan::parse).transpose()?;
@@ -118,7 +114,6 @@ impl PyBlockStore {
         })();
         parsed.map_err(to_py)?;
         cfg.queue_depth = queue_depth;
-        cfg.admit_min_hits = admit_min_hits;
         cfg.preallocate = preallocate;
         cfg.read_only = read_only;
         cfg.batch_threads = batch_threads.max(1);
@@ -164,7 +159,7 @@ impl PyBlockStore {
         Ok(PyBatchHandle::from_batch(batch))
     }
 
-    /// Every stored key with its chain parent (None when it has none stored), coldest first.
+    /// Every stored key with its chain parent (None when it has none stored), oldest write first.
     fn inventory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let inv = py.detach(|| self.store.inventory());
         PyList::new(
@@ -267,7 +262,7 @@ impl PyBlockStore {
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
-    /// Delete every key that starts with one of `prefixes`; returns them, coldest first.
+    /// Delete every key that starts with one of `prefixes`; returns them, oldest write first.
     fn delete_prefixed<'py>(&self, py: Python<'py>, prefixes: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyList>> {
         let store = self.store.clone();
         let keys = py.detach(move || store.delete_with_prefix(&prefixes)).map_err(to_py)?;
@@ -381,4 +376,22 @@ pub fn io_uring_available() -> bool {
 #[pyfunction]
 pub fn set_fault_delays(enabled: bool) {
     crate::io::fault::set_delays_enabled(enabled);
+}
+
+/// Blocks of `stored_bytes` a store of `capacity_bytes` over `dirs` directories holds: the
+/// store's own layout arithmetic, so the Python index sizes the SSD tier as the store fills it.
+#[pyfunction]
+pub fn store_capacity_blocks(capacity_bytes: u64, dirs: usize, stored_bytes: u64) -> PyResult<u64> {
+    if dirs < 1 || stored_bytes < 1 {
+        return Err(to_py(StoreError::Config(format!(
+            "need >= 1 directory and block byte, got {dirs}, {stored_bytes}"
+        ))));
+    }
+    Ok(crate::format::layout::capacity_blocks(capacity_bytes, dirs, stored_bytes))
+}
+
+/// Pages one block of `stored_bytes` takes on disk (its header page plus its data).
+#[pyfunction]
+pub fn block_pages(stored_bytes: u64) -> u64 {
+    crate::format::layout::extent_pages(stored_bytes)
 }

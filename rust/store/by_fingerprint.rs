@@ -15,7 +15,7 @@ impl BlockStore {
         self.delete_resolved(keys)
     }
 
-    /// Delete every stored key that starts with one of `prefixes`; returns them, coldest first.
+    /// Delete every stored key that starts with one of `prefixes`; returns them, oldest write first.
     pub fn delete_with_prefix(&self, prefixes: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
         let keys = self.shared.state.lock().index.keys_with_prefix(prefixes);
         self.delete_resolved(keys)

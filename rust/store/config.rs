@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use crate::compression::Compression;
 use crate::error::{Result, StoreError};
 use crate::hashing::HashAlgo;
-use crate::index::EvictionPolicy;
 use crate::io::EngineChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +40,6 @@ pub struct StoreConfig {
     pub io_engine: EngineChoice,
     pub queue_depth: u32,
     pub compression: Compression,
-    pub eviction: EvictionPolicy,
-    pub admit_min_hits: u32,
     pub hash: HashAlgo,
     pub durability: Durability,
     pub preallocate: bool,
@@ -62,8 +59,6 @@ impl StoreConfig {
             io_engine: EngineChoice::Auto,
             queue_depth: 64,
             compression: Compression::None,
-            eviction: EvictionPolicy::Lru,
-            admit_min_hits: 1,
             hash: HashAlgo::Xxh3_128,
             durability: Durability::Process,
             preallocate: true,
@@ -109,12 +104,6 @@ impl StoreConfig {
         if self.queue_depth == 0 || self.queue_depth > 4096 {
             return Err(StoreError::Config(format!("queue_depth: {} is outside 1..=4096", self.queue_depth)));
         }
-        if self.admit_min_hits == 0 || self.admit_min_hits > 255 {
-            return Err(StoreError::Config(format!(
-                "admit_min_hits: {} is outside 1..=255",
-                self.admit_min_hits
-            )));
-        }
         Ok(())
     }
 }
@@ -131,9 +120,6 @@ mod tests {
         }
         for n in Compression::NAMES {
             Compression::parse(n, 1).unwrap();
-        }
-        for n in EvictionPolicy::NAMES {
-            EvictionPolicy::parse(n).unwrap();
         }
         for n in HashAlgo::NAMES {
             assert_eq!(HashAlgo::parse(n).unwrap().name(), *n);

@@ -5,7 +5,6 @@
 //! the indexed write), and the payload must match the header's full hash. Lock: drop keys
 //! whose content proved corrupt so they are recomputed, never served, and unpin.
 
-use super::batch::{BlockResult, RawBuf, Status};
 use super::stats::Counters;
 use super::Shared;
 use crate::compression::decompress_into;
@@ -15,6 +14,7 @@ use crate::format::{round_up_to_page, PAGE};
 use crate::index::{extent_pages, ContentId};
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoFailure, IoOp};
+use crate::tier::batch::{BlockResult, RawBuf, Status};
 
 struct Pending {
     item: usize,
@@ -46,7 +46,6 @@ pub(super) fn run(shared: &Shared, items: &[(Vec<u8>, RawBuf)]) -> Vec<BlockResu
                 continue;
             }
             state.index.pin(id);
-            state.index.touch(key);
             let header = AlignedBuf::zeroed(PAGE);
             pending.push(Pending { item: i, content: id, tag: content.tag, loc, header, bounce: None });
         }

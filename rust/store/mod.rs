@@ -2,7 +2,6 @@
 //! or more directories. Data path per batch: hash (+ compress) → index decision → vectored
 //! O_DIRECT I/O on the directory queues → journal append → completion.
 
-pub mod batch;
 pub mod config;
 pub mod journal_file;
 pub mod stats;
@@ -29,11 +28,10 @@ use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
 use crate::format::MAX_KEY_LEN;
 
-pub use batch::{Batch, BlockResult, Keepalive, RawBuf, Status};
+use crate::tier::{Batch, BlockResult, Keepalive, RawBuf, StatsSnapshot, Status};
 pub use config::{Durability, StoreConfig};
 pub use put::PutExtra;
 pub(crate) use shared::{Shared, State};
-use stats::StatsSnapshot;
 
 pub struct BlockStore {
     shared: Arc<Shared>,
@@ -154,7 +152,7 @@ impl BlockStore {
         Ok(batch)
     }
 
-    /// Every stored key with its chain parent (when that is stored too), coldest first.
+    /// Every stored key with its chain parent (when that is stored too), oldest write first.
     pub fn inventory(&self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         let state = self.shared.state.lock();
         let mut out = Vec::with_capacity(state.index.len());
@@ -208,7 +206,7 @@ impl BlockStore {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k).collect()
     }
 
-    /// Bytes the in-memory index holds (keys, contents, eviction order), for benches.
+    /// Bytes the in-memory index holds (keys, contents), for benches.
     pub fn index_nbytes(&self) -> usize {
         self.shared.state.lock().index.nbytes()
     }
@@ -349,6 +347,8 @@ fn check_extras(items: &[(Vec<u8>, RawBuf)], extras: &[PutExtra]) -> Result<()> 
 }
 
 impl crate::tier::BlockTier for BlockStore {
+    type Error = StoreError;
+
     fn tier_name(&self) -> &'static str {
         "ssd"
     }

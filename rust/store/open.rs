@@ -20,9 +20,9 @@ use crate::device::dir_lock::DirLock;
 use crate::device::set::{Device, DeviceSet};
 use crate::error::{Result, StoreError};
 use crate::format::journal::FileHeader;
+use crate::format::layout;
 use crate::format::superblock::Superblock;
 use crate::format::PAGE;
-use crate::index::admission::FrequencySketch;
 use crate::index::Index;
 use crate::io::fault::FaultPlan;
 use crate::io::EngineChoice;
@@ -84,7 +84,7 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
     let fresh = replayed.is_none();
 
     // Data files: check that each belongs to this store at this position, or create it.
-    let per_dir = (cfg.capacity_bytes / ndirs as u64) / PAGE as u64 * PAGE as u64;
+    let per_dir = layout::data_file_len(cfg.capacity_bytes, ndirs);
     let mut files = Vec::with_capacity(ndirs);
     // Directories whose data file had to be created: journal records pointing there are void.
     let mut recreated = vec![false; ndirs];
@@ -127,13 +127,13 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
         files.push(file);
     }
 
-    let mut index = Index::new(cfg.eviction);
+    let mut index = Index::new();
     // A read-only view allocates nothing; it accepts every recorded extent so that a damaged
     // (e.g. truncated) file shows up as corrupt blocks on verify instead of silently missing.
     let pages_of =
         |f: &DataFile| if cfg.read_only { u64::MAX / (4 * PAGE as u64) } else { f.len / PAGE as u64 };
     let mut allocators: Vec<ExtentAllocator> =
-        files.iter().map(|f| ExtentAllocator::new(1, pages_of(f))).collect();
+        files.iter().map(|f| ExtentAllocator::new(layout::SUPERBLOCK_PAGES, pages_of(f))).collect();
     let mut replay = Replay { next_seq: 1, ..Replay::default() };
     let mut journal_bytes = 0;
     let journal_ident = replayed.as_ref().and_then(|r| r.ident);
@@ -210,7 +210,6 @@ pub(super) fn open(cfg: StoreConfig) -> Result<Shared> {
             index,
             allocators,
             journal,
-            sketch: FrequencySketch::new(cfg.admit_min_hits),
             next_seq,
             next_dir: 0,
             evicted: VecDeque::new(),

@@ -64,7 +64,7 @@ fn reopen_bench() {
     let replayed = super::journal_file::read(dir.path()).unwrap().unwrap();
     let read = timer.stop();
     let timer = Timer::start();
-    let mut index = crate::index::Index::new(crate::index::EvictionPolicy::Lru);
+    let mut index = crate::index::Index::new();
     let mut allocators = vec![crate::device::allocator::ExtentAllocator::new(1, capacity / PAGE as u64)];
     super::replay::replay(&replayed, &mut index, &mut allocators, &[false]);
     let replay = timer.stop();

@@ -57,7 +57,7 @@ pub fn replay(
         apply(&mut out, index, allocators, recreated, pos, record);
     }
     // Chain links last: a parent may come after its child in the journal (a compacted journal
-    // is in eviction order), so links are resolved once every key is in. Later records win.
+    // is in arena order), so links are resolved once every key is in. Later records win.
     for (key, parent) in links {
         index.set_parent(key, Some(parent));
     }

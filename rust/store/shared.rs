@@ -1,6 +1,6 @@
 //! What every batch thread shares: the config, the devices, and the state behind one lock
-//! (index, allocators, journal, admission sketch). Helpers here are the moves that several
-//! paths make under that lock: free an extent, evict the coldest key, journal a change, and
+//! (index, allocators, journal). Helpers here are the moves that several paths make under
+//! that lock: free an extent, evict a key when the device is full, journal a change, and
 //! compact the journal (the long part of which runs without the lock: see `journal.rs`).
 
 use std::collections::VecDeque;
@@ -14,7 +14,6 @@ use crate::device::allocator::ExtentAllocator;
 use crate::device::set::DeviceSet;
 use crate::error::{Result, StoreError};
 use crate::format::journal::Record;
-use crate::index::admission::FrequencySketch;
 use crate::index::{FreedExtent, Index};
 
 /// Keys evicted but not yet drained by the owner; older ones are dropped past this.
@@ -24,7 +23,6 @@ pub(crate) struct State {
     pub index: Index,
     pub allocators: Vec<ExtentAllocator>,
     pub journal: Journal,
-    pub sketch: FrequencySketch,
     pub next_seq: u64,
     pub next_dir: usize,
     pub evicted: VecDeque<Vec<u8>>,
@@ -32,8 +30,8 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// One Put per live key, a compacted journal: coldest first for LRU and FIFO (replay
-    /// restores the order), any order for the owner-ordered policy (`Index::for_each`).
+    /// One Put per live key, a compacted journal, in any order (`Index::for_each`): listings
+    /// sort by the records' seq.
     pub fn live_records(index: &Index) -> Vec<Record> {
         let mut records = Vec::with_capacity(index.len());
         index.for_each(|key, tag, loc, parent| {

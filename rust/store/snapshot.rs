@@ -2,9 +2,10 @@
 //! journal state. Kept apart from `mod.rs` (the batch submit / delete / close paths) because it
 //! only reads: it takes the state lock once, copies the totals out and builds the list unlocked.
 
-use super::stats::{Counters, StatValue, StatsSnapshot};
+use super::stats::Counters;
 use super::BlockStore;
 use crate::format::PAGE;
+use crate::tier::{StatValue, StatsSnapshot};
 
 impl BlockStore {
     pub fn stats(&self) -> StatsSnapshot {
@@ -32,7 +33,6 @@ impl BlockStore {
             ("misses", StatValue::Int(g(&c.misses))),
             ("puts", StatValue::Int(g(&c.puts))),
             ("deduped", StatValue::Int(g(&c.deduped))),
-            ("rejected", StatValue::Int(g(&c.rejected))),
             ("no_space", StatValue::Int(g(&c.no_space))),
             ("evictions", StatValue::Int(g(&c.evictions))),
             ("corrupt_reads", StatValue::Int(g(&c.corrupt_reads))),

@@ -8,7 +8,6 @@ pub struct Counters {
     pub misses: AtomicU64,
     pub puts: AtomicU64,
     pub deduped: AtomicU64,
-    pub rejected: AtomicU64,
     pub no_space: AtomicU64,
     pub evictions: AtomicU64,
     pub corrupt_reads: AtomicU64,
@@ -26,13 +25,3 @@ impl Counters {
         counter.load(Ordering::Relaxed)
     }
 }
-
-/// A point-in-time view, as name → value, in a stable order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum StatValue {
-    Int(u64),
-    Float(f64),
-    Text(String),
-}
-
-pub type StatsSnapshot = Vec<(&'static str, StatValue)>;

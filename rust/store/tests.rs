@@ -218,7 +218,7 @@ fn the_ssd_store_serves_through_the_block_tier_trait() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 64 << 10);
     cfg.preallocate = false;
-    let tier: Arc<dyn BlockTier> = Arc::new(BlockStore::open(cfg).unwrap());
+    let tier: Arc<dyn BlockTier<Error = StoreError>> = Arc::new(BlockStore::open(cfg).unwrap());
     assert_eq!(tier.tier_name(), "ssd");
     let keys: Vec<Vec<u8>> = (0..6).map(|i| format!("t{i}").into_bytes()).collect();
     let bufs: Vec<Vec<u8>> = keys.iter().map(|k| data(k, 8192)).collect();
@@ -239,7 +239,7 @@ fn the_ssd_store_serves_through_the_block_tier_trait() {
     assert_eq!(out, bufs[5]);
     assert_eq!(tier.delete_many(&[keys[5].clone(), keys[0].clone()]).unwrap(), 1);
     let stats = tier.stats();
-    assert!(stats.contains(&("blocks", stats::StatValue::Int(4))));
+    assert!(stats.contains(&("blocks", crate::tier::StatValue::Int(4))));
     tier.close().unwrap();
     assert!(matches!(tier.submit_put(Vec::new(), None), Err(StoreError::Closed)));
 }
@@ -364,15 +364,11 @@ fn a_dedup_candidate_with_a_damaged_header_is_dropped_and_the_next_put_stores() 
 }
 
 #[test]
-fn owner_ordered_store_still_evicts_when_full_and_lists_by_write_after_a_reopen() {
+fn a_full_store_still_evicts_and_lists_by_write_after_a_reopen() {
     // No order is kept, but a device that fills up still takes puts (a clock sweep picks
     // victims), and after a reopen the keys come oldest write first.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = || {
-        let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 1 << 20);
-        cfg.eviction = crate::index::EvictionPolicy::Owner;
-        cfg
-    };
+    let cfg = || StoreConfig::new(vec![dir.path().to_path_buf()], 1 << 20);
     let keys: Vec<Vec<u8>> = (0..60).map(|i| format!("k{i:02}").into_bytes()).collect();
     {
         let store = BlockStore::open(cfg()).unwrap();

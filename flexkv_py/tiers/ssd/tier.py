@@ -53,10 +53,6 @@ class SsdTier:
             queue_depth=config.iouring_entries,
             compression=config.ssd_compression,  # type: ignore[arg-type]
             zstd_level=config.zstd_level,
-            # The scheduler's index decides SSD evictions: the store keeps no order of its own.
-            eviction="owner",  # type: ignore[arg-type]  # a store-only policy (not a host one)
-            # Admission is decided by the coordinator (it sees hits the store never does).
-            admit_min_hits=1,
             content_hash=config.content_hash,  # type: ignore[arg-type]
             durability=config.durability,  # type: ignore[arg-type]
             preallocate=config.ssd_preallocate,

@@ -1,7 +1,7 @@
-//! Put phase 2, under the state lock: per block, admission, dedup (same key and content tag,
+//! Put phase 2, under the state lock: per block, dedup (same key and content tag,
 //! or a stored content with this block's tag — to be confirmed by its header page in phase 3 —
-//! or an earlier item of this batch), then room on some device, evicting cold keys while
-//! nothing fits. The deletes this causes are journaled before any data is written; if that
+//! or an earlier item of this batch), then room on some device, evicting keys while nothing
+//! fits (a last resort: the store's owner deletes what it evicts before that happens). The deletes this causes are journaled before any data is written; if that
 //! fails, nothing of the batch is written or acknowledged.
 
 use std::collections::HashMap;
@@ -11,13 +11,13 @@ use crate::format::journal::{content_tag, Location};
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::extent_pages;
-use crate::store::batch::{BlockResult, RawBuf, Status};
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
+use crate::tier::batch::{BlockResult, RawBuf, Status};
 
 const POISONED: &str = "identical content failed verification and is being dropped; store it again later";
 
-/// Find room for `pages`, evicting cold keys while nothing fits.
+/// Find room for `pages`, evicting keys while nothing fits.
 fn allocate(
     shared: &Shared,
     state: &mut State,
@@ -59,15 +59,9 @@ pub(super) fn plan(shared: &Shared, items: &[(Vec<u8>, RawBuf)], encoded: &[Enco
             plans.push(Plan::Superseded { by: last });
             continue;
         }
-        if !state.sketch.offer(key) {
-            Counters::add(&shared.counters.rejected, 1);
-            plans.push(Plan::Done(BlockResult::new(Status::Rejected, buf.len as u64)));
-            continue;
-        }
         // The key already holds content with this tag. A clash of tags (~2^-48) keeps the
         // key's earlier bytes: a value written for this very key, verified on every read.
         if state.index.lookup(key).is_some_and(|(_, c)| c.tag == tag) {
-            state.index.touch(key);
             Counters::add(&shared.counters.deduped, 1);
             plans.push(Plan::Done(BlockResult::new(Status::Deduped, buf.len as u64)));
             continue;

@@ -9,11 +9,11 @@ use super::{extent_of, extra_of, Plan, PutExtra};
 use crate::format::journal::{content_tag, ContentTag, Location, Record};
 use crate::format::PAGE;
 use crate::index::{extent_pages, ContentId};
-use crate::store::batch::{BlockResult, RawBuf, Status};
 use crate::store::get::drop_content;
 use crate::store::metas::DedupMetas;
 use crate::store::stats::Counters;
 use crate::store::{Shared, State};
+use crate::tier::batch::{BlockResult, RawBuf, Status};
 
 const POISONED: &str = "identical content failed verification and is being dropped; store it again later";
 

@@ -1,6 +1,6 @@
 //! The put path, one file per phase:
 //! 1. encode (no lock, here): content hash and optional compression per block;
-//! 2. `admit` (lock): admission, dedup, allocation with eviction; journal the deletes;
+//! 2. `admit` (lock): dedup, allocation (evicting when full); journal the deletes;
 //! 3. `write` (no lock): one vectored write per block — header page + payload, straight from
 //!    caller memory when it is page-aligned — then fdatasync when durability asks for it; and
 //!    one header-page read per dedup candidate (the index finds it by its 6-byte content tag:
@@ -12,12 +12,12 @@ mod admit;
 mod commit;
 mod write;
 
-use super::batch::{BlockResult, RawBuf};
 use super::Shared;
 use crate::format::journal::Location;
 use crate::format::PAGE;
 use crate::hashing::ContentHash;
 use crate::index::{extent_pages, ContentId, FreedExtent};
+use crate::tier::batch::{BlockResult, RawBuf};
 
 /// What a put may carry beside the bytes: the previous block of the key's prefix chain
 /// (journaled, a few bytes in RAM) and opaque metadata (in the header page only, never in RAM).

@@ -15,8 +15,8 @@ use crate::format::{round_up_to_page, PAGE};
 use crate::index::ContentId;
 use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::io::{iovec, IoOp};
-use crate::store::batch::RawBuf;
 use crate::store::{Durability, Shared};
+use crate::tier::batch::RawBuf;
 
 /// Per written item: its write's outcome; per `Confirm` item: Ok when confirmed.
 pub(super) type Outcomes = HashMap<usize, Result<(), String>>;

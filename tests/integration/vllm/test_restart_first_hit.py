@@ -212,7 +212,7 @@ def test_a_block_the_worker_no_longer_holds_leaves_the_index_at_its_report(
     with BlockStore([str(shard)], 0, read_only=True) as view:
         dropped = view.keys()[5]  # oldest first: the prompt's sixth block
     size = (shard / DATA_FILE).stat().st_size  # the same size: the file is not resized
-    with BlockStore([str(shard)], size, eviction="owner") as store:  # type: ignore[arg-type]
+    with BlockStore([str(shard)], size) as store:
         assert store.delete(dropped)
     real = restart_inventory.read_ssd_inventory
 

@@ -73,7 +73,6 @@ def test_python_side_consumers_accept_the_same_names() -> None:
 
     assert set(choices.values(choices.EvictionPolicy)) == set(EVICTION_POLICIES)
     assert set(choices.values(choices.TransferEngine)) == set(BACKENDS)
-    assert set(choices.values(choices.StoreEviction)) <= set(choices.values(choices.EvictionPolicy))
 
 
 def test_load_failure_policy_is_vllms() -> None:
@@ -87,7 +86,6 @@ def test_load_failure_policy_is_vllms() -> None:
 STORE_ARGS: dict[str, tuple[Any, str]] = {
     "io_engine": (choices.IoEngine, "spdk"),
     "compression": (choices.Compression, "lz4"),
-    "eviction": (choices.StoreEviction, "lfu"),
     "content_hash": (choices.ContentHash, "md5"),
     "durability": (choices.Durability, "forever"),
 }
@@ -132,7 +130,6 @@ def test_the_stub_types_are_the_literals() -> None:
     expected = {
         "io_engine": "IoEngine",
         "compression": "Compression",
-        "eviction": "StoreEviction",
         "content_hash": "ContentHash",
         "durability": "Durability",
     }

@@ -55,11 +55,10 @@ def test_option_names_are_exported_and_accepted(tmp_path: Path) -> None:
         "no_space",
         "bad_buffer",
     }
-    for i, (engine, codec, eviction, algo, durability) in enumerate(
+    for i, (engine, codec, algo, durability) in enumerate(
         zip(
             _native.IO_ENGINES,
             _native.COMPRESSIONS * 2,
-            _native.EVICTIONS * 2,
             _native.CONTENT_HASHES * 2,
             _native.DURABILITIES * 2,
             strict=False,
@@ -74,7 +73,6 @@ def test_option_names_are_exported_and_accepted(tmp_path: Path) -> None:
             16 * MiB,
             io_engine=engine,
             compression=codec,
-            eviction=eviction,
             content_hash=algo,
             durability=durability,
         ) as store:

@@ -23,7 +23,7 @@ class StoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="flexkv-model-"))
-        self.store = BlockStore(str(self.dir), CAPACITY, eviction="lru", batch_threads=2)
+        self.store = BlockStore(str(self.dir), CAPACITY, batch_threads=2)
         self.model: dict[bytes, bytes] = {}
 
     def _sync_evictions(self) -> None:
@@ -65,7 +65,7 @@ class StoreMachine(RuleBasedStateMachine):
         # Crash-reopens are covered by test_store_persistence's SIGKILL test (a real process).
         self._sync_evictions()
         self.store.close()
-        self.store = BlockStore(str(self.dir), CAPACITY, eviction="lru", batch_threads=2)
+        self.store = BlockStore(str(self.dir), CAPACITY, batch_threads=2)
 
     @invariant()
     def same_keys(self) -> None:

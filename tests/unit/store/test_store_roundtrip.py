@@ -1,4 +1,4 @@
-"""Block store round trips, dedup accounting, eviction, admission and compression."""
+"""Block store round trips, dedup accounting, eviction when full, and compression."""
 
 from __future__ import annotations
 
@@ -118,21 +118,18 @@ def test_overwrite_remaps_key(tmp_path: Path) -> None:
         assert store.stats()["unique_blocks"] == 1
 
 
-def test_lru_eviction_keeps_recent_blocks(tmp_path: Path) -> None:
+def test_a_full_store_evicts_and_reports_it(tmp_path: Path) -> None:
     blk = 64 * 1024
-    # Room for ~14 extents of (1 header page + 16 data pages).
-    with BlockStore(str(tmp_path), 1 * MiB, eviction="lru") as store:
-        for i in range(10):
-            assert store.put(b"k%d" % i, block(b"k%d" % i, blk)).ok
-        assert store.read(b"k0") == block(b"k0", blk)  # k0 becomes most recent
-        for i in range(10, 20):
+    # Room for ~14 extents of (1 header page + 16 data pages): the owner deletes before this
+    # happens; when it did not, the store evicts (a clock sweep) and says which keys went.
+    with BlockStore(str(tmp_path), 1 * MiB) as store:
+        for i in range(20):
             assert store.put(b"k%d" % i, block(b"k%d" % i, blk)).ok
         s = store.stats()
         assert s["evictions"] >= 5
         assert s["physical_bytes"] <= store.capacity_bytes
         evicted = set(store.drain_evicted())
-        assert b"k0" not in evicted and b"k1" in evicted
-        assert store.contains(b"k0") and not store.contains(b"k1")
+        assert len(evicted) == s["evictions"] and store.contains(b"k19")
         for key in evicted:
             assert not store.contains(key)
         assert store.drain_evicted() == []
@@ -142,32 +139,11 @@ def test_lru_eviction_keeps_recent_blocks(tmp_path: Path) -> None:
                 assert store.read(key) == block(key, blk)
 
 
-def test_fifo_ignores_reads(tmp_path: Path) -> None:
-    blk = 64 * 1024
-    with BlockStore(str(tmp_path), 1 * MiB, eviction="fifo") as store:
-        for i in range(10):
-            store.put(b"k%d" % i, block(b"k%d" % i, blk))
-        store.read(b"k0")
-        for i in range(10, 20):
-            store.put(b"k%d" % i, block(b"k%d" % i, blk))
-        assert not store.contains(b"k0")
-
-
 def test_block_larger_than_budget_is_no_space(tmp_path: Path) -> None:
     with BlockStore(str(tmp_path), 1 * MiB) as store:
         res = store.put(b"big", b"\x01" * (2 * MiB))
         assert res.status == "no_space" and "does not fit" in (res.error or "")
         assert store.stats()["no_space"] == 1
-
-
-def test_admission_min_hits(tmp_path: Path) -> None:
-    with BlockStore(str(tmp_path), 8 * MiB, admit_min_hits=3) as store:
-        data = block(b"a", 8192)
-        assert store.put(b"a", data).status == "rejected"
-        assert store.put(b"a", data).status == "rejected"
-        assert store.put(b"a", data).status == "ok"
-        assert store.read(b"a") == data
-        assert store.stats()["rejected"] == 2
 
 
 def test_zstd_compression_stores_compressible_blocks_smaller(tmp_path: Path) -> None:

@@ -1,11 +1,16 @@
-//! A submitted batch: per-block results filled in by a worker, waited on by the caller.
+//! A submitted batch: per-block results filled in by a worker, waited on by the caller. Every
+//! tier returns these, so nothing here names one tier's errors: a wait that runs out of time
+//! is `TimedOut`, which each tier's error type takes in.
 
 use std::any::Any;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::{Result, StoreError};
+/// A wait ran out of time (maps to `TimeoutError`).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("timed out after {0:.3}s")]
+pub struct TimedOut(pub f64);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -129,7 +134,7 @@ impl Batch {
         self.state.lock().is_some()
     }
 
-    pub fn wait(&self, timeout: Option<Duration>) -> Result<Vec<BlockResult>> {
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<Vec<BlockResult>, TimedOut> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.state.lock();
         loop {
@@ -140,7 +145,7 @@ impl Batch {
                 None => self.cond.wait(&mut state),
                 Some(d) => {
                     if self.cond.wait_until(&mut state, d).timed_out() && state.is_none() {
-                        return Err(StoreError::Timeout(timeout.unwrap_or_default().as_secs_f64()));
+                        return Err(TimedOut(timeout.unwrap_or_default().as_secs_f64()));
                     }
                 }
             }
