@@ -29,12 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_clock import Clock
-from restore_model import BLOCK, make_paged_caches
+from restore_model import BLOCK, bench_keys, make_paged_caches
 
 import flexkv_py.coordinator.engine as engine_mod
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
-from flexkv_py.index.namespace import Namespace
 from flexkv_py.transfer import TransferEngine
 
 LAYERS, HEADS, HEAD = 36, 8, 128
@@ -63,16 +62,7 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
     caches = make_paged_caches(LAYERS, total, HEADS, HEAD, DEV)
     perm = torch.randperm(total, generator=torch.Generator().manual_seed(1000 + p)).tolist()
     src, dst, spare = perm[:n], perm[n : 2 * n], perm[2 * n :]
-    ns = Namespace(
-        model="bench/qwen3-8b-random",
-        revision=None,
-        kv_dtype="bfloat16",
-        kv_layout="LBNHC",
-        block_size=BLOCK,
-        page_bytes=page,
-    )
-    keys = ns.keys([b"p%d-%027x" % (p, i) for i in range(n)])
-    warm_keys = ns.keys([b"warm-%d-%d" % (p, i) for i in range(len(spare))])
+    ns, keys, warm_keys = bench_keys(p, n, len(spare), page, False)
     d = Path(tempfile.mkdtemp())
     cfg = load_config(
         {

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from flexkv_py.index.namespace import Namespace
+
 BLOCK = 16  # tokens per vLLM block
 
 # vLLM 0.33 stride order over the logical [L, B, H, N, C] (LBNHC: per layer, block, token, head).
@@ -158,3 +160,19 @@ def kv_equal(
     return all(
         torch.equal(x, y) for la, lb in zip(a, b, strict=True) for x, y in zip(la, lb, strict=True)
     )
+
+
+def bench_keys(p: int, n: int, spare: int, page: int, quick: bool = False) -> tuple[Any, ...]:
+    """The restore benches' namespace for a P-token prompt (LBNHC pages of `page` bytes), its
+    `n` block keys and `spare` keys of other blocks (to fill the host tier before a restore)."""
+    ns = Namespace(
+        model="bench/tiny-random" if quick else "bench/qwen3-8b-random",
+        revision=None,
+        kv_dtype="bfloat16",
+        kv_layout="LBNHC",
+        block_size=BLOCK,
+        page_bytes=page,
+    )
+    keys = ns.keys([b"p%d-%027x" % (p, i) for i in range(n)])
+    warm_keys = ns.keys([b"warm-%d-%d" % (p, i) for i in range(spare)])
+    return ns, keys, warm_keys

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from restore_ceilings import Clock, memcpy_h2d, raw_odirect_read
 from restore_model import (
     BLOCK,
+    bench_keys,
     blocks_equal,
     build_model,
     cache_layers,
@@ -59,7 +60,6 @@ from restore_report import plot, table
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheEngine
 from flexkv_py.errors import ConfigError
-from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.ssd.tier import SsdTier
 
@@ -141,16 +141,7 @@ def run_prompt(
         row[f"{tag}_logits_equal"] = bool(torch.equal(logits, logits_orig))
         row[f"{tag}_logits_max_abs_diff"] = float((logits - logits_orig).abs().max())
 
-    ns = Namespace(
-        model="bench/qwen3-8b-random" if not args.quick else "bench/tiny-random",
-        revision=None,
-        kv_dtype="bfloat16",
-        kv_layout="LBNHC",
-        block_size=BLOCK,
-        page_bytes=page,
-    )
-    keys = ns.keys([b"p%d-%027x" % (p, i) for i in range(n)])
-    warm_keys = ns.keys([b"warm-%d-%d" % (p, i) for i in range(len(spare))])
+    ns, keys, warm_keys = bench_keys(p, n, len(spare), page, args.quick)
     pdir = base / f"p{p}"
 
     def config(admission: str, directory: Path) -> Any:
