@@ -49,7 +49,7 @@ from flexkv_py.config import load_config
 root, n, report_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if sys.argv[5] == "kept":  # the baseline: freed heap left in glibc's arenas
     import flexkv_py.process_memory as pm
-    pm._looked_up, pm._trim = True, None
+    pm._malloc_trim = lambda: None
 ns = namespace(1)
 cfg = load_config({"cpu_cache_gb": 0.01, "ssd_cache_gb": ssd_gb(n, 1), "ssd_cache_dir": root},
                   env={})
@@ -94,18 +94,13 @@ _SCHEDULER = (
     + """
 from types import SimpleNamespace
 from flexkv_py.coordinator import CacheManager
-from flexkv_py.coordinator.manager import ssd_capacity_blocks
 from flexkv_py.index.tier_index import HEAD_LEN
 from flexkv_py.integration.vllm.restart_inventory import RestartInventory
-from flexkv_py.integration.vllm.restart_read import RestartRead
-from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
 mgr = CacheManager(cfg, ns, PAGE_BYTES)
 inv = RestartInventory(1, enabled=True)
-capacity = ssd_capacity_blocks(cfg, ns, PAGE_BYTES)
 r0 = rss()
 t = time.perf_counter()
-inv._read = RestartRead(lambda: read_ssd_inventory(cfg, ns, parents_over=capacity),
-                        lambda found: inv.adopt_read(mgr, found))
+inv.start_read(mgr, cfg, SimpleNamespace(namespace=ns, page_bytes=PAGE_BYTES))
 inv.wait_read()
 reopen_s = time.perf_counter() - t
 assert mgr.stats()["ssd_adopted_blocks"] == n, mgr.stats()

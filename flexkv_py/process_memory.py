@@ -11,32 +11,24 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
-import threading
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_trim: Callable[[int], int] | None = None
-_looked_up = False
 
-
-def _find_trim() -> Callable[[int], int] | None:
-    global _trim, _looked_up
-    with _lock:
-        if not _looked_up:
-            _looked_up = True
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                trim = libc.malloc_trim
-                trim.argtypes = [ctypes.c_size_t]
-                trim.restype = ctypes.c_int
-                _trim = trim
-            except (OSError, AttributeError):
-                _trim = None  # not glibc
-        return _trim
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
 
 
 def rss_bytes() -> int:
@@ -51,7 +43,7 @@ def rss_bytes() -> int:
 def return_freed_memory(after: str) -> int:
     """Return freed heap pages to the OS (`after`: what freed them, for the log); the bytes of
     RSS it gave back (0 when the C library has no malloc_trim)."""
-    trim = _find_trim()
+    trim = _malloc_trim()
     if trim is None:
         return 0
     before = rss_bytes()

@@ -48,8 +48,7 @@ def test_a_freed_burst_leaves_rss() -> None:
 
 
 def test_without_malloc_trim_nothing_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process_memory, "_looked_up", True)
-    monkeypatch.setattr(process_memory, "_trim", None)
+    monkeypatch.setattr(process_memory, "_malloc_trim", lambda: None)
     assert process_memory.return_freed_memory("no C library call") == 0
 
 
