@@ -55,7 +55,7 @@ from flexkv_py.coordinator.staged_load import (
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
 from flexkv_py.coordinator.store_write_through import SlotMemory, store_in_rounds, write_through
-from flexkv_py.coordinator.tier_handlers import HostToTier, TierToHost
+from flexkv_py.coordinator.tier_handlers import TierBatch
 from flexkv_py.index.tier_names import Tier, lower_in_order
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
@@ -87,8 +87,8 @@ class JobBodies:
         self.deletes = TierDeletes(tiers, stats)
         # Every leg moves through the handler for its pair of media (leg_handlers.py).
         self.handlers = Handlers()
-        self.handlers.register(Host, OnTier, HostToTier(self))
-        self.handlers.register(OnTier, Host, TierToHost(self))
+        self.handlers.register(Host, OnTier, TierBatch(self, put=True))
+        self.handlers.register(OnTier, Host, TierBatch(self, put=False))
         self.handlers.register(Gpu, Host, HostCopy("d2h", transfer, stats, pool.slot_nbytes))
         self.handlers.register(Host, Gpu, HostCopy("h2d", transfer, stats, pool.slot_nbytes))
 

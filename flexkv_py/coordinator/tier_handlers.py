@@ -26,28 +26,18 @@ class TierBatches(Protocol):
     ) -> dict[bytes, str]: ...
 
 
-class HostToTier:
-    """Write a leg's blocks from their host slots to a lower tier (with their parents and metas
-    where the tier keeps them)."""
+class TierBatch:
+    """Move a leg's blocks between their host slots and a lower tier in one batch: `put`
+    writes them to the tier (with their parents and metas where it keeps them), else reads
+    them into the slots."""
 
-    def __init__(self, bodies: TierBatches) -> None:
+    def __init__(self, bodies: TierBatches, *, put: bool) -> None:
         self.bodies = bodies
+        self.put = put
 
     def move(self, leg: Leg) -> Moved:
-        host, lower = leg.src, leg.dst
+        host, lower = (leg.src, leg.dst) if self.put else (leg.dst, leg.src)
         assert isinstance(host, Host) and isinstance(lower, OnTier)  # registered for this pair
-        failed = self.bodies.tier_batch(lower.tier, True, leg.keys, host.slots, leg.blocks)
-        return Moved(failed, (len(leg.keys) - len(failed)) * self.bodies.slot_nbytes)
-
-
-class TierToHost:
-    """Read a leg's blocks from a lower tier into their host slots, in one batch."""
-
-    def __init__(self, bodies: TierBatches) -> None:
-        self.bodies = bodies
-
-    def move(self, leg: Leg) -> Moved:
-        lower, host = leg.src, leg.dst
-        assert isinstance(lower, OnTier) and isinstance(host, Host)  # registered for this pair
-        failed = self.bodies.tier_batch(lower.tier, False, leg.keys, host.slots)
+        extras = leg.blocks if self.put else None
+        failed = self.bodies.tier_batch(lower.tier, self.put, leg.keys, host.slots, extras)
         return Moved(failed, (len(leg.keys) - len(failed)) * self.bodies.slot_nbytes)
