@@ -4,13 +4,15 @@
 //! A lookup of `n` keys asks, in order: the manifest of the chain's end (the prompt seen
 //! before: 1 request), then a binary search over the full segments' manifests, then a binary
 //! search by HEAD over the blocks of the first segment without a manifest (a chain that
-//! ended inside it stored them under an end manifest this lookup cannot name), then one round
-//! of HEADs confirming the blocks below that search's answer it did not ask about (a racing
-//! writer's uploads land in any order), unless a chain's end manifest at the answer vouches.
-//! A new prompt pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)` requests in
-//! sequence, plus, for a hit that ends inside a segment, that manifest and up to `SEGMENT - 1`
-//! HEADs at once. The HEAD search's first round also asks the segment's first block, so a miss
-//! costs `1 + log2(n / SEGMENT + 1) + 2` requests even while a writer's uploads race it. The manifest search assumes a chain's stored segments form a prefix
+//! ended inside it stored them under an end manifest this lookup cannot name), then, unless
+//! a manifest vouches for the answer (the end manifest of a chain that ended there, or the one
+//! named by the segment's upload claim: the chain this one branched from), one round of HEADs
+//! confirming the blocks below that answer it did not ask about (a racing writer's uploads
+//! land in any order). A new prompt pays at most `1 + log2(n / SEGMENT + 1) + log2(SEGMENT)`
+//! requests in sequence, plus, for a hit that ends inside a segment, 2 rounds of GETs and at
+//! worst up to `SEGMENT - 1` HEADs at once. The HEAD search's first round also asks the
+//! segment's first block, so a miss costs `1 + log2(n / SEGMENT + 1) + 2` requests even while
+//! a writer's uploads race it. The manifest search assumes a chain's stored segments form a prefix
 //! (writers store a chain's blocks before its manifests, GC deletes deepest first); where a
 //! fault broke that, the load of a missing block fails and is recomputed — every read is
 //! verified, so never wrong KV.
@@ -21,6 +23,7 @@ use std::time::Instant;
 use futures::stream::{self, StreamExt};
 use object_store::path::Path;
 
+use super::claim::{claim_path, Claim};
 use super::error::Result;
 use super::fan_out::fan_out;
 use super::manifest::{self, Manifest, SEGMENT};
@@ -43,11 +46,13 @@ pub fn touch_path(prefix: &Path, end_key: &[u8]) -> Path {
 }
 
 /// What one lookup found: blocks matched, and of those how many are vouched for by manifests
-/// (a later put skips those), and the deepest manifest used (its last use is recorded).
+/// (a later put skips those), the deepest manifest of this chain used, and another chain's
+/// manifest that vouched for the blocks past it (the uses of both are recorded).
 struct Found {
     matched: usize,
     by_manifest: usize,
     deepest: Option<usize>,
+    vouched_by: Option<Vec<u8>>,
 }
 
 /// Whether the manifest of the segment ending at `end` is stored and describes `keys`. A
@@ -73,13 +78,13 @@ async fn has_manifest(
 
 async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
     let n = keys.len();
-    let mut found = Found { matched: 0, by_manifest: 0, deepest: None };
+    let mut found = Found { matched: 0, by_manifest: 0, deepest: None, vouched_by: None };
     if n == 0 {
         return found;
     }
     bump(&ctx.stats.chain_lookups, 1);
     match has_manifest(ctx, prefix, keys, n - 1).await {
-        Ok(true) => return Found { matched: n, by_manifest: n, deepest: Some(n - 1) },
+        Ok(true) => return Found { matched: n, by_manifest: n, deepest: Some(n - 1), vouched_by: None },
         Ok(false) => {}
         Err(()) => return found,
     }
@@ -146,16 +151,21 @@ async fn lookup(ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>]) -> Found {
     // A search that reached its limit ended on the chain's end or a segment's end: the
     // manifest there, the one that could vouch, was asked above and was not stored.
     let vouch = have < n.min(start + SEGMENT);
-    found.matched = confirmed_prefix(ctx, prefix, keys, start, have, &seen, vouch).await;
+    (found.matched, found.vouched_by) = confirmed_prefix(ctx, prefix, keys, start, have, &seen, vouch).await;
     found
 }
 
 /// The search above assumes the segment's stored blocks form a prefix, which a writer's
 /// uploads in flight break (a segment's blocks go up at once, in any order, before its
-/// manifest): where `vouch`, the end manifest of a chain that ended at the answer vouches for
-/// it (1 GET); failing that, positions `start..have` it did not ask about are asked now, at once, and the
-/// answer ends at the first one missing (or failing). Up to `SEGMENT - 1` HEADs in one round
-/// for a hit inside a segment; nothing for a miss or a hit that ends on a manifest.
+/// manifest). Before asking the positions `start..have` it did not ask about, a manifest that
+/// lists them vouches: where `vouch`, the end manifest of a chain that ended at the answer
+/// (the turn before this one); else the manifest named by the segment's upload claim (`claim`:
+/// the writer whose chain this one branched from, e.g. a shared document's, wrote it after
+/// its blocks). Both GETs go at once, then the claim's manifest: 2 rounds, not a HEAD per
+/// block. Failing those, the unasked positions are asked at once by HEAD (up to `SEGMENT -
+/// 1`) and the answer ends at the first one missing (or failing). Nothing for a miss or a hit
+/// that ends on a manifest. Returns the answer and the manifest that vouched for it, if one
+/// but the chain's own did (its use is recorded too).
 async fn confirmed_prefix(
     ctx: &Ctx,
     prefix: &Path,
@@ -164,14 +174,27 @@ async fn confirmed_prefix(
     have: usize,
     seen: &[usize],
     vouch: bool,
-) -> usize {
+) -> (usize, Option<Vec<u8>>) {
     let unasked: Vec<usize> = (start..have).filter(|p| !seen.contains(p)).collect();
     if unasked.is_empty() {
-        return have;
+        return (have, None);
     }
-    // A chain that ended there (the turn before this one) vouches with its end manifest.
-    if vouch && has_manifest(ctx, prefix, keys, have - 1).await == Ok(true) {
-        return have;
+    let at_answer = async { vouch && has_manifest(ctx, prefix, keys, have - 1).await == Ok(true) };
+    // An answer on the segment's end: the manifest there, the one a claim would name, was
+    // asked by the segment search and was not stored.
+    let by_claim = async {
+        match have < start + SEGMENT {
+            true => claim_manifest(ctx, prefix, keys, start, have, vouch).await,
+            false => None,
+        }
+    };
+    let (ends_here, claimed) = futures::future::join(at_answer, by_claim).await;
+    if ends_here {
+        return (have, None);
+    }
+    if let Some(end_key) = claimed {
+        bump(&ctx.stats.chain_claim_vouches, 1);
+        return (have, Some(end_key));
     }
     bump(&ctx.stats.chain_confirm_heads, unasked.len() as u64);
     let missing: Vec<usize> = stream::iter(unasked)
@@ -183,10 +206,33 @@ async fn confirmed_prefix(
     match missing.into_iter().min() {
         Some(first) => {
             bump(&ctx.stats.chain_confirm_cuts, 1);
-            first
+            (first, None)
         }
-        None => have,
+        None => (have, None),
     }
+}
+
+/// The name of a stored manifest listing `keys[start..have]`, found through the upload claim
+/// named by the segment's first key (its holder's blocks through the end of its chain in the
+/// segment, the manifest's name being the last). `None` when there is no such claim (GC
+/// deletes claims after its grace), it covers less, or its manifest is not (yet) stored, or
+/// is the one at the answer (`asked`: the caller asks that one itself, at once).
+async fn claim_manifest(
+    ctx: &Ctx,
+    prefix: &Path,
+    keys: &[Vec<u8>],
+    start: usize,
+    have: usize,
+    asked: bool,
+) -> Option<Vec<u8>> {
+    let body = ctx.get_small(&claim_path(prefix, &keys[start])).await.ok()??;
+    let claim = Claim::decode(&body)?;
+    if claim.covers(keys, start) < have - start {
+        return None;
+    }
+    let end_key = claim.keys.last().filter(|k| !(asked && **k == keys[have - 1]))?;
+    let body = ctx.get_small(&manifest_path(prefix, end_key)).await.ok()??;
+    Manifest::decode(&body).filter(|m| m.lists(keys, have)).map(|_| end_key.clone())
 }
 
 impl ObjectTier {
@@ -200,9 +246,7 @@ impl ObjectTier {
         let prefix = self.prefix.clone();
         let found = rt.block_on(async {
             let found = lookup(&ctx, &prefix, keys).await;
-            if let Some(end) = found.deepest {
-                self.touch(&ctx, &prefix, &keys[end]).await;
-            }
+            self.touch_found(&ctx, &prefix, keys, &found).await;
             found
         });
         self.learn(keys, &found);
@@ -230,9 +274,7 @@ impl ObjectTier {
             };
             if chain_ok && !all_known {
                 let found = lookup(&ctx, &prefix, &chain).await;
-                if let Some(end) = found.deepest {
-                    tier.touch(&ctx, &prefix, &chain[end]).await;
-                }
+                tier.touch_found(&ctx, &prefix, &chain, &found).await;
                 tier.learn(&chain, &found);
             }
             if chain_ok {
@@ -267,6 +309,24 @@ impl Shared {
         if let Some(end) = found.deepest {
             have.insert(keys[end].clone());
         }
+        if let Some(name) = &found.vouched_by {
+            have.insert(name.clone());
+        }
+    }
+
+    /// Record the uses of the manifests a lookup went by, at once.
+    async fn touch_found(&self, ctx: &Ctx, prefix: &Path, keys: &[Vec<u8>], found: &Found) {
+        let own = async {
+            if let Some(end) = found.deepest {
+                self.touch(ctx, prefix, &keys[end]).await;
+            }
+        };
+        let other = async {
+            if let Some(name) = &found.vouched_by {
+                self.touch(ctx, prefix, name).await;
+            }
+        };
+        futures::future::join(own, other).await;
     }
 
     /// Record a use of the manifest ending at `end_key` (an empty touch object beside it),

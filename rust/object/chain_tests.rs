@@ -143,10 +143,51 @@ fn a_hit_ending_on_a_manifest_already_asked_does_not_ask_it_again() {
     const GETS: &[&str] = &["get_requests"]; // manifests (blocks are asked by HEAD)
                                              // The hit ends on segment 0's end: the chain's end and that manifest, each asked once.
     assert_eq!(lookup_counted(&url, &whole, GETS), (SEGMENT, 2));
-    // The hit ends on the chain's end: asked once.
-    assert_eq!(lookup_counted(&url, &part[..40], GETS), (40, 1));
-    // A hit ending inside a segment can be vouched for: one more GET, at the answer.
-    assert_eq!(lookup_counted(&url, &part, GETS), (40, 2));
+    // The hit ends on the chain's end, asked once; then the segment's upload claim (a longer
+    // chain stored with this one as its prefix would vouch), not stored here.
+    assert_eq!(lookup_counted(&url, &part[..40], GETS), (40, 2));
+    // A hit ending inside a segment can be vouched for: two more GETs at once, the manifest at
+    // the answer and the segment's upload claim (neither is stored here).
+    assert_eq!(lookup_counted(&url, &part, GETS), (40, 3));
+}
+
+#[test]
+fn a_prompt_branching_inside_a_segment_is_vouched_for_by_its_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    // One document shared by two questions; the first question's chain is stored.
+    let doc = chain("doc", SEGMENT + 20);
+    let ask = |q: &str| -> Vec<Vec<u8>> { doc.iter().cloned().chain(chain(q, 10)).collect() };
+    let (first, second) = (ask("q1"), ask("q2"));
+    let r = store_chain(&open(&url), &first, 0);
+    assert!(r.iter().all(|r| r.status == Status::Ok), "{r:?}");
+    // The second question matches the document: the first writer's claim on the document's
+    // second segment names the manifest it wrote after those blocks, which vouches for them.
+    let lookup = || {
+        let tier = open(&url);
+        assert_eq!(tier.lookup_chain(&second).unwrap(), doc.len());
+        let count = |name: &str| counted(&tier, &[name]);
+        (count("chain_claim_vouches"), count("chain_confirm_heads"), counted(&tier, &REQUESTS))
+    };
+    let (vouches, confirmed, cost) = lookup();
+    assert_eq!((vouches, confirmed), (1, 0));
+    // The end manifest, 1 segment manifest, the HEAD search, the manifest at the answer and
+    // the claim, the claim's manifest, the touches of the two manifests used.
+    assert!(cost <= 1 + 1 + 7 + 2 + 1 + 2, "{cost}");
+    // A claim whose manifest is not stored (its writer still uploading) vouches for nothing:
+    // the blocks the search did not ask are asked by HEAD, and the answer is the same.
+    std::fs::remove_file(dir.path().join("m").join(hex_name(first.last().unwrap()))).unwrap();
+    let (vouches, confirmed, _) = lookup();
+    assert_eq!(vouches, 0);
+    assert!(confirmed > 0);
+    // A prompt that is a prefix of the stored one ends inside the segment: vouched for too.
+    let tier = open(&url);
+    std::fs::remove_file(dir.path().join("m").join(hex_name(first.last().unwrap()))).ok();
+    let r = store_chain(&tier, &first, 0);
+    assert!(r.iter().all(|r| r.status.is_ok()), "{r:?}");
+    let tier = open(&url);
+    assert_eq!(tier.lookup_chain(&doc[..SEGMENT + 10]).unwrap(), SEGMENT + 10);
+    assert_eq!(counted(&tier, &["chain_claim_vouches", "chain_confirm_heads"]), 1);
 }
 
 #[test]

@@ -36,6 +36,7 @@ counters!(
     runtime_builds,
     chain_lookups,
     chain_confirm_heads,
+    chain_claim_vouches,
     chain_confirm_cuts,
     manifest_puts,
     claims_won,

@@ -78,14 +78,20 @@ def test_lookups_cost_a_few_requests_per_chain(s3: S3Server, proxy: CountingProx
         assert cost <= 1 + 5 + (6 + 1) + 1 + (SEGMENT - 2) + 1, cost
         assert cost / want <= 0.1
         assert fresh.stats()["chain_confirm_cuts"] == 0
+    # The prefix ending inside a segment was vouched for by the manifest the segment's upload
+    # claim names (the stored chain's end): no block was confirmed by HEAD.
+    prefix_probe = tier(s3, prefix, proxy.endpoint)
+    assert prefix_probe.lookup_chain(keys[:700]) == 700
+    stats = prefix_probe.stats()
+    assert (stats["chain_claim_vouches"], stats["chain_confirm_heads"]) == (1, 0), stats
     # The turn before ended where this lookup's search ends: its end manifest vouches, so the
-    # blocks need no confirming.
+    # blocks need no confirming (the segment's upload claim, asked at once, names that one).
     turn = chain("t", 3 * SEGMENT + 20)
     assert store(writer, turn) == ["ok"] * len(turn)
     fresh = tier(s3, prefix, proxy.endpoint)
     proxy.reset()
     assert fresh.lookup_chain(turn + chain("t2", 50)) == len(turn)
-    assert total(proxy.snapshot()[0]) <= 1 + 3 + (6 + 1) + 1 + 1
+    assert total(proxy.snapshot()[0]) <= 1 + 3 + (6 + 1) + 2 + 1
     assert fresh.stats()["chain_confirm_heads"] == 0
     # A new prompt: a bounded number of requests, whatever its length.
     fresh = tier(s3, prefix, proxy.endpoint)
