@@ -12,7 +12,6 @@ deleted go back in the job's result (`JobResult.dropped`), and the manager annou
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -36,10 +35,6 @@ class TierDeletes:
     def __init__(self, tiers: Mapping[Tier, LowerTier], stats: Counters) -> None:
         self.tiers = tiers
         self.stats = stats
-        # Job id -> what its `drop_first` deleted by fingerprint (run in the submitting
-        # thread, reported by the job's thread).
-        self._dropped: dict[int, dict[Tier, tuple[bytes, ...]]] = {}
-        self._dropped_lock = threading.Lock()
 
     def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
         """What each tier dropped on its own since the last job asked."""
@@ -71,14 +66,12 @@ class TierDeletes:
                 n = self._deleting(tier, 0, lower.delete, keys)
                 self.stats.add(f"{tier.value}_deleted_blocks", n)
 
-    def drop_first(self, job_id: int, drops: Drops) -> None:
+    def drop_first(self, drops: Drops) -> dict[Tier, tuple[bytes, ...]]:
         """A job's `drop_first` (room for its writes), run before the job: by key, then by
-        fingerprint; what the fingerprints resolved to goes into the job's result."""
+        fingerprint. Returns what the fingerprints resolved to, per tier, for the job's result
+        (the executor attaches it, whether the job then succeeds or crashes)."""
         self.delete(drops.keys)
-        dropped = self._delete_prints(drops.prints)
-        if dropped:
-            with self._dropped_lock:
-                self._dropped[job_id] = dropped
+        return self._delete_prints(drops.prints)
 
     def _delete_prints(self, prints: Mapping[Tier, bytes]) -> dict[Tier, tuple[bytes, ...]]:
         """Delete the blocks named by fingerprint per tier (joined 8-byte digests) on the tiers
@@ -92,12 +85,6 @@ class TierDeletes:
                 if keys:
                     out[tier] = keys
         return out
-
-    def took(self, job_id: int) -> dict[Tier, tuple[bytes, ...]]:
-        """What `drop_first` deleted by fingerprint for job `job_id` (its result names it, a
-        crashed job's too: executor.py)."""
-        with self._dropped_lock:
-            return self._dropped.pop(job_id, {})
 
     def drop(self, job: DropJob, started: float) -> JobResult:
         self.delete(dict.fromkeys(job.tiers, job.keys))

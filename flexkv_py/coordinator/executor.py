@@ -21,6 +21,7 @@ unexpected exception fails all blocks of the job rather than leaving them unrepo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -275,8 +276,8 @@ class JobExecutor:
         started = time.perf_counter()
         bodies = self._bodies
         first = drops_first(job)
-        if first:  # room for its writes, first
-            bodies.deletes.drop_first(job.job_id, first)
+        # Room for its writes, first; what it deleted by fingerprint goes into its result.
+        pre_dropped = bodies.deletes.drop_first(first) if first else {}
         here_load = None
         future: Future[JobResult]
         if (
@@ -287,7 +288,7 @@ class JobExecutor:
             and not fenced
             and job.all_from_host
         ):
-            here_load = self._here_load(job, started)
+            here_load = self._here_load(job, started, pre_dropped)
             future = here_load.future
         else:
             run: Callable[[], JobResult]
@@ -299,13 +300,13 @@ class JobExecutor:
                 run = functools.partial(self._purposes[job.kind], job, started)
             if job.kind == "drop":  # inside submit: before any job submitted after it
                 future = Future()
-                future.set_result(self._guard(job, started, run))
+                future.set_result(self._guard(job, started, run, pre_dropped))
             else:
                 if fenced:
                     run = functools.partial(_then_fail, run, fenced)
                 # `shown`: a crash fails every block of the job, fenced ones included.
                 pool = self._load_threads if job.kind == "load" else self._threads
-                future = pool.submit(self._guard, shown, started, run)
+                future = pool.submit(self._guard, shown, started, run, pre_dropped)
         handle = JobHandle(shown, future, here_load)
         with self._lock:
             self._handles[job.job_id] = handle
@@ -314,14 +315,18 @@ class JobExecutor:
         future.add_done_callback(self._on_done)
         return handle
 
-    def _here_load(self, job: LoadJob, started: float) -> _HereLoad:
+    def _here_load(
+        self, job: LoadJob, started: float, pre_dropped: dict[Tier, tuple[bytes, ...]]
+    ) -> _HereLoad:
         """Issue an all-host load's copies in the caller's thread (see `submit`'s `here`)."""
         copies = LoadCopies(self._transfer, self._stats, job)
         copies.issue(list(range(len(job.keys))))
         bodies = self._bodies
         here = _HereLoad(
             Future(),
-            lambda: self._guard(job, started, lambda: bodies.load(job, started, copies)),
+            lambda: self._guard(
+                job, started, lambda: bodies.load(job, started, copies), pre_dropped
+            ),
             copies,
         )
         self._load_threads.submit(here.background)
@@ -344,7 +349,15 @@ class JobExecutor:
             self._reads.end(job.job_id)  # no copy: nothing reads the GPU blocks
             return None, e
 
-    def _guard(self, job: Job, started: float, run: Callable[[], JobResult]) -> JobResult:
+    def _guard(
+        self,
+        job: Job,
+        started: float,
+        run: Callable[[], JobResult],
+        pre_dropped: dict[Tier, tuple[bytes, ...]],
+    ) -> JobResult:
+        """`run()`'s result, or every block failed if it raised; either way with what the
+        job's `drop_first` deleted by fingerprint (announced whatever became of the job)."""
         try:
             result = run()
         except Exception:
@@ -358,11 +371,11 @@ class JobExecutor:
                 failed=failed,
                 failed_gpu_block_ids=gpu,
                 seconds=time.perf_counter() - started,
-                # Its `drop_first` ran before the crash: the blocks it deleted are announced.
-                dropped=self._bodies.deletes.took(job.job_id),
             )
         finally:
             self._reads.end(job.job_id)
+        if pre_dropped:
+            result = dataclasses.replace(result, dropped=pre_dropped)
         counts = Counter(f"failed_{job.kind}_{reason}" for reason in result.failed.values())
         counts[f"jobs_{job.kind}"] += 1
         self._stats.add_many(counts)

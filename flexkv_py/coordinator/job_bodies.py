@@ -273,7 +273,6 @@ class JobBodies:
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.deletes.took(job.job_id),
         )
 
     # ------------------------------------------------------------------ load
@@ -315,7 +314,6 @@ class JobBodies:
             spill_failed=frozenset(spill_failed),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.deletes.took(job.job_id),
         )
 
     def _stage_round(
@@ -360,7 +358,6 @@ class JobBodies:
             evicted=self.deletes.evicted(),
             nbytes=moved.nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.deletes.took(job.job_id),
         )
 
     # ------------------------------------------------------------------ legs
@@ -382,5 +379,4 @@ class JobBodies:
             evicted=self.deletes.evicted(),
             nbytes=nbytes,
             seconds=time.perf_counter() - started,
-            dropped=self.deletes.took(job.job_id),
         )
