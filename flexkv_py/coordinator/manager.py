@@ -20,6 +20,7 @@ This class adds lookups, the restart inventory, reset and stats.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -184,8 +185,6 @@ class CacheManager:
         self.prefetch = ObjectPrefetch(
             index, self.host, outbox, events, stats, cap=config.object_store_prefetch_blocks
         )
-        # A reset's DropJob -> what it cleared of the cold blocks (which deleted keys were ours).
-        self._reset_forgotten: dict[int, list[Forgotten]] = {}
 
     @property
     def num_host_slots(self) -> int:
@@ -350,15 +349,16 @@ class CacheManager:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
         with self._lock:
             tracked = self.outbox.pop(result.job_id)
-            if result.kind == "drop" and tracked is None:  # deletes are not tracked in flight
-                self._complete_drop(result)
-                return
-            if tracked is None:
+            if tracked is not None:
+                job, done = tracked
+                if result.kind != "drop":  # a reset's delete announces what it held (below)
+                    self.host.announce_dropped(result.dropped)  # cold victims of `drop_first`
+                done(job, result)
+            elif result.kind == "drop":  # deletes are sent untracked (Outbox.send)
+                self.host.announce_dropped(result.dropped)
+            else:
                 logger.warning("result for unknown or finished job %d ignored", result.job_id)
                 return
-            job, done = tracked
-            self.host.announce_dropped(result.dropped)  # cold victims of its `drop_first`
-            done(job, result)
             for tier, keys in result.evicted.items():
                 # The store's own eviction: a safety net that fires only if sizes are wrong.
                 self._stats[f"{tier.value}_store_evicted_blocks"] += len(keys)
@@ -369,16 +369,12 @@ class CacheManager:
                 self.outbox.send(DropJob(self.outbox.new_id(), tuple(garbage), (tier,)))
             self.host.keep_reserve()
 
-    def _complete_drop(self, result: JobResult) -> None:
-        """A DropJob's result: announce the blocks it deleted by fingerprint, and of a reset's
-        namespace delete those the index held cold when it was reset."""
-        forgotten = self._reset_forgotten.pop(result.job_id, None)
-        if forgotten is None:
-            self.host.announce_dropped(result.dropped)
-            return
+    def _reset_deleted(self, forgotten: list[Forgotten], _job: Job, result: JobResult) -> None:
+        """A reset's delete came back: of the blocks its namespace delete removed, announce
+        those the index held cold when it was reset (newest first, as the reset announced its
+        warm blocks)."""
         for tier, keys in result.dropped.items():
             held = [k for k in keys if any(f.held(k, tier) for f in forgotten)]
-            # Newest first, as the reset announces its warm blocks.
             self.host.announce_dropped({tier: held[::-1]})
 
     # ------------------------------------------------------------------ inventory / reset
@@ -498,8 +494,8 @@ class CacheManager:
                 return None
             drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers | wipe)
             job = DropJob(self.outbox.new_id(), tuple(drop), drop_tiers, namespace=bool(wipe))
-            if wipe:
-                self._reset_forgotten[job.job_id] = forgotten
+            if wipe:  # its result names the cold blocks it deleted: announced as it comes back
+                self.outbox.track(job, functools.partial(self._reset_deleted, forgotten))
             return job
 
     # ------------------------------------------------------------------ stats

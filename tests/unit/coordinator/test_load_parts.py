@@ -112,7 +112,18 @@ def test_host_parts_are_issued_and_completed_in_the_callers_thread(tmp_path: Pat
             return real_load(*a, **k)
 
         bodies.load = load  # type: ignore[method-assign]
-        out = eng.load(keys, dst)
+        # CPU copies are done at once, so a free load thread could take a part's completion
+        # before the caller waits for it (the design's "no one waiting" case). Keep the load
+        # threads busy during the load, as they are while a GPU's copies run.
+        release = threading.Event()
+        pool = eng.executor._load_threads
+        busy = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
+        try:
+            out = eng.load(keys, dst)
+        finally:
+            release.set()
+            for f in busy:
+                f.result(30)
         assert out.ok and set(out.source_tiers) == {"host"}
         assert len(threads) == len(pipeline_parts(n)) > 1
         assert set(threads) == {threading.current_thread().name}
