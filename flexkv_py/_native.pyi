@@ -362,6 +362,19 @@ class ObjectTier:
     def inspect(self) -> dict[str, int]:
         """Objects and bytes of the prefix by kind: blocks, manifests, touches, claims, lease,
         other."""
+    def start_gc(
+        self,
+        holder: str,
+        *,
+        ttl_s: float,
+        grace_s: float = 600.0,
+        budget_bytes: int | None = None,
+        interval_s: float = 300.0,
+        lease_s: float = 900.0,
+    ) -> None:
+        """Collection passes in the background on the tier's runtime: every `interval_s`, one
+        `gc` pass by whichever process holds the lease (`holder` names this one; `lease_s` >=
+        `interval_s`). Counted in stats (`gc_passes`, `gc_pass_failures`); `close` stops it."""
     def try_gc_lease(self, holder: str, lease_s: float) -> bool:
         """Take or renew the prefix's GC lease; True when `holder` holds it now."""
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:

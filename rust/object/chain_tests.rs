@@ -191,6 +191,51 @@ fn a_prompt_branching_inside_a_segment_is_vouched_for_by_its_claim() {
 }
 
 #[test]
+fn background_gc_runs_on_the_runtime_under_the_lease_and_stops_at_close() {
+    use super::gc_schedule::GcSchedule;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let tier = Arc::new(open(&url));
+    let live = chain("live", SEGMENT + 5);
+    store_chain(&tier, &live, 0);
+    let mut orphan = vec![7u8; 100];
+    let items = vec![(b"ns/orphan".to_vec(), RawBuf { ptr: orphan.as_mut_ptr(), len: orphan.len() })];
+    tier.submit_put(items, None).unwrap().wait(None).unwrap();
+    let opts = GcOptions {
+        ttl: Duration::from_secs(3600),
+        grace: Duration::ZERO,
+        budget_bytes: None,
+        dry_run: false,
+    };
+    let every = |ms: u64, lease_ms: u64| GcSchedule {
+        holder: "this-process".into(),
+        opts: opts.clone(),
+        interval: Duration::from_millis(ms),
+        lease: Duration::from_millis(lease_ms),
+    };
+    let bad = tier.start_gc(every(50, 10)).unwrap_err().to_string();
+    assert!(bad.contains("lease"), "{bad}");
+    tier.start_gc(every(20, 5000)).unwrap();
+    assert!(tier.start_gc(every(20, 5000)).is_err(), "one task per tier");
+    let passes = || counted(&tier, &["gc_passes"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while passes() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10)); // polling the task's counter
+    }
+    assert!(passes() >= 2, "the task ran passes");
+    assert_eq!(counted(&tier, &["gc_pass_failures"]), 0);
+    let other = open(&url);
+    assert_eq!(other.lookup_chain(&live).unwrap(), live.len(), "a live chain stays");
+    assert!(!other.try_gc_lease("someone-else", Duration::from_secs(5)).unwrap(), "the lease is held");
+    assert!(!dir.path().join("b").join(hex_name(b"ns/orphan")).exists(), "the orphan was collected");
+    // Closed: the task has returned and sends nothing more.
+    tier.close();
+    let requests = counted(&tier, &REQUESTS);
+    std::thread::sleep(Duration::from_millis(100)); // five intervals: no pass may start
+    assert_eq!(counted(&tier, &REQUESTS), requests);
+}
+
+#[test]
 fn gc_keeps_live_chains_drops_garbage_and_fits_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());

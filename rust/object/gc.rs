@@ -131,7 +131,11 @@ impl ObjectTier {
         rt.block_on(self.gc_async(&ctx, opts)).map_err(ObjectError::Request)
     }
 
-    async fn gc_async(&self, ctx: &Ctx, opts: &GcOptions) -> std::result::Result<GcReport, String> {
+    pub(super) async fn gc_async(
+        &self,
+        ctx: &Ctx,
+        opts: &GcOptions,
+    ) -> std::result::Result<GcReport, String> {
         let mut report = GcReport::default();
         let first = self.listing(ctx).await?;
         let blocks = by_name(ctx.list(&self.dir("b")).await?);
@@ -283,26 +287,28 @@ impl ObjectTier {
     /// only means two collections, which the protocol allows.
     pub fn try_gc_lease(&self, holder: &str, lease: Duration) -> Result<bool> {
         let (rt, ctx) = self.client()?;
+        rt.block_on(self.gc_lease_async(&ctx, holder, lease))
+    }
+
+    pub(super) async fn gc_lease_async(&self, ctx: &Ctx, holder: &str, lease: Duration) -> Result<bool> {
         let path = self.prefix.clone().join(LEASE);
         let body = format!("{holder}\n{}", now_ms() + lease.as_millis() as i64).into_bytes();
-        rt.block_on(async {
-            let current = ctx.get_small(&path).await.map_err(ObjectError::Request)?;
-            let take = match current.as_deref().map(String::from_utf8_lossy) {
-                None => ctx.put_small(&path, body, true).await,
-                Some(text) => {
-                    let (who, until) = text.split_once('\n').unwrap_or(("", "0"));
-                    if who == holder {
-                        ctx.put_small(&path, body, false).await
-                    } else if until.trim().parse::<i64>().unwrap_or(0) < now_ms() {
-                        ctx.delete(path.clone()).await.map_err(ObjectError::Request)?;
-                        ctx.put_small(&path, body, true).await
-                    } else {
-                        Ok(false)
-                    }
+        let current = ctx.get_small(&path).await.map_err(ObjectError::Request)?;
+        let take = match current.as_deref().map(String::from_utf8_lossy) {
+            None => ctx.put_small(&path, body, true).await,
+            Some(text) => {
+                let (who, until) = text.split_once('\n').unwrap_or(("", "0"));
+                if who == holder {
+                    ctx.put_small(&path, body, false).await
+                } else if until.trim().parse::<i64>().unwrap_or(0) < now_ms() {
+                    ctx.delete(path.clone()).await.map_err(ObjectError::Request)?;
+                    ctx.put_small(&path, body, true).await
+                } else {
+                    Ok(false)
                 }
-            };
-            take.map_err(ObjectError::Request)
-        })
+            }
+        };
+        take.map_err(ObjectError::Request)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod error;
 mod fan_out;
 pub mod gc;
 mod gc_plan;
+pub mod gc_schedule;
 mod known;
 pub mod manifest;
 mod ops;
@@ -72,6 +73,8 @@ pub struct ObjectTier {
     client: Mutex<Option<Client>>,
     shared: Arc<Shared>,
     closed: AtomicBool,
+    /// The background GC task, if started (`gc_schedule`).
+    gc_task: Mutex<Option<gc_schedule::GcTask>>,
 }
 
 impl std::ops::Deref for ObjectTier {
@@ -136,6 +139,7 @@ impl ObjectTier {
                 stats: Arc::new(ObjectStats::default()),
             }),
             closed: AtomicBool::new(false),
+            gc_task: Mutex::new(None),
         };
         *tier.client.lock() = Some(tier.make_client(Some(built.store))?);
         if tier.backend.is_remote() {
@@ -358,6 +362,10 @@ impl ObjectTier {
     /// request is bounded by the block budget).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        let gc = self.gc_task.lock().take();
+        if let Some(task) = gc {
+            task.stop();
+        }
         let inflight = self
             .client
             .lock()

@@ -44,6 +44,8 @@ counters!(
     claim_polls,
     puts_claimed,
     claim_waits_expired,
+    gc_passes,
+    gc_pass_failures,
 );
 
 pub fn bump(counter: &AtomicU64, by: u64) {

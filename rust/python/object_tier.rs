@@ -13,12 +13,28 @@ use super::errors::to_py;
 use super::stats::stats_dict;
 use crate::compression::Compression;
 use crate::object::gc::GcOptions;
+use crate::object::gc_schedule::GcSchedule;
 use crate::object::ObjectError;
 use crate::object::{ObjectConfig, ObjectTier};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyObjectTier>()?;
     Ok(())
+}
+
+/// GC options from Python's seconds, each checked.
+fn gc_options(ttl_s: f64, grace_s: f64, budget_bytes: Option<u64>, dry_run: bool) -> PyResult<GcOptions> {
+    for (name, v) in [("ttl_s", ttl_s), ("grace_s", grace_s)] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(to_py(ObjectError::Config(format!("{name}: must be a finite number >= 0, got {v}"))));
+        }
+    }
+    Ok(GcOptions {
+        ttl: Duration::from_secs_f64(ttl_s),
+        grace: Duration::from_secs_f64(grace_s),
+        budget_bytes,
+        dry_run,
+    })
 }
 
 #[pyclass(name = "ObjectTier", module = "flexkv_py._native", frozen)]
@@ -136,19 +152,7 @@ impl PyObjectTier {
         budget_bytes: Option<u64>,
         dry_run: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        for (name, v) in [("ttl_s", ttl_s), ("grace_s", grace_s)] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(to_py(ObjectError::Config(format!(
-                    "{name}: must be a finite number >= 0, got {v}"
-                ))));
-            }
-        }
-        let opts = GcOptions {
-            ttl: Duration::from_secs_f64(ttl_s),
-            grace: Duration::from_secs_f64(grace_s),
-            budget_bytes,
-            dry_run,
-        };
+        let opts = gc_options(ttl_s, grace_s, budget_bytes, dry_run)?;
         let tier = self.tier.clone();
         let r = py.detach(move || tier.gc(&opts)).map_err(to_py)?;
         let d = PyDict::new(py);
@@ -169,6 +173,38 @@ impl PyObjectTier {
             d.set_item(name, v)?;
         }
         Ok(d)
+    }
+
+    /// Run collection passes in the background, on the tier's runtime: every `interval_s`, a
+    /// pass by whichever process holds the lease (`holder` names this one). `close` stops it.
+    #[pyo3(signature = (holder, *, ttl_s, grace_s=600.0, budget_bytes=None, interval_s=300.0, lease_s=900.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_gc(
+        &self,
+        py: Python<'_>,
+        holder: String,
+        ttl_s: f64,
+        grace_s: f64,
+        budget_bytes: Option<u64>,
+        interval_s: f64,
+        lease_s: f64,
+    ) -> PyResult<()> {
+        let opts = gc_options(ttl_s, grace_s, budget_bytes, false)?;
+        for (name, v) in [("interval_s", interval_s), ("lease_s", lease_s)] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(to_py(ObjectError::Config(format!(
+                    "{name}: must be a finite number > 0, got {v}"
+                ))));
+            }
+        }
+        let schedule = GcSchedule {
+            holder,
+            opts,
+            interval: Duration::from_secs_f64(interval_s),
+            lease: Duration::from_secs_f64(lease_s),
+        };
+        let tier = self.tier.clone();
+        py.detach(move || tier.start_gc(schedule)).map_err(to_py)
     }
 
     /// Counts and bytes of the prefix's objects by kind.

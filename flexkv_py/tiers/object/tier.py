@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexkv_py import _native
-from flexkv_py.errors import ConfigError, FlexKVError
+from flexkv_py.errors import ConfigError
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.node.shards import FinishedBatch, MadeResult
@@ -84,15 +84,16 @@ class ObjectTier:
         self.native = _native.ObjectTier(url, **native)
         self._parents: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._gc_thread: threading.Thread | None = None
         self.gc_policy = gc
-        if gc is not None:
-            holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            self._gc_thread = threading.Thread(
-                target=self._gc_loop, args=(gc, holder), name="flexkv-object-gc", daemon=True
+        if gc is not None:  # a task on the tier's own runtime; close stops it
+            self.native.start_gc(
+                f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                ttl_s=gc.ttl_s,
+                grace_s=gc.grace_s,
+                budget_bytes=gc.budget_bytes,
+                interval_s=gc.interval_s,
+                lease_s=gc.lease_s,
             )
-            self._gc_thread.start()
         logger.info("object tier %s: %r", namespace.shard_dir_name, self.native)
 
     @property
@@ -211,21 +212,5 @@ class ObjectTier:
     def stats(self) -> dict[str, int | float | str]:
         return self.native.stats()
 
-    def _gc_loop(self, policy: GcPolicy, holder: str) -> None:
-        while not self._stop.wait(policy.interval_s):
-            try:
-                if self.native.try_gc_lease(holder, policy.lease_s):
-                    report = self.native.gc(
-                        ttl_s=policy.ttl_s,
-                        grace_s=policy.grace_s,
-                        budget_bytes=policy.budget_bytes,
-                    )
-                    logger.info("object tier GC: %s", report)
-            except FlexKVError as e:  # a failed pass is retried next interval
-                logger.warning("object tier GC pass failed: %s", e)
-
     def close(self) -> None:
-        self._stop.set()
-        if self._gc_thread is not None:
-            self._gc_thread.join()
         self.native.close()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -155,8 +156,15 @@ def test_background_gc_runs_under_the_lease(tmp_path: Path) -> None:
         assert other.native.inspect().get("blocks") == 5, "the lease holder collected the orphan"
         assert other.lookup_chain(chain_keys) == 5, "a live chain stays"
         assert not other.native.try_gc_lease("someone-else", 5.0), "the lease is held"
+        stats = tier.native.stats()
+        assert stats["gc_passes"] >= 1 and stats["gc_pass_failures"] == 0, stats
     finally:
         tier.close()
         other.close()
+    # close() stopped the task: no thread of ours is left behind, and no pass runs any more.
+    assert not [t for t in threading.enumerate() if "gc" in t.name]
+    passes = tier.native.stats()["gc_passes"]
+    time.sleep(4 * policy.interval_s)  # an absence: four intervals in which no pass may run
+    assert tier.native.stats()["gc_passes"] == passes
     with pytest.raises(ConfigError, match="lease_s"):
         GcPolicy(ttl_s=1.0, interval_s=10.0, lease_s=1.0)
