@@ -344,7 +344,7 @@ class CacheEngine:
             # Read while the blocks are still pinned (complete releases them).
             out += [
                 None if k in result.failed else tensor[s].numpy().tobytes()
-                for k, s in zip(job.keys, job.host_slots, strict=True)
+                for k, s in zip(job.keys, job.host.slots, strict=True)
             ]
             if self.executor.wait([job.job_id]):
                 self.manager.complete(result)

@@ -8,7 +8,7 @@ bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_ord
 copy issued from a job thread).
 
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
-`LoadJob.sources`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
+`LoadJob.reads`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
 tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
 
@@ -44,19 +44,20 @@ from flexkv_py.coordinator.jobs import (
 )
 from flexkv_py.coordinator.late_io import LateIo
 from flexkv_py.coordinator.leg_handlers import Handlers, Moved
-from flexkv_py.coordinator.legs import Blocks, Gpu, Host, OnTier
+from flexkv_py.coordinator.legs import Blocks, Gpu, Host, Leg, OnTier
 from flexkv_py.coordinator.planning import store_rounds
 from flexkv_py.coordinator.staged_load import (
     READ_BATCH_BYTES,
     READS_IN_FLIGHT,
     LoadCopies,
+    in_host,
     load_rounds,
     sub_batches,
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
 from flexkv_py.coordinator.store_write_through import SlotMemory, store_in_rounds, write_through
 from flexkv_py.coordinator.tier_handlers import TierBatch
-from flexkv_py.index.tier_names import Tier, lower_in_order
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
 
@@ -282,29 +283,29 @@ class JobBodies:
         the host->GPU copies overlap the reads instead of following them. `copies`: the host
         blocks' copies, already issued (by `JobExecutor.submit(..., here=True)`)."""
         slot_nbytes = self.pool.slot_nbytes
+        keys = job.keys
+        reads = job.read_positions() if job.reads else []
         if copies is None:
             copies = LoadCopies(self.transfer, self.stats, job)
-            copies.issue(job.reads_from(Tier.HOST))
-        failed: dict[bytes, str] = {
-            k: MISSING for k, src in zip(job.keys, job.sources, strict=True) if src is None
-        }
+            copies.issue(in_host(job, reads))
+        failed: dict[bytes, str] = {keys[i]: MISSING for i in job.missing}
         nbytes = 0
         try:
             spill_failed = self.handlers.move(job.spill).failed
-            for r, part in enumerate(load_rounds(job)):
+            for r, part in enumerate(load_rounds(job, reads)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     nbytes += copies.finish(failed) * slot_nbytes
                     copies = LoadCopies(self.transfer, self.stats, job)
-                nbytes += self._stage_round(job, part, copies, failed)
+                nbytes += self._stage_round(part, copies, failed)
         except BaseException:
             # The job fails whole and its GPU blocks get reused: no copy may still write them.
             copies.finish({})
             raise
         nbytes += copies.finish(failed) * slot_nbytes
         failed_gpu: frozenset[int] = frozenset()
-        if job.gpu_block_ids is not None:
-            ids = job.gpu_block_ids
-            failed_gpu = frozenset(ids[i] for i, k in enumerate(job.keys) if k in failed)
+        if job.gpu is not None:
+            ids = job.gpu.ids
+            failed_gpu = frozenset(ids[i] for i, k in enumerate(keys) if k in failed)
         return JobResult(
             job.job_id,
             "load",
@@ -317,31 +318,42 @@ class JobBodies:
         )
 
     def _stage_round(
-        self, job: LoadJob, part: Sequence[int], copies: LoadCopies, failed: dict[bytes, str]
+        self,
+        part: Sequence[tuple[Leg, list[int]]],
+        copies: LoadCopies,
+        failed: dict[bytes, str],
     ) -> int:
-        """Read one round of a load's lower-tier blocks into their slots, tier by tier, each
-        sub-batch copied to the GPU as it lands; returns the bytes read."""
+        """Read one round of a load's lower-tier blocks into their slots, read by read (each a
+        leg and its blocks' positions in the job), each sub-batch copied to the GPU as it
+        lands; returns the bytes read."""
         nbytes = 0
-        for tier in lower_in_order({job.sources[i] for i in part}):
-            staged = [i for i in part if job.sources[i] is tier]
-            held = self.late_io.fenced(job.host_slots[i] for i in staged)
+        for leg, at in part:
+            keys, slots = leg.keys, leg.dst.places() or ()
+            held = self.late_io.fenced(slots)
             if held:  # a late I/O may still touch these slots: do not read into them
                 failed.update(
-                    (job.keys[i], IO_TIMEOUT) for i in staged if job.host_slots[i] in held
+                    (k, IO_TIMEOUT) for k, s in zip(keys, slots, strict=True) if s in held
                 )
-                staged = [i for i in staged if job.host_slots[i] not in held]
-            keys = [job.keys[i] for i in staged]
+                keep = [j for j, s in enumerate(slots) if s not in held]
+                keys, slots, at = (
+                    tuple(keys[j] for j in keep),
+                    tuple(slots[j] for j in keep),
+                    [at[j] for j in keep],
+                )
 
             def landed(
-                lo: int, hi: int, part_failed: Mapping[bytes, str], staged: list[int] = staged
+                lo: int,
+                hi: int,
+                part_failed: Mapping[bytes, str],
+                keys: tuple[bytes, ...] = keys,
+                at: list[int] = at,
             ) -> None:
-                copies.issue([i for i in staged[lo:hi] if job.keys[i] not in part_failed])
+                copies.issue([at[j] for j in range(lo, hi) if keys[j] not in part_failed])
 
-            tier_failed = self.read_in_sub_batches(
-                tier, keys, [job.host_slots[i] for i in staged], landed
-            )
+            assert leg.tier is not None  # a read's source is a lower tier (LoadJob checks)
+            tier_failed = self.read_in_sub_batches(leg.tier, keys, slots, landed)
             failed.update(tier_failed)
-            nbytes += (len(staged) - len(tier_failed)) * self.pool.slot_nbytes
+            nbytes += (len(keys) - len(tier_failed)) * self.pool.slot_nbytes
         return nbytes
 
     # ------------------------------------------------------------------ spill

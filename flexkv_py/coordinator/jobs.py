@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Host, Leg, OnTier
-from flexkv_py.index.tier_names import Tier
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Gpu, Host, Leg, OnTier
+from flexkv_py.index.tier_names import Tier, lower_in_order
 
 JobKind = Literal["store", "load", "spill", "drop", "move"]
 
@@ -125,29 +125,127 @@ class StoreJob:
 
 @dataclass(frozen=True)
 class LoadJob:
-    """Lower tier -> host slot for blocks that are not in host memory; then host slots -> GPU.
+    """Blocks into this rank's GPU (or host memory only), as legs run in order: `spill` (as in
+    StoreJob); each of `reads`, a lower tier -> host slots (one leg per tier, a subset of
+    `blocks` in their order, landing in their `host` slots); then host -> GPU, the leg
+    (`blocks`, `host`, `gpu`), every block but the `missing` ones. `gpu` None: a host-only
+    load (the blocks end pinned in their `host` slots). A block neither missing nor read is
+    in host memory already.
 
-    `sources[i]`: Tier.HOST (already in `host_slots[i]`), a lower tier (read into
-    `host_slots[i]` first) or None (not loadable: reported failed, `host_slots[i]` is -1).
-    `gpu_block_ids` None: host only."""
+    Results are by key (and GPU block) as for any job: a missing block fails with MISSING."""
 
     job_id: int
-    keys: tuple[bytes, ...]
-    gpu_block_ids: tuple[int, ...] | None
-    host_slots: tuple[int, ...]
-    sources: tuple[Tier | None, ...]
+    blocks: Blocks  # every block asked for, in the caller's order
+    host: Host  # per block, its host slot: where it is or where its read lands (-1: missing)
+    gpu: Gpu | None  # per block, its GPU block; None: host only
+    reads: tuple[Leg, ...] = ()  # per lower tier: OnTier -> Host, tiers in the order read
+    missing: tuple[int, ...] = ()  # positions of blocks in no tier (not loadable), ascending
     kind: JobKind = "load"
     spill: Leg = NO_SPILL  # as in StoreJob
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
+    def __post_init__(self) -> None:
+        n = len(self.blocks)
+        if len(self.host.slots) != n or (self.gpu is not None and len(self.gpu.ids) != n):
+            raise ValueError(f"LoadJob {self.job_id}: its host slots or GPU ids are not {n} long")
+        tiers = [leg.tier for leg in self.reads]
+        if any(leg.kinds != (OnTier, Host) for leg in self.reads) or Tier.HOST in tiers:
+            raise ValueError(f"LoadJob {self.job_id}: a read is not lower tier -> host slots")
+        if len(set(tiers)) != len(tiers):
+            raise ValueError(f"LoadJob {self.job_id}: two reads from one tier")
+        if self.missing and not 0 <= self.missing[0] <= self.missing[-1] < n:
+            raise ValueError(f"LoadJob {self.job_id}: missing positions outside its {n} blocks")
+        if self.reads:  # not the common all-in-host load: a pass over its blocks is fine
+            taken = sum(len(leg.blocks) for leg in self.reads) + len(self.missing)
+            if len(set(self.missing).union(*self.read_positions())) != taken:
+                raise ValueError(f"LoadJob {self.job_id}: a block is both read and missing")
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self.blocks.keys
+
+    @property
+    def gpu_block_ids(self) -> tuple[int, ...] | None:
+        return None if self.gpu is None else self.gpu.ids
+
     @property
     def all_from_host(self) -> bool:
-        return all(s is Tier.HOST for s in self.sources)
+        """Every block is in host memory already: nothing to read, nothing missing."""
+        return not self.reads and not self.missing
 
-    def reads_from(self, tier: Tier) -> list[int]:
-        """Positions of the blocks this job stages from `tier` into their host slots."""
-        return [i for i, s in enumerate(self.sources) if s is tier]
+    def read_positions(self) -> list[list[int]]:
+        """Per leg of `reads`, the positions of its blocks in `blocks` (each leg's blocks are in
+        job order: one walk, matching key and slot, so a repeated key cannot be mistaken)."""
+        keys, slots = self.blocks.keys, self.host.slots
+        n = len(keys)
+        out = []
+        for leg in self.reads:
+            at: list[int] = []
+            i = 0
+            for key, slot in zip(leg.keys, leg.dst.places() or (), strict=True):
+                while i < n and (keys[i] != key or slots[i] != slot):
+                    i += 1
+                if i == n:
+                    raise ValueError(
+                        f"LoadJob {self.job_id}: its read from {leg.tier} has a block that is not "
+                        "one of its blocks in that slot, or not in the job's order"
+                    )
+                at.append(i)
+                i += 1
+            out.append(at)
+        return out
+
+    @property
+    def sources(self) -> tuple[Tier | None, ...]:
+        """Per block: Tier.HOST, the lower tier it is read from, or None (missing)."""
+        n = len(self.blocks)
+        if self.all_from_host:
+            return (Tier.HOST,) * n
+        out: list[Tier | None] = [Tier.HOST] * n
+        for i in self.missing:
+            out[i] = None
+        for leg, positions in zip(self.reads, self.read_positions(), strict=True):
+            for i in positions:
+                out[i] = leg.tier
+        return tuple(out)
+
+
+def load_job(
+    job_id: int,
+    keys: Sequence[bytes],
+    gpu_block_ids: Sequence[int] | None,
+    slots: Sequence[int],
+    sources: Sequence[Tier | None] | None,
+    *,
+    spill: Leg = NO_SPILL,
+    drop_first: Drops = NO_DROPS,
+) -> LoadJob:
+    """The LoadJob of blocks planned one by one: `sources[i]` Tier.HOST (in `slots[i]`), a lower
+    tier (read into `slots[i]`) or None (missing, slot -1); `sources` None: all in host memory
+    (the common case: no per-block pass)."""
+    blocks = Blocks(tuple(keys))
+    by_tier: dict[Tier, list[int]] = {}
+    missing: list[int] = []
+    for i, src in enumerate(sources or ()):
+        if src is None:
+            missing.append(i)
+        elif src is not Tier.HOST:
+            by_tier.setdefault(src, []).append(i)
+    reads = tuple(
+        Leg(blocks.take(by_tier[t]), OnTier(t), Host(tuple(slots[i] for i in by_tier[t])))
+        for t in lower_in_order(by_tier)  # fastest first, as the executor reads them
+    )
+    return LoadJob(
+        job_id,
+        blocks,
+        Host(tuple(slots)),
+        None if gpu_block_ids is None else Gpu(tuple(gpu_block_ids)),
+        reads,
+        tuple(missing),
+        spill=spill,
+        drop_first=drop_first,
+    )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 keep them there: promoted), and apply the load's result. A load with more lower-tier blocks than
 the staging slots it can get streams through them in rounds (read, host->GPU copy, reuse; only
 the last round stays promoted). A block that is no longer cached, or has no host slot at all to
-stage through, is in the job with source None so the worker reports it failed; a lower-tier copy
+stage through, is in the job as missing so the worker reports it failed; a lower-tier copy
 that turns out lost or bad is forgotten."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
 from flexkv_py.coordinator.host_space import HostSpace, spill_of
-from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob
+from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob, load_job
 from flexkv_py.coordinator.kv_events import EventQueue
+from flexkv_py.coordinator.legs import Blocks, Gpu, Host
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.entry import IndexStateError, Located, Victim
@@ -51,8 +52,8 @@ class LoadPlanner:
         in_rounds: bool = False,
     ) -> LoadJob | None:
         """A job loading `keys` into `gpu_block_ids`. Blocks are pinned until `complete`. A block
-        that is no longer cached (or has no host slot to stage through) is in the job with
-        source None so the worker reports it failed; None only for an empty request.
+        that is no longer cached (or has no host slot to stage through) is in the job as
+        missing so the worker reports it failed; None only for an empty request.
         `in_rounds` (a host-only load whose caller loads the rest later): the job may carry
         only a prefix of `keys`, ending before a lower-tier block with no slot of its own."""
         if gpu_block_ids is not None and len(gpu_block_ids) != len(keys):
@@ -95,7 +96,7 @@ class LoadPlanner:
             return None
         n = len(keys)
         self._drain.note(keys, stored=False)
-        return self._new_load_job(keys, gpu_block_ids, slots, (Tier.HOST,) * n, [False] * n, [])
+        return self._new_load_job(keys, gpu_block_ids, slots, None, [False] * n, [])
 
     def _plan_load(
         self,
@@ -176,15 +177,14 @@ class LoadPlanner:
         if len(bounds) < 2 or job.spill.keys or job.drop_first or not job.all_from_host:
             return [job]
         self._outbox.forget(job.job_id)
-        ids = job.gpu_block_ids
+        keys, slots, gpu = job.keys, job.host.slots, job.gpu
         parts = []
-        for start, end in bounds:
+        for start, end in bounds:  # every block in host memory: no reads, nothing missing
             part = LoadJob(
-                job_id=self._outbox.new_id(),
-                keys=job.keys[start:end],
-                gpu_block_ids=None if ids is None else ids[start:end],
-                host_slots=job.host_slots[start:end],
-                sources=job.sources[start:end],
+                self._outbox.new_id(),
+                Blocks(keys[start:end]),
+                Host(slots[start:end]),
+                None if gpu is None else Gpu(gpu.ids[start:end]),
             )
             self._track(part, [False] * (end - start))
             parts.append(part)
@@ -195,17 +195,18 @@ class LoadPlanner:
         keys: Sequence[bytes],
         gpu_block_ids: Sequence[int] | None,
         slots: Sequence[int],
-        sources: Sequence[Tier | None],
+        sources: Sequence[Tier | None] | None,
         promoted: list[bool],
         chained: list[Victim],
     ) -> LoadJob:
-        """Register a load job whose blocks are pinned (lock held)."""
-        job = LoadJob(
-            job_id=self._outbox.new_id(),
-            keys=tuple(keys),
-            gpu_block_ids=None if gpu_block_ids is None else tuple(gpu_block_ids),
-            host_slots=tuple(slots),
-            sources=tuple(sources),
+        """Register a load job whose blocks are pinned (lock held); `sources` None: all in host
+        memory."""
+        job = load_job(
+            self._outbox.new_id(),
+            keys,
+            gpu_block_ids,
+            slots,
+            sources,
             spill=spill_of(chained, self._host.spill_tier),
             drop_first=self._host.take_drops(),  # room the index made for the spills (eviction.py)
         )
@@ -233,13 +234,13 @@ class LoadPlanner:
             self._stats["load_host_bytes"] += self._page_bytes * len(job.keys)
             return
         # Staging slots no promoted block keeps, each once (a streamed load reuses them).
-        kept = {job.host_slots[i] for i, p in enumerate(promoted) if p}
-        staged = {
-            job.host_slots[i] for i, s in enumerate(job.sources) if s not in (None, Tier.HOST)
-        }
+        slots = job.host.slots
+        kept = {slots[i] for i, p in enumerate(promoted) if p}
+        staged = {s for read in job.reads for s in read.dst.places() or ()}
         self._index.release_slots(staged - kept)
+        sources = job.sources
         for i, key in enumerate(job.keys):
-            src = job.sources[i]
+            src = sources[i]
             if src is None:
                 self._stats["load_failed_blocks"] += 1
                 continue

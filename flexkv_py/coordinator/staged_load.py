@@ -9,8 +9,8 @@ import time
 
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, LoadJob
+from flexkv_py.coordinator.legs import Leg
 from flexkv_py.coordinator.planning import store_rounds
-from flexkv_py.index.tier_names import Tier
 from flexkv_py.transfer.stream_order import OrderedTransfer, TransferHandleLike
 
 logger = logging.getLogger(__name__)
@@ -39,10 +39,10 @@ class LoadCopies:
         self.spin = False
 
     def issue(self, positions: list[int]) -> None:
-        ids = self.job.gpu_block_ids
-        if ids is None or not positions:
+        gpu = self.job.gpu
+        if gpu is None or not positions:
             return
-        slots = self.job.host_slots
+        ids, slots = gpu.ids, self.job.host.slots
         try:
             handle: TransferHandleLike | Exception = self.transfer.submit(
                 "h2d", [ids[i] for i in positions], [slots[i] for i in positions]
@@ -87,11 +87,40 @@ def sub_batches(n: int, block_nbytes: int, batch_bytes: int) -> list[tuple[int, 
     return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
 
 
-def load_rounds(job: LoadJob) -> list[list[int]]:
-    """The positions of a load's lower-tier blocks in rounds (one unless the load streams
-    through fewer staging slots than it has such blocks, coordinator/loads.py)."""
-    if job.sources.count(Tier.HOST) == len(job.sources):  # all from host (C-level): none
-        return []
-    staged = [i for i, src in enumerate(job.sources) if src is not None and src is not Tier.HOST]
-    rounds = store_rounds([job.host_slots[i] for i in staged])
-    return [[staged[j] for j in r] for r in rounds]
+def in_host(job: LoadJob, read_positions: list[list[int]]) -> list[int]:
+    """The positions of a load's blocks already in host memory (neither read nor missing)."""
+    n = len(job.blocks)
+    if job.all_from_host:
+        return list(range(n))
+    elsewhere = set(job.missing).union(*read_positions)
+    return [i for i in range(n) if i not in elsewhere]
+
+
+def _slots(leg: Leg) -> tuple[int, ...]:
+    return leg.dst.places() or ()
+
+
+def load_rounds(job: LoadJob, read_positions: list[list[int]]) -> list[list[tuple[Leg, list[int]]]]:
+    """A load's reads in rounds: per round, each read (the part of a leg of `job.reads` in that
+    round) with the positions of its blocks in the job. One round unless the load streams
+    through fewer staging slots than it reads blocks (coordinator/loads.py): then round r holds
+    each staging slot's (r+1)-th use, in job order."""
+    reads = list(zip(job.reads, read_positions, strict=True))
+    used = [s for leg in job.reads for s in _slots(leg)]
+    if len(set(used)) == len(used):  # the common case: no slot reused, one round
+        return [reads] if reads else []
+    slots = job.host.slots
+    staged = sorted(i for at in read_positions for i in at)
+    round_of: dict[int, int] = {}
+    rounds = store_rounds([slots[i] for i in staged])
+    for r, part in enumerate(rounds):
+        round_of.update((staged[j], r) for j in part)
+    out: list[list[tuple[Leg, list[int]]]] = []
+    for r in range(len(rounds)):
+        parts = []
+        for leg, at in reads:
+            mine = [j for j, i in enumerate(at) if round_of[i] == r]
+            if mine:
+                parts.append((leg.take(mine), [at[j] for j in mine]))
+        out.append(parts)
+    return out

@@ -41,7 +41,7 @@ from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.host_space import HostSpace
 from flexkv_py.coordinator.jobs import NO_DROPS, Job, JobResult, LoadJob, SpillJob
 from flexkv_py.coordinator.kv_events import EventQueue
-from flexkv_py.coordinator.legs import Blocks, write_out
+from flexkv_py.coordinator.legs import Blocks, Host, Leg, OnTier, write_out
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
@@ -220,13 +220,9 @@ class TierWriter:
         written with them once they are read."""
         tier = self._stage_from
         assert tier is not None
-        job = LoadJob(
-            self._outbox.new_id(),
-            tuple(k for k, _ in staged),
-            None,
-            tuple(s for _, s in staged),
-            (tier,) * len(staged),
-        )
+        blocks = Blocks(tuple(k for k, _ in staged))
+        into = Host(tuple(s for _, s in staged))
+        job = LoadJob(self._outbox.new_id(), blocks, into, None, (Leg(blocks, OnTier(tier), into),))
 
         def staged_done(job: Job, result: JobResult) -> None:
             self._complete_staging(job, result, keys, slots)
@@ -284,8 +280,8 @@ class TierWriter:
         self._job, self._waiting = None, 0
         index = self._index
         staged: list[bytes] = []
-        tier = job.sources[0] if job.sources else None
-        for key, slot in zip(job.keys, job.host_slots, strict=True):
+        tier = job.reads[0].tier if job.reads else None
+        for key, slot in zip(job.keys, job.host.slots, strict=True):
             reason = result.failed.get(key)
             if reason is None:
                 staged.append(key)

@@ -57,13 +57,8 @@ class HostOnlyBlocks:
             self._forget(job.host_slots)
         elif isinstance(job, LoadJob):
             self._forget(job.spill.src.places() or ())
-            self._forget(
-                [
-                    s
-                    for s, src in zip(job.host_slots, job.sources, strict=True)
-                    if src is not Tier.HOST
-                ]
-            )
+            for read in job.reads:  # the staging slots its reads fill
+                self._forget(read.dst.places() or ())
         elif isinstance(job, SpillJob) and job.tier is Tier.SSD:
             self._forget(job.host_slots)
 

@@ -20,9 +20,9 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py import BlockStore, _native
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, LoadJob, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
 from flexkv_py.coordinator.job_bodies import JobBodies
-from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD
+from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -323,7 +323,7 @@ def _staged_load(ex: JobExecutor, job_id: int, keys: list[bytes], first: int, n:
     """Load keys[first:] from SSD into slots/GPU blocks n+first.. (a restart: nothing in host)."""
     pos = range(first, first + len(keys))
     return ex.submit(
-        LoadJob(
+        load_job(
             job_id,
             tuple(keys),
             tuple(n + i for i in pos),
@@ -412,7 +412,7 @@ def test_load_never_queues_behind_stores_stuck_on_a_slow_ssd(
         ex.submit(StoreJob(job_id, Blocks((keys[i],)), (i,), (i,), (WRITE_SSD,)))
     ex.wait_gpu_reads([2, 3], timeout=WAIT_S)
     started = time.monotonic()
-    (res,) = [ex.submit(LoadJob(4, (keys[0],), (5,), (0,), (Tier.HOST,))).wait(WAIT_S)]
+    (res,) = [ex.submit(load_job(4, (keys[0],), (5,), (0,), (Tier.HOST,))).wait(WAIT_S)]
     assert res.ok and time.monotonic() - started < MARGIN_S
     assert all(torch.equal(t[:, 5], t[:, 0]) for t in caches.values())  # bit-exact
     assert {r.job_id for r in ex.poll()} <= {1, 4}  # the stores are still writing

@@ -23,8 +23,8 @@ from helpers import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, LoadJob, StoreJob
-from flexkv_py.coordinator.jobs import WRITE_SSD
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
+from flexkv_py.coordinator.jobs import WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
@@ -194,7 +194,7 @@ def test_executor_reports_the_copy_before_the_ssd_write(
     assert ssd.passed == 6 and ex.poll_gpu_reads() == []
     # What reached SSD is the KV copied before the reuse: load it into blocks 8.. and compare.
     for i, k in enumerate(keys):
-        load = LoadJob(10 + i, (k,), (8 + i,), (6 + i,), (Tier.SSD,))
+        load = load_job(10 + i, (k,), (8 + i,), (6 + i,), (Tier.SSD,))
         assert ex.submit(load).wait(timeout=GATE_S).ok
         got = [t[:, 8 + i] for t in caches.values()]
         assert all(

@@ -6,6 +6,7 @@ slots, ranks or namespaces shows up as a byte mismatch.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import random
 import threading
@@ -468,7 +469,7 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     wire = pickle.dumps(load)
     results = [pickle.loads(r.run(wire)) for r in ranks]
     for r in ranks:  # each rank got its own shard of every block
-        for k, s in zip(load.keys, load.host_slots, strict=True):
+        for k, s in zip(load.keys, load.host.slots, strict=True):
             assert r.slot_bytes(s) == r.page(k)
     mgr.complete(JobResult.merge(results))
     drain()
@@ -480,7 +481,7 @@ def test_split_manager_and_tp_executors(tmp_path: Path) -> None:
     results = []
     for r in ranks:
         job_r = pickle.loads(pickle.dumps(load))
-        job_r = LoadJob(job_r.job_id, job_r.keys, None, job_r.host_slots, job_r.sources)
+        job_r = dataclasses.replace(job_r, gpu=None)
         results.append(r.ex.submit(job_r).wait(timeout=30))
     merged = JobResult.merge(results)
     assert merged.failed == {keys[2]: "not_found"} and not results[0].failed

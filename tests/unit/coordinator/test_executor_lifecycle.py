@@ -18,8 +18,8 @@ import torch
 from helpers.store_util import block
 
 from flexkv_py.config import FlexKVConfig, load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, LoadJob, StoreJob
-from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, StoreJob
+from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.errors import ClosedError
 from flexkv_py.index import Namespace
@@ -94,7 +94,7 @@ def _slot_bytes(ex: JobExecutor, slot: int) -> bytes:
 
 def _read_back(ex: JobExecutor, job_id: int, key: bytes, slot: int) -> bytes | None:
     """The key's bytes from the SSD tier (through a real load job), or None if it is absent."""
-    result = ex.submit(LoadJob(job_id, (key,), None, (slot,), (Tier.SSD,))).wait(timeout=30)
+    result = ex.submit(load_job(job_id, (key,), None, (slot,), (Tier.SSD,))).wait(timeout=30)
     assert ex.wait([job_id]) == [result]
     return None if result.failed else _slot_bytes(ex, slot)
 
@@ -155,7 +155,7 @@ def test_abandon_after_the_copy_finished_keeps_the_store(
     assert ex.abandon([job.job_id]) == []
     assert ex.wait([job.job_id]) == [result] and result.ok
     # The SSD copy is block 3: load it into GPU block 5 through another host slot.
-    load = LoadJob(2, (key,), (5,), (1,), (Tier.SSD,))
+    load = load_job(2, (key,), (5,), (1,), (Tier.SSD,))
     assert ex.submit(load).wait(timeout=30).ok and ex.wait([2])
     for got, want in zip(_gpu_block(caches, 5), _gpu_block(caches, 3), strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -26,7 +26,6 @@ from flexkv_py.coordinator import (
     DropJob,
     ExecutorOptions,
     JobExecutor,
-    LoadJob,
     SpillJob,
     StoreJob,
 )
@@ -38,6 +37,7 @@ from flexkv_py.coordinator.jobs import (
     NOT_FOUND,
     REJECTED,
     STATUS_REASON,
+    load_job,
     reason_for_status,
 )
 from flexkv_py.coordinator.legs import Blocks, write_out
@@ -188,7 +188,7 @@ def test_store_load_drop_run_for_every_tier_the_job_names(
 
     # Each block back from the tier the load names, into fresh slots.
     _fill(pool, [3, 4], [bytes(SLOT)] * 2)
-    load = LoadJob(2, (k[0], k[1]), None, (3, 4), (Tier.SSD, Tier.OBJECT))
+    load = load_job(2, (k[0], k[1]), None, (3, 4), (Tier.SSD, Tier.OBJECT))
     result = _run(ex, load)
     assert result.ok and _slot(pool, 3) == pages[0] and _slot(pool, 4) == pages[1]
     stats = ex.stats()
@@ -241,7 +241,7 @@ def test_a_tier_the_rank_lacks_fails_fast_without_a_device(tmp_path: Path) -> No
         k = _keys(ex.namespace, 2, "n")
         spill = _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
         assert spill.failed == dict.fromkeys(k, NOT_FOUND)
-        load = _run(ex, LoadJob(2, tuple(k), None, (2, 3), (Tier.SSD, Tier.HOST)))
+        load = _run(ex, load_job(2, tuple(k), None, (2, 3), (Tier.SSD, Tier.HOST)))
         assert load.failed == {k[0]: NOT_FOUND}
     finally:
         assert ex.shutdown(timeout=30)
