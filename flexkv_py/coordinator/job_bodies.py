@@ -284,15 +284,14 @@ class JobBodies:
         blocks' copies, already issued (by `JobExecutor.submit(..., here=True)`)."""
         slot_nbytes = self.pool.slot_nbytes
         keys = job.keys
-        reads = job.read_positions() if job.reads else []
         if copies is None:
             copies = LoadCopies(self.transfer, self.stats, job)
-            copies.issue(in_host(job, reads))
+            copies.issue(in_host(job))
         failed: dict[bytes, str] = {keys[i]: MISSING for i in job.missing}
         nbytes = 0
         try:
             spill_failed = self.handlers.move(job.spill).failed
-            for r, part in enumerate(load_rounds(job, reads)):
+            for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     nbytes += copies.finish(failed) * slot_nbytes
                     copies = LoadCopies(self.transfer, self.stats, job)

@@ -10,6 +10,7 @@ With TP > 1 the same job goes to every rank's executor and the per-rank results 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -158,7 +159,7 @@ class LoadJob:
             raise ValueError(f"LoadJob {self.job_id}: missing positions outside its {n} blocks")
         if self.reads:  # not the common all-in-host load: a pass over its blocks is fine
             taken = sum(len(leg.blocks) for leg in self.reads) + len(self.missing)
-            if len(set(self.missing).union(*self.read_positions())) != taken:
+            if len(set(self.missing).union(*self.read_positions)) != taken:
                 raise ValueError(f"LoadJob {self.job_id}: a block is both read and missing")
 
     @property
@@ -174,9 +175,11 @@ class LoadJob:
         """Every block is in host memory already: nothing to read, nothing missing."""
         return not self.reads and not self.missing
 
+    @functools.cached_property
     def read_positions(self) -> list[list[int]]:
         """Per leg of `reads`, the positions of its blocks in `blocks` (each leg's blocks are in
-        job order: one walk, matching key and slot, so a repeated key cannot be mistaken)."""
+        job order: one walk, matching key and slot, so a repeated key cannot be mistaken).
+        Worked out once, by the check at construction, for the load body and `sources`."""
         keys, slots = self.blocks.keys, self.host.slots
         n = len(keys)
         out = []
@@ -205,7 +208,7 @@ class LoadJob:
         out: list[Tier | None] = [Tier.HOST] * n
         for i in self.missing:
             out[i] = None
-        for leg, positions in zip(self.reads, self.read_positions(), strict=True):
+        for leg, positions in zip(self.reads, self.read_positions, strict=True):
             for i in positions:
                 out[i] = leg.tier
         return tuple(out)
@@ -246,6 +249,13 @@ def load_job(
         spill=spill,
         drop_first=drop_first,
     )
+
+
+def read_into_host(job_id: int, keys: Sequence[bytes], slots: Sequence[int], tier: Tier) -> LoadJob:
+    """A host-only load reading every block from one lower `tier` into its slot (a write-behind's
+    staging read, an object prefetch)."""
+    blocks, into = Blocks(tuple(keys)), Host(tuple(slots))
+    return LoadJob(job_id, blocks, into, None, (Leg(blocks, OnTier(tier), into),))
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from flexkv_py.coordinator.host_space import HostSpace
-from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob
+from flexkv_py.coordinator.jobs import Job, JobResult, LoadJob, read_into_host
 from flexkv_py.coordinator.kv_events import EventQueue
-from flexkv_py.coordinator.legs import Blocks, Host, Leg, OnTier
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.index.entry import IndexStateError
@@ -79,10 +78,7 @@ class ObjectPrefetch:
         index.release_slots(slots[len(taken) :])
         if not taken:
             return None
-        blocks, into = Blocks(tuple(taken)), Host(tuple(slots[: len(taken)]))
-        job = LoadJob(
-            self._outbox.new_id(), blocks, into, None, (Leg(blocks, OnTier(Tier.OBJECT), into),)
-        )
+        job = read_into_host(self._outbox.new_id(), taken, slots[: len(taken)], Tier.OBJECT)
         self._outbox.track(job, self._complete, background=True)
         self._jobs.add(job.job_id)
         self._stats["object_prefetch_jobs"] += 1

@@ -87,12 +87,12 @@ def sub_batches(n: int, block_nbytes: int, batch_bytes: int) -> list[tuple[int, 
     return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
 
 
-def in_host(job: LoadJob, read_positions: list[list[int]]) -> list[int]:
+def in_host(job: LoadJob) -> list[int]:
     """The positions of a load's blocks already in host memory (neither read nor missing)."""
     n = len(job.blocks)
     if job.all_from_host:
         return list(range(n))
-    elsewhere = set(job.missing).union(*read_positions)
+    elsewhere = set(job.missing).union(*job.read_positions)
     return [i for i in range(n) if i not in elsewhere]
 
 
@@ -100,11 +100,12 @@ def _slots(leg: Leg) -> tuple[int, ...]:
     return leg.dst.places() or ()
 
 
-def load_rounds(job: LoadJob, read_positions: list[list[int]]) -> list[list[tuple[Leg, list[int]]]]:
+def load_rounds(job: LoadJob) -> list[list[tuple[Leg, list[int]]]]:
     """A load's reads in rounds: per round, each read (the part of a leg of `job.reads` in that
     round) with the positions of its blocks in the job. One round unless the load streams
     through fewer staging slots than it reads blocks (coordinator/loads.py): then round r holds
     each staging slot's (r+1)-th use, in job order."""
+    read_positions = job.read_positions
     reads = list(zip(job.reads, read_positions, strict=True))
     used = [s for leg in job.reads for s in _slots(leg)]
     if len(set(used)) == len(used):  # the common case: no slot reused, one round

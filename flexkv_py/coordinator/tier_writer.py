@@ -39,9 +39,9 @@ from typing import TypeVar
 
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.host_space import HostSpace
-from flexkv_py.coordinator.jobs import NO_DROPS, Job, JobResult, LoadJob, SpillJob
+from flexkv_py.coordinator.jobs import NO_DROPS, Job, JobResult, LoadJob, SpillJob, read_into_host
 from flexkv_py.coordinator.kv_events import EventQueue
-from flexkv_py.coordinator.legs import Blocks, Host, Leg, OnTier, write_out
+from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.coordinator.lost_copies import forget_lost_copy
 from flexkv_py.coordinator.outbox import Outbox
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
@@ -220,9 +220,9 @@ class TierWriter:
         written with them once they are read."""
         tier = self._stage_from
         assert tier is not None
-        blocks = Blocks(tuple(k for k, _ in staged))
-        into = Host(tuple(s for _, s in staged))
-        job = LoadJob(self._outbox.new_id(), blocks, into, None, (Leg(blocks, OnTier(tier), into),))
+        job = read_into_host(
+            self._outbox.new_id(), [k for k, _ in staged], [s for _, s in staged], tier
+        )
 
         def staged_done(job: Job, result: JobResult) -> None:
             self._complete_staging(job, result, keys, slots)
