@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -178,8 +179,82 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
         real_parts = engine_mod.pipeline_parts
         engine_mod.pipeline_parts = lambda k: [(0, k)] if k else []
         timed_load("onepart")
+
+        def sized(*sizes: int) -> Any:
+            """Parts of these sizes when they add up to the load, else the real split."""
+
+            def parts(k: int) -> list[tuple[int, int]]:
+                if sum(sizes) != k:
+                    return real_parts(k)
+                out, at = [], 0
+                for size in sizes:
+                    out.append((at, at + size))
+                    at += size
+                return out
+
+            return parts
+
+        for tag, sizes in (
+            ("parts_32_last32", (32, 64, 64, 64, 32)),
+            ("parts_32_last16", (32, 64, 64, 64, 16, 16)),
+            ("parts_64_last16", (64, 64, 64, 32, 16, 16)),
+        ):
+            if sum(sizes) == n:
+                engine_mod.pipeline_parts = sized(*sizes)
+                timed_load(tag)
         engine_mod.pipeline_parts = real_parts
+        from flexkv_py.transfer import staged_path
+
+        staged_path.COALESCE = False
+        timed_load("nocoalesce")
+        xfer_time(xfer, "nocoalesce")
+        staged_path.COALESCE = True
         timed_load("asis2")
+        # ---- host time to issue one 32-page chunk's pieces (perf_counter, no sync)
+        if CUDA and hasattr(h2d_path, "_copier"):
+            st = h2d_path._stages[0]
+            k = min(32, n)
+            rowb = np.uint64(st.shape[1])
+            stage = np.uint64(st.data_ptr()) + np.arange(k, dtype=np.uint64) * rowb
+            base = np.uint64(pool.tensor.data_ptr())
+            contig = base + np.asarray(slots[:k], dtype=np.uint64) * rowb
+            scattered = base + np.asarray(slots[: 2 * k : 2], dtype=np.uint64) * rowb
+            sizes = np.full(k, st.shape[1], dtype=np.uint64)
+            stream = torch.cuda.current_stream().cuda_stream
+            issue: dict[str, float] = {}
+            for tag, srcs, on in (
+                ("copy_contig_coalesced", contig, True),
+                ("copy_contig_plain", contig, False),
+                ("copy_strided", scattered, True),
+            ):
+                staged_path.COALESCE = on
+                ts = []
+                for _ in range(med):
+                    clock.sync()
+                    t = time.perf_counter()
+                    h2d_path._copy(stage, srcs, sizes, stream)
+                    ts.append(time.perf_counter() - t)
+                issue[tag] = statistics.median(ts) * 1e6
+            staged_path.COALESCE = True
+            pairs = torch.zeros(2 * k, dtype=torch.int64, device="cuda")
+            pairs[:k] = torch.tensor(dst[:k], device="cuda")
+            pairs[k:] = torch.arange(k, device="cuda")
+            kern = h2d_path._kernels[0]
+            ts = []
+            for _ in range(med):
+                clock.sync()
+                t = time.perf_counter()
+                kern.enqueue_pairs("h2d", pairs, k)
+                ts.append(time.perf_counter() - t)
+            issue["scatter_launch"] = statistics.median(ts) * 1e6
+            ts = []
+            for _ in range(med):
+                clock.sync()
+                t = time.perf_counter()
+                eng._pump()
+                ts.append(time.perf_counter() - t)
+            issue["idle_pump"] = statistics.median(ts) * 1e6
+            row["issue_us"] = issue
 
         # ---- CPU timeline of one load (as is)
         marks: list[tuple[str, float, str]] = []

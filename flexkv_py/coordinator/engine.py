@@ -161,11 +161,12 @@ class CacheEngine:
             self.manager.complete(result)
         return bool(ids)
 
-    def _finish(self, handle: JobHandle, timeout: float | None) -> JobResult:
+    def _finish(self, handle: JobHandle, timeout: float | None, pump: bool = True) -> JobResult:
         result = handle.wait(timeout)
         if self.executor.wait([handle.job_id]):  # consumed here: ours alone to apply
             self.manager.complete(result)
-        self._pump()
+        if pump:
+            self._pump()
         return result
 
     # ------------------------------------------------------------------ API
@@ -292,12 +293,11 @@ class CacheEngine:
         reaches a lower tier (or misses), the rest of the load is one job."""
         if len(gpu_block_ids) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
-        self._pump()
         statuses: list[str] = []
         tiers: list[str] = []
 
-        def finish(handle: JobHandle) -> None:
-            failed = self._finish(handle, timeout).failed
+        def finish(handle: JobHandle, pump: bool = True) -> None:
+            failed = self._finish(handle, timeout, pump).failed
             job = handle.job
             assert isinstance(job, LoadJob)
             if failed:
@@ -324,9 +324,13 @@ class CacheEngine:
                 raise
             if running is not None:
                 finish(running)  # its completion overlaps this part's copy
+            else:
+                # Background results are applied once the first copy runs, not before it: the
+                # load's own blocks are in the index already, and this pump would delay the copy.
+                self._pump()
             running, start = handle, start + len(job.keys)
         if running is not None:
-            finish(running)
+            finish(running, pump=False)  # the next call pumps: nothing waits on it after a load
         return BlockOutcome(tuple(statuses), tuple(tiers))
 
     def load_pages(self, keys: Sequence[bytes], timeout: float | None = None) -> list[bytes | None]:

@@ -64,6 +64,25 @@ def _load_batch_fn(prefer_overlap: bool) -> tuple[Any, Any]:
     return fn, attrs
 
 
+def coalesce(
+    dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same copies with each run of back-to-back ones (copy i+1 starts where copy i ends,
+    at both ends) merged into one; the arrays unchanged when nothing merges."""
+    ends_d = dsts[:-1] + sizes[:-1]
+    ends_s = srcs[:-1] + sizes[:-1]
+    joins = (dsts[1:] == ends_d) & (srcs[1:] == ends_s)
+    if not joins.any():
+        return dsts, srcs, sizes
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    merged = np.add.reduceat(sizes, starts).astype(np.uint64)
+    return (
+        np.ascontiguousarray(dsts[starts]),
+        np.ascontiguousarray(srcs[starts]),
+        merged,
+    )
+
+
 class BatchCopier:
     """``cuMemcpyBatchAsync`` on numpy descriptor arrays, on a given stream."""
 

@@ -24,6 +24,10 @@ is a quarter as long. The scatters' (GPU block, staging row) pairs of the whole 
 pinned copy right after its first DMA is issued, not one small copy per chunk (less host time
 per chunk: the tail's small chunks must be issued faster than their DMAs run).
 
+Pages of consecutive host slots go as one copy (`coalesce`): a chunk's staging rows are
+consecutive, and so are the slots of blocks stored together, and the driver issues one large copy
+faster than 32 page copies (a restore's first DMA waits for that issue).
+
 Device memory cost: 2 x ``chunk_pages`` pages (e.g. 2 x 32 x 2.25 MiB = 144 MiB).
 """
 
@@ -32,9 +36,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flexkv_py.transfer.copy_engine_path import BatchCopier
+from flexkv_py.transfer.copy_engine_path import BatchCopier, coalesce
 from flexkv_py.transfer.kv_layout import KVPageGeometry
 from flexkv_py.transfer.triton_path import TritonCopyPath
+
+COALESCE = True  # benches/restore_breakdown.py measures it off
 
 
 class StagedCopyPath:
@@ -104,18 +110,23 @@ class StagedCopyPath:
                 self._kernels[b].enqueue("d2h", ids, rows)  # gather into staging (main)
                 ready.record(main)
                 dma.wait_event(ready)
-                self._copier.copy(host, stage, sizes[:k], dma.cuda_stream)
+                self._copy(host, stage, sizes[:k], dma.cuda_stream)
                 self._free[b].record(dma)
             else:
                 if self._used[b]:
                     dma.wait_event(self._free[b])  # previous scatter from this buffer is done
-                self._copier.copy(stage, host, sizes[:k], dma.cuda_stream)
+                self._copy(stage, host, sizes[:k], dma.cuda_stream)
                 ready.record(dma)
                 main.wait_event(ready)
                 self._kernels[b].enqueue("h2d", ids, rows)  # scatter from staging (main)
                 self._free[b].record(main)
             self._used[b] = True
         return dma if direction == "d2h" else None
+
+    def _copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream: int) -> None:
+        if COALESCE and len(sizes) > 1:
+            dsts, srcs, sizes = coalesce(dsts, srcs, sizes)
+        self._copier.copy(dsts, srcs, sizes, stream)
 
     def _enqueue_h2d(self, gpu_ids: np.ndarray, slots: np.ndarray) -> None:
         """Per chunk (`h2d_chunks`): batched page copies into a staging buffer on the DMA
@@ -135,7 +146,7 @@ class StagedCopyPath:
             ready = torch.cuda.Event()
             if self._used[b]:
                 dma.wait_event(self._free[b])  # previous scatter from this buffer is done
-            self._copier.copy(stage, host_rows[start:end], sizes[:k], dma.cuda_stream)
+            self._copy(stage, host_rows[start:end], sizes[:k], dma.cuda_stream)
             ready.record(dma)
             if pairs is None:  # after the first DMA is issued: it need not wait for this
                 pairs = self._upload_pairs(gpu_ids, chunks, main.device)
