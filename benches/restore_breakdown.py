@@ -202,6 +202,14 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
             if sum(sizes) == n:
                 engine_mod.pipeline_parts = sized(*sizes)
                 timed_load(tag)
+        if CUDA and hasattr(h2d_path, "_tail"):  # no taper anywhere: what the middle parts cost
+            real_tail = h2d_path._tail
+            h2d_path._tail = h2d_path._chunk
+            timed_load("notaper")
+            if sum((32, 64, 64, 64, 32)) == n:
+                engine_mod.pipeline_parts = sized(32, 64, 64, 64, 32)
+                timed_load("notaper_parts_32_last32")
+            h2d_path._tail = real_tail
         engine_mod.pipeline_parts = real_parts
         from flexkv_py.transfer import staged_path
 
