@@ -34,6 +34,7 @@ from flexkv_py.transfer.stream_order import Transfer
 logger = logging.getLogger(__name__)
 
 _NONE = "none"  # load source of a block that was not loadable
+_HOST = Tier.HOST.value
 
 
 # A load source's name, per block, without the enum's `.value` descriptor call.
@@ -304,7 +305,10 @@ class CacheEngine:
                 statuses.extend(failed.get(k, OK) for k in job.keys)
             else:
                 statuses.extend((OK,) * len(job.keys))
-            tiers.extend(map(_source_name, job.sources))
+            if job.all_from_host:  # no per-block pass (the last part's is after the last copy)
+                tiers.extend((_HOST,) * len(job.keys))
+            else:
+                tiers.extend(map(_source_name, job.sources))
 
         running: JobHandle | None = None  # the part whose copy runs now
         start = 0
