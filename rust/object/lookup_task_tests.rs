@@ -24,7 +24,8 @@ fn stored(dir: &tempfile::TempDir, keys: &[Vec<u8>], single: &[u8]) -> String {
         let mut data: Vec<Vec<u8>> = chain.iter().map(|k| k.repeat(2)).collect();
         let items =
             chain.iter().cloned().zip(data.iter_mut().map(|d| RawBuf { ptr: d.as_mut_ptr(), len: d.len() }));
-        let results = writer.submit_put_chain(chain.clone(), items.collect(), None).unwrap().wait(None).unwrap();
+        let results =
+            writer.submit_put_chain(chain.clone(), items.collect(), None).unwrap().wait(None).unwrap();
         assert!(results.iter().all(|r| r.status == Status::Ok));
     }
     writer.close();
