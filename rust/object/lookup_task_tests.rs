@@ -59,7 +59,8 @@ fn a_presence_probe_answers_one_block_chain_lookups() {
     let url = stored(&dir, &keys, b"ns/one/0");
     let probe: Vec<Vec<u8>> =
         vec![b"ns/one/0".to_vec(), b"ns/absent".to_vec(), keys[0].clone(), keys[39].clone(), Vec::new()];
-    let want: Vec<bool> = probe.iter().map(|k| open(&url).lookup_chain(&[k.clone()]).unwrap() == 1).collect();
+    let want: Vec<bool> =
+        probe.iter().map(|k| open(&url).lookup_chain(std::slice::from_ref(k)).unwrap() == 1).collect();
     assert!(want[0] && !want[1] && !want[4], "{want:?}");
     let got = open(&url).submit_present(probe).unwrap().wait(WAIT).unwrap();
     assert_eq!(got, Answer::Present(want));
