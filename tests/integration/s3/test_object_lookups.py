@@ -97,7 +97,7 @@ def test_submitted_lookups_answer_what_the_blocking_ones_do(s3: S3Server) -> Non
         keys = [f"ns/s/{i:03d}".encode() for i in range(150)]
         _store(writer, keys)
         _store(writer, [b"ns/one/0"])
-        asks = [keys, keys[:70], keys + [b"ns/s/new"], [b"ns/miss/0", b"ns/miss/1"]]
+        asks = [keys, keys[:70], [*keys, b"ns/s/new"], [b"ns/miss/0", b"ns/miss/1"]]
         for ask in asks:
             want = s3.object_tier(prefix).lookup_chain(ask)
             slow = s3.object_tier(prefix, proxy.endpoint, timeout_s=5.0, retries=0)

@@ -75,7 +75,7 @@ def test_ask_later_then_count_then_kept() -> None:
     assert pending.poll("r", KEYS) == 2 and len(submit.handles) == 1
     assert pending.wait("r") == 2
     # A prompt that grew: a new lookup.
-    assert pending.poll("r", KEYS + [b"d"]) is None
+    assert pending.poll("r", [*KEYS, b"d"]) is None
     assert len(submit.handles) == 2
     assert pending.gave_up == 0
 
@@ -137,7 +137,7 @@ def stored(tmp_path: Path) -> tuple[str, list[bytes]]:
 
 def test_native_handles_answer_the_blocking_lookups(stored: tuple[str, list[bytes]]) -> None:
     url, keys = stored
-    for ask in (keys, keys[:33], keys + [b"ns/f/new"], [b"ns/miss"], []):
+    for ask in (keys, keys[:33], [*keys, b"ns/f/new"], [b"ns/miss"], []):
         want = _native.ObjectTier(url).lookup_chain(ask)
         handle = _native.ObjectTier(url).submit_lookup_chain(ask)
         assert handle.result(30) == want
