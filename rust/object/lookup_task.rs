@@ -1,6 +1,6 @@
 //! Lookups submitted to the tier's runtime instead of run on the caller's thread: the scheduler
 //! asks, gets a `LookupHandle` at once and polls it (`done`) between steps. At most
-//! `LOOKUPS_AT_ONCE` lookups of this process run at a time (the rest wait for a permit on the
+//! `LOOKUPS_AT_ONCE` lookups of one tier run at a time (the rest wait for a permit on the
 //! runtime, not on a thread); each is the blocking call's work exactly (`lookup_chain`), and a
 //! handle dropped before its answer aborts its lookup. `close` fails the queued ones and waits
 //! for the running ones (each request is bounded by the tier's budget).
@@ -17,7 +17,8 @@ use super::ops::Ctx;
 use super::{ObjectTier, Shared};
 use crate::tier::TimedOut;
 
-/// Lookups of one process running at once (the width of the thread pool they replace).
+/// Lookups of one tier running at once, chains and probes alike (the width of the thread pool
+/// they replace).
 pub const LOOKUPS_AT_ONCE: usize = 4;
 /// One-block chains one presence probe asks at once.
 pub const PROBE_WIDTH: usize = 8;
