@@ -53,6 +53,17 @@ class BlockResult:
         """True for "ok" and "deduped"."""
 
 @final
+class LookupHandle:
+    """A lookup running on the object tier's runtime. Dropping the handle before its answer
+    aborts the lookup; `ObjectTier.close` fails the ones not started (`StoreClosedError`) and
+    waits for the running ones."""
+
+    def done(self) -> bool:
+        """The answer is in (never blocks)."""
+    def result(self, timeout: float | None = None) -> int:
+        """Block (GIL released) until answered: a chain lookup's count, or a presence probe's
+        bits; raises TimeoutError after `timeout` seconds, a `FlexKVError` if it failed."""
+
 class BatchHandle:
     """An in-flight batch. The store keeps every buffer alive until the batch completes,
     even if this handle is dropped."""
@@ -346,6 +357,13 @@ class ObjectTier:
         ``1 + log2(n/64 + 1) + 6`` requests in sequence (plus, for a hit that ends inside a
         segment, the manifest that could vouch for it and one round of up to 63 HEADs confirming
         it), 1 for a chain stored before; GIL released."""
+    def submit_lookup_chain(self, keys: Sequence[bytes]) -> LookupHandle:
+        """`lookup_chain(keys)` on the tier's runtime (at most 4 of a tier at once, probes included): returns
+        at once; the handle's `result` is the count. Raises `StoreClosedError` once closed."""
+    def submit_present(self, keys: Sequence[bytes]) -> LookupHandle:
+        """Whether each key is stored as a one-block chain (8 asked at once), on the tier's
+        runtime: returns at once; the handle's `result` has bit i set when
+        `lookup_chain([keys[i]]) == 1`. Raises `StoreClosedError` once closed."""
     def gc(
         self,
         *,

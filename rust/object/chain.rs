@@ -238,19 +238,11 @@ async fn claim_manifest(
 impl ObjectTier {
     /// How many leading blocks of the chain `keys` (root first) are stored, from manifests; a
     /// failed request ends the lookup (what was matched so far is the answer).
+    /// Blocks the caller's thread; `submit_lookup_chain` (`lookup_task`) is the same lookup on
+    /// the runtime.
     pub fn lookup_chain(&self, keys: &[Vec<u8>]) -> Result<usize> {
         let (rt, ctx) = self.client()?;
-        if keys.iter().any(|k| Self::check_key(k).is_some()) {
-            return Ok(0);
-        }
-        let prefix = self.prefix.clone();
-        let found = rt.block_on(async {
-            let found = lookup(&ctx, &prefix, keys).await;
-            self.touch_found(&ctx, &prefix, keys, &found).await;
-            found
-        });
-        self.learn(keys, &found);
-        Ok(found.matched)
+        Ok(rt.block_on(self.shared.lookup_matched(&ctx, keys)))
     }
 
     /// Upload `items` (blocks of `chain`, root first) like `submit_put`, after learning from the
@@ -287,6 +279,18 @@ impl ObjectTier {
 }
 
 impl Shared {
+    /// One chain lookup: the manifests asked, the uses recorded, what was found learnt; its
+    /// count of leading stored blocks (0 for a chain with an invalid key).
+    pub(super) async fn lookup_matched(&self, ctx: &Ctx, keys: &[Vec<u8>]) -> usize {
+        if keys.iter().any(|k| ObjectTier::check_key(k).is_some()) {
+            return 0;
+        }
+        let found = lookup(ctx, &self.prefix, keys).await;
+        self.touch_found(ctx, &self.prefix, keys, &found).await;
+        self.learn(keys, &found);
+        found.matched
+    }
+
     /// Drop local knowledge older than `touch_interval` (another process's GC may have
     /// deleted what it says is stored).
     pub(super) fn age_out(&self) {

@@ -16,6 +16,7 @@ pub mod gc;
 mod gc_plan;
 pub mod gc_schedule;
 mod known;
+pub mod lookup_task;
 pub mod manifest;
 mod ops;
 mod probe;
@@ -161,6 +162,7 @@ impl ObjectTier {
         let ctx = Ctx {
             store,
             permits: Arc::new(Semaphore::new(self.cfg.concurrency)),
+            lookups: Arc::new(Semaphore::new(lookup_task::LOOKUPS_AT_ONCE)),
             stats: self.stats.clone(),
             budget: self.cfg.block_budget(),
             target: self.cfg.target().into(),
@@ -358,22 +360,19 @@ impl ObjectTier {
         out
     }
 
-    /// No more batches; returns once this process's batches in flight have finished (each
-    /// request is bounded by the block budget).
+    /// No more batches; returns once this process's batches and started lookups in flight have
+    /// finished (each request is bounded by the block budget).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let gc = self.gc_task.lock().take();
         if let Some(task) = gc {
             task.stop();
         }
-        let inflight = self
-            .client
-            .lock()
-            .as_ref()
-            .filter(|c| c.pid == std::process::id())
-            .map(|c| c.ctx.inflight.clone());
-        if let Some(inflight) = inflight {
-            inflight.wait_idle();
+        let ctx = self.client.lock().as_ref().filter(|c| c.pid == std::process::id()).map(|c| c.ctx.clone());
+        if let Some(ctx) = ctx {
+            // Lookups still waiting for a permit answer `Closed` instead of starting.
+            ctx.lookups.close();
+            ctx.inflight.wait_idle();
         }
     }
 
@@ -391,3 +390,5 @@ fn finish(results: Vec<Option<BlockResult>>) -> Vec<BlockResult> {
 
 #[cfg(test)]
 mod chain_tests;
+#[cfg(test)]
+mod lookup_task_tests;

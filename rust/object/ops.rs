@@ -22,6 +22,8 @@ use crate::tier::{BlockResult, RawBuf, Status};
 pub struct Ctx {
     pub store: Arc<dyn ObjectStore>,
     pub permits: Arc<Semaphore>,
+    /// Lookups submitted to the runtime that may run at once (`lookup_task`); closed by `close`.
+    pub lookups: Arc<Semaphore>,
     pub stats: Arc<ObjectStats>,
     pub budget: Duration,
     /// Where requests go, for messages (no credentials).

@@ -7,6 +7,7 @@ mod block_set_args;
 mod buffers;
 mod errors;
 mod log_bridge;
+mod lookup_handle;
 mod names;
 mod object_tier;
 mod pool;
@@ -26,6 +27,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyBlockStore>()?;
     m.add_class::<batch::PyBatchHandle>()?;
     m.add_class::<batch::PyBlockResult>()?;
+    m.add_class::<lookup_handle::PyLookupHandle>()?;
     m.add_class::<pool::PyHostPool>()?;
     m.add_class::<block_set::PyBlockSet>()?;
     object_tier::register(m)?;

@@ -10,6 +10,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::batch::PyBatchHandle;
 use super::buffers::extract_items;
 use super::errors::to_py;
+use super::lookup_handle::PyLookupHandle;
 use super::stats::stats_dict;
 use crate::compression::Compression;
 use crate::object::gc::GcOptions;
@@ -140,6 +141,22 @@ impl PyObjectTier {
     fn lookup_chain(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<usize> {
         let tier = self.tier.clone();
         py.detach(move || tier.lookup_chain(&keys)).map_err(to_py)
+    }
+
+    /// `lookup_chain(keys)` on the tier's runtime: returns at once; the handle's `result` is
+    /// the count.
+    fn submit_lookup_chain(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<PyLookupHandle> {
+        let tier = self.tier.clone();
+        let handle = py.detach(move || tier.submit_lookup_chain(keys)).map_err(to_py)?;
+        Ok(PyLookupHandle::new(handle))
+    }
+
+    /// Whether each key is stored as a one-block chain, on the tier's runtime: returns at
+    /// once; the handle's `result` has bit i set when `lookup_chain([keys[i]]) == 1`.
+    fn submit_present(&self, py: Python<'_>, keys: Vec<Vec<u8>>) -> PyResult<PyLookupHandle> {
+        let tier = self.tier.clone();
+        let handle = py.detach(move || tier.submit_present(keys)).map_err(to_py)?;
+        Ok(PyLookupHandle::new(handle))
     }
 
     /// One collection pass; returns its counts.

@@ -12,12 +12,14 @@ each group's blocks look like in the bucket (hybrid_plan.HybridPlan.store):
 - a sliding-window block or a Mamba state block is a chain of one (its own one-key manifest):
   one `lookup_chain([key])` says whether it is stored and records the use GC goes by.
 
-A request's lookup runs in rounds on small pools (tiers/object/lookups.py PendingLookups):
+A request's lookup runs in rounds, each a handle on the object tier's runtime
+(tiers/object/lookups.py PendingLookups; no thread of its own):
 1. every full-attention group's chain; what it finds is marked present on `Tier.OBJECT` in the
    index (a hint: a load that finds one gone recomputes it), so `readable_hashes` sees it and
    the usual load planning stages those blocks object -> host -> GPU;
 2. the hit is computed optimistically (a sliding-window or state block the bucket was not asked
-   about counts as there); the blocks that hit needs and nobody asked about yet are asked
+   about counts as there); the blocks that hit needs and nobody asked about yet are asked, as
+   one presence probe (`submit_present`: each a one-block chain, a few at once)
    (once a state was missing, also the states of the few boundaries before it, so a missing
    state costs one more round, not one per boundary). Repeat until nothing is left to ask, at
    most `MAX_ROUNDS` times. A dense model never gets here: it has no such blocks.
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 
 MAX_ROUNDS = 4  # rounds of single-block questions per request lookup
 STATE_CANDIDATES = 8  # boundaries asked per state group once a state was missing
-PROBE_WIDTH = 8  # single-block lookups at once
 
 
 class GroupShape(Protocol):
@@ -156,9 +156,9 @@ class RemoteHits:
         self._mgr = manager
         self._shape = shape
         self._max_wait_s = max_wait_s
-        self._chains = PendingLookups(tier.lookup_chain, max_wait_s)
-        self._probes = PendingLookups(self._present_bits, max_wait_s)
-        self._probe_pool: ThreadPoolExecutor | None = None  # started by the first probe
+        self._chains = PendingLookups(tier.submit_lookup_chain, max_wait_s)
+        # Bit i of a probe's answer: its i-th one-block chain is stored.
+        self._probes = PendingLookups(tier.submit_present, max_wait_s)
         self._asks: dict[Hashable, _Ask] = {}
         self._gid = {g.namespace.prefix: g.group_id for g in shape.groups}
         self._full = [g for g in shape.groups if g.kind == "full"]
@@ -177,14 +177,6 @@ class RemoteHits:
         if tier is None:
             return None
         return cls(tier, manager, shape, config.object_store_lookup_wait_s)
-
-    # ------------------------------------------------------------------ the bucket's side
-    def _present_bits(self, keys: Sequence[bytes]) -> int:
-        """Bit i set: the one-block chain keys[i] is stored (a failed lookup: not set)."""
-        if self._probe_pool is None:
-            self._probe_pool = ThreadPoolExecutor(PROBE_WIDTH, thread_name_prefix="flexkv-probe")
-        found = self._probe_pool.map(lambda k: self._tier.lookup_chain([k]) == 1, keys)
-        return sum(1 << i for i, hit in enumerate(found) if hit)
 
     # ------------------------------------------------------------------ the scheduler's side
     def hit(self, request: Any, variant: bytes, first: int, hit: int) -> int | None:
@@ -358,6 +350,4 @@ class RemoteHits:
     def close(self) -> None:
         self._chains.close()
         self._probes.close()
-        if self._probe_pool is not None:
-            self._probe_pool.shutdown(wait=True, cancel_futures=True)
         self._tier.close()

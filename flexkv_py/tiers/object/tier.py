@@ -194,6 +194,17 @@ class ObjectTier:
         sk = self.namespace.storage_key
         return self.native.lookup_chain([sk(k) for k in keys])
 
+    def submit_lookup_chain(self, keys: Sequence[bytes]) -> _native.LookupHandle:
+        """`lookup_chain` on the tier's runtime: returns at once; the handle answers the count."""
+        sk = self.namespace.storage_key
+        return self.native.submit_lookup_chain([sk(k) for k in keys])
+
+    def submit_present(self, keys: Sequence[bytes]) -> _native.LookupHandle:
+        """Whether each key is stored as a one-block chain, on the tier's runtime: the handle
+        answers bits, bit i set when `lookup_chain([keys[i]]) == 1`."""
+        sk = self.namespace.storage_key
+        return self.native.submit_present([sk(k) for k in keys])
+
     def contains(self, key: bytes) -> bool:
         return self.native.contains_many([self.namespace.storage_key(key)])[0]
 
