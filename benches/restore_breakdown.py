@@ -210,6 +210,30 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
                 engine_mod.pipeline_parts = sized(32, 64, 64, 64, 32)
                 timed_load("notaper_parts_32_last32")
             h2d_path._tail = real_tail
+            # Taper the load's last part only (its copies are issued inside submit, here=True).
+            real_submit = eng.executor.submit
+
+            def submit_last_tapers(job: Any, **kw: Any) -> Any:
+                ks = getattr(job, "keys", ())
+                last = bool(ks) and ks[-1] == keys[-1]
+                h2d_path._tail = real_tail if last else h2d_path._chunk
+                try:
+                    return real_submit(job, **kw)
+                finally:
+                    h2d_path._tail = real_tail
+
+            eng.executor.submit = submit_last_tapers  # type: ignore[method-assign]
+            engine_mod.pipeline_parts = real_parts
+            timed_load("lasttaper")
+            for tag, sizes in (
+                ("lasttaper_parts_32_last32", (32, 64, 64, 64, 32)),
+                ("lasttaper_parts_32_last16", (32, 64, 64, 64, 16, 16)),
+                ("lasttaper_parts_16_32_last16", (16, 32, 64, 64, 48, 16, 16)),
+            ):
+                if sum(sizes) == n:
+                    engine_mod.pipeline_parts = sized(*sizes)
+                    timed_load(tag)
+            eng.executor.submit = real_submit  # type: ignore[method-assign]
         engine_mod.pipeline_parts = real_parts
         from flexkv_py.transfer import staged_path
 
