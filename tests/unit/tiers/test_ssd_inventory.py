@@ -204,6 +204,22 @@ def test_a_worker_without_ssd_takes_everything_adopted_before_away(tmp_path: Pat
     assert mgr.index.counts()["on_ssd"] == 0
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_what_was_adopted_before_settles_the_same_packed_or_not(mixed: bool) -> None:
+    """Keys of one length are kept joined (no object per block until the settle); keys of
+    mixed lengths as their list. Either way the settle answers (new, gone), in order, once."""
+    keys = [bytes([i]) * (40 + (i % 2 if mixed else 0)) for i in range(6)]
+    same = AdoptedBefore(keys)
+    assert len(same) == 6 and same.settle(tuple(keys)) == ([], []) and len(same) == 0
+    assert same.settle(tuple(keys)) == (list(keys), [])  # forgotten after the first settle
+    reported = [keys[0], keys[2], keys[3], keys[5], b"\xff" * 40]
+    before = AdoptedBefore(keys)
+    assert before.settle(reported) == ([b"\xff" * 40], [keys[1], keys[4]])
+    # Same count and same joined bytes, split differently: not the same keys.
+    tricky = AdoptedBefore([b"ab", b"cd"])
+    assert tricky.settle([b"a", b"bcd"]) == ([b"a", b"bcd"], [b"ab", b"cd"])
+
+
 # ---------------------------------------------------------------- the read's thread
 def test_the_first_wait_returns_once_the_read_is_adopted() -> None:
     release = threading.Event()
