@@ -164,6 +164,12 @@ class BlockStore:
     def clear(self) -> int:
         """Delete every key; returns how many were removed."""
     def keys(self) -> list[bytes]: ...
+    def keys_joined(
+        self, heads: Sequence[bytes], cut: int, min_len: int
+    ) -> tuple[bytes, int] | None:
+        """`keys()` of the keys that start with one of `heads` and are at least `min_len` bytes
+        long, `cut` bytes cut from each, joined: (bytes, their common width, 0 when none);
+        None when their widths differ. No object per key (a restart lists millions)."""
     def follow(self) -> tuple[list[bytes], list[bytes]] | None:
         """A read-only view: (keys that appeared, keys that vanished) in the writer's journal
         since the last call or the open; None when it cannot be followed (replaced by a
@@ -214,6 +220,9 @@ class BlockSet:
         """`add` of a full key (head + hash): the same digest."""
     def add_keys(self, keys: Sequence[bytes]) -> int:
         """How many were newly added."""
+    def add_joined(self, joined: bytes, width: int) -> int:
+        """`add_keys` of keys joined into one buffer, each `width` bytes (ValueError when
+        `joined` is not whole keys); how many were newly added."""
     def add_digests(self, digests: Sequence[bytes]) -> int:
         """`add_keys` for digests already made (`digest`, `pop_lru`); each is 8 bytes."""
     def discard(self, head: bytes, hash: bytes) -> bool: ...

@@ -23,46 +23,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flexkv_py.index.joined_keys import JoinedKeys
+
 
 class AdoptedBefore:
     def __init__(self, keys: Sequence[bytes]) -> None:
         self._n = len(keys)
-        self._width = len(keys[0]) if keys else 0
-        self._joined: bytes | None = None
-        self._keys: list[bytes] = []
-        if keys and _one_width(keys, self._width):
-            self._joined = b"".join(keys)
-        else:
-            self._keys = list(keys)
+        self._joined = keys if isinstance(keys, JoinedKeys) else JoinedKeys.of(keys)
+        self._keys: list[bytes] = [] if self._joined is not None else list(keys)
 
     def __len__(self) -> int:
         return self._n
 
-    def _take(self) -> tuple[bytes | None, list[bytes]]:
-        joined, keys = self._joined, self._keys
-        self._joined, self._keys, self._n = None, [], 0
-        return joined, keys
-
     def settle(self, reported: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
         """(keys `reported` and not adopted before, keys adopted before and not `reported`);
         once: it forgets what it held."""
-        n, width = self._n, self._width
-        joined, before = self._take()
-        if len(reported) == n:
-            if joined is not None:
-                if _one_width(reported, width) and b"".join(reported) == joined:
-                    return [], []
-            elif before == list(reported):
-                return [], []
+        joined, before = self._joined, self._keys
+        self._joined, self._keys, self._n = None, [], 0
         if joined is not None:
-            before = [joined[i : i + width] for i in range(0, len(joined), width)]
+            if len(reported) == len(joined) and _joined_as(reported, joined.width) == joined:
+                return [], []
+            before = list(joined)
             del joined
+        elif before == list(reported):
+            return [], []
         known = set(before)
         new = [k for k in reported if k not in known]
         kept = set(reported)
         return new, [k for k in before if k not in kept]
 
 
-def _one_width(keys: Sequence[bytes], width: int) -> bool:
-    """Every key is `width` bytes long (then joined keys split back unambiguously)."""
-    return set(map(len, keys)) == {width}
+def _joined_as(keys: Sequence[bytes], width: int) -> JoinedKeys | None:
+    """`keys` joined if they are all `width` bytes long (a report may come joined already)."""
+    if isinstance(keys, JoinedKeys):
+        return keys if keys.width == width else None
+    joined = JoinedKeys.of(keys)
+    return joined if joined is not None and joined.width == width else None

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from flexkv_py._native import BlockSet
 from flexkv_py.index.entry import TIER_BIT
 from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.joined_keys import JoinedKeys
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 # The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
@@ -222,6 +223,17 @@ class ColdBlocks:
             s.add_keys(group)
             changed.extend(k for k, was in zip(group, before, strict=True) if not was)
         return changed
+
+    def add_joined(self, keys: JoinedKeys, tier: Tier) -> Sequence[bytes]:
+        """`add_on` of joined keys (a restart's listing): into an empty set in one call from
+        the buffer, no object per key; returns those newly on `tier` (all of them then)."""
+        s = self._by_tier[tier]
+        if len(s):
+            return self.add_on(list(keys), tier)
+        self._mark_live(s)
+        if s.add_joined(keys.joined, keys.width) != len(keys):
+            return list(dict.fromkeys(keys))  # duplicates given (all new all the same)
+        return keys
 
     def _add_to_empty(self, s: BlockSet, keys: list[bytes]) -> list[bytes]:
         """`add_on` to an empty set (a restart's adoption): every distinct key is new, so one

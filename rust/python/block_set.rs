@@ -127,6 +127,32 @@ impl PyBlockSet {
         Ok(added)
     }
 
+    /// `add_keys` of keys joined into one buffer, each `width` bytes (`BlockStore.keys_joined`):
+    /// no object per key. How many were newly added.
+    fn add_joined(&self, py: Python<'_>, joined: &[u8], width: usize) -> PyResult<usize> {
+        if width == 0 || joined.len() % width != 0 {
+            return Err(PyValueError::new_err(format!(
+                "joined keys of {} bytes are not whole keys of width {width}",
+                joined.len()
+            )));
+        }
+        let n = joined.len() / width;
+        if n >= DETACH_MIN {
+            self.locked_for(py, n, |s| s.is_empty() && s.reserve(n).is_ok());
+        }
+        let mut added = 0;
+        for chunk in joined.chunks(CHUNK * width) {
+            added += self
+                .locked_for(py, chunk.len() / width, |s| {
+                    chunk
+                        .chunks_exact(width)
+                        .try_fold(0, |n, k| Ok::<_, SetError>(n + s.insert(digest(k, b""))? as usize))
+                })
+                .map_err(set_error)?;
+        }
+        Ok(added)
+    }
+
     /// `add_keys` for digests already made (`digest`, `pop_lru`): each must be 8 bytes.
     fn add_digests(&self, py: Python<'_>, digests: &Bound<'_, PyAny>) -> PyResult<usize> {
         self.add_all(py, Self::read_digests(digests)?)

@@ -206,6 +206,40 @@ impl BlockStore {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k).collect()
     }
 
+    /// The stored keys that start with one of `heads` and are at least `min_len` bytes long,
+    /// their first `cut` bytes cut, oldest write first, joined into one buffer, with their
+    /// common width (0 when none). None when they are not all of one width (then `keys`).
+    /// A restart's listing of millions of keys without an object per key.
+    pub fn keys_joined(&self, heads: &[Vec<u8>], cut: usize, min_len: usize) -> Option<(Vec<u8>, usize)> {
+        let state = self.shared.state.lock();
+        let n = state.index.len();
+        let mut out: Vec<u8> = Vec::new();
+        let mut width: Option<usize> = None;
+        let mut mixed = false;
+        state.index.for_each_in_order(|key, _, _, _| {
+            if mixed || key.len() < min_len.max(cut) || !heads.iter().any(|h| key.starts_with(h)) {
+                return;
+            }
+            let k = &key[cut..];
+            match width {
+                None => {
+                    width = Some(k.len());
+                    out.reserve_exact(k.len() * n);
+                }
+                Some(w) if w != k.len() => {
+                    mixed = true;
+                    return;
+                }
+                Some(_) => {}
+            }
+            out.extend_from_slice(k);
+        });
+        if mixed {
+            return None;
+        }
+        Some((out, width.unwrap_or(0)))
+    }
+
     /// Bytes the in-memory index holds (keys, contents), for benches.
     pub fn index_nbytes(&self) -> usize {
         self.shared.state.lock().index.nbytes()
