@@ -1,0 +1,86 @@
+"""A restart's listing without an object per block: keys joined in one buffer (JoinedKeys), listed
+so by the store (`BlockStore.keys_joined`) and adopted so by the cold sets
+(`BlockSet.add_joined`), with the same answers as the keys one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers.coordinator_util import PAGE_BYTES, _keys, _ns
+from helpers.store_util import block
+
+from flexkv_py._native import BlockSet, BlockStore
+from flexkv_py.config import load_config
+from flexkv_py.coordinator import CacheManager
+from flexkv_py.coordinator.adopted_before import AdoptedBefore
+from flexkv_py.index import Tier
+from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
+from flexkv_py.tiers.ssd.tier import SsdTier
+
+
+def test_joined_keys_read_as_the_keys_they_join() -> None:
+    keys = [bytes([i]) * 5 for i in range(4)]
+    joined = JoinedKeys.of(keys)
+    assert joined is not None and joined.width == 5 and len(joined) == 4
+    assert list(joined) == keys and joined == keys and joined[-1] == keys[3]
+    assert joined[1:3] == keys[1:3] and joined != keys[:3] and joined != [*keys[:3], b"x" * 5]
+    with pytest.raises(IndexError):
+        joined[4]
+    assert JoinedKeys.of([b"ab", b"c"]) is None and JoinedKeys.of([]) is None
+    with pytest.raises(ValueError, match="whole keys"):
+        JoinedKeys(b"abc", 2)
+
+
+def test_a_set_adopts_joined_keys_as_it_adopts_them_one_by_one() -> None:
+    keys = [bytes([i % 251, i // 251]) * 30 for i in range(1000)]
+    one, joined = BlockSet(chains=True), BlockSet(chains=True)
+    assert one.add_keys(keys) == joined.add_joined(b"".join(keys), 60) == 1000
+    assert sorted(one.digests()) == sorted(joined.digests())
+    assert joined.add_joined(b"".join(keys[:10]), 60) == 0  # present already
+    assert keys[7] in joined and b"z" * 60 not in joined
+    with pytest.raises(ValueError, match="width"):
+        joined.add_joined(b"x" * 61, 60)
+    with pytest.raises(ValueError, match="width"):
+        joined.add_joined(b"", 0)
+
+
+def test_the_store_lists_the_keys_of_its_heads_joined_tag_cut(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    with BlockStore(str(tmp_path / "s"), 1 << 24, preallocate=False) as store:
+        wanted = [b"TAGhead" + bytes([i]) * 8 for i in range(5)]
+        other = [b"TAGelse" + bytes([i]) * 8 for i in range(2)] + [b"TAGhead"]
+        for k in [wanted[0], other[0], *wanted[1:], *other[1:]]:
+            assert store.put(k, block(k, 4096)).ok
+        got = store.keys_joined([b"TAGhead"], 3, 9)
+        assert got is not None
+        joined, width = got
+        assert width == 12 and JoinedKeys(joined, width) == [k[3:] for k in wanted]
+        assert store.keys_joined([b"none"], 3, 9) == (b"", 0)
+        assert store.put(b"TAGhead" + b"longer" * 3, block(b"x", 4096)).ok
+        assert store.keys_joined([b"TAGhead"], 3, 9) is None  # widths differ: keys() then
+
+
+def test_the_read_of_a_shard_comes_joined_and_is_adopted_and_settled(tmp_path: Path) -> None:
+    d = tmp_path / "ssd"
+    d.mkdir()
+    config = load_config(
+        {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.02, "ssd_cache_dir": str(d)}, env={}
+    )
+    ns = _ns()
+    keys = _keys(ns, 40)
+    rank = ns.for_rank(0, 0)
+    tier = SsdTier(config, rank)
+    assert all(r.ok for r in tier.submit_put([(k, block(k, PAGE_BYTES)) for k in keys]).wait(30))
+    tier.close()
+    inv = read_ssd_inventory(config, ns)
+    assert inv is not None and isinstance(inv.keys, JoinedKeys) and inv.keys == keys
+    mgr = CacheManager(config, ns, PAGE_BYTES, num_host_slots=4)
+    assert mgr.adopt_ssd_keys([inv.keys], checked=True) == 40
+    assert mgr.index.readable_prefix(keys) == 40
+    before = AdoptedBefore(inv.keys)
+    # The reports list all but the last, and one new block: the settle's difference.
+    new = _keys(ns, 41)[40]
+    assert mgr.adopt_ssd_keys([[*keys[:-1], new]], before=before) == 1
+    assert [mgr.index.readable_on(k, Tier.SSD) for k in (keys[-1], new)] == [0, 1]
