@@ -170,6 +170,11 @@ class BlockStore:
         """`keys()` of the keys that start with one of `heads` and are at least `min_len` bytes
         long, `cut` bytes cut from each, joined: (bytes, their common width, 0 when none);
         None when their widths differ. No object per key (a restart lists millions)."""
+    def inventory_joined(
+        self, heads: Sequence[bytes], cut: int, min_len: int
+    ) -> tuple[bytes, bytes, bytes, int] | None:
+        """`keys_joined` with the chain links among the keys listed: (keys, children, parents,
+        width), `children[i]` extending `parents[i]`, all joined; None when widths differ."""
     def follow(self) -> tuple[list[bytes], list[bytes]] | None:
         """A read-only view: (keys that appeared, keys that vanished) in the writer's journal
         since the last call or the open; None when it cannot be followed (replaced by a
@@ -270,6 +275,9 @@ class BlockSet:
         drop; one here loses the child itself)."""
     def kids_of(self, key: bytes) -> int | None: ...
     def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
+    def link_joined(self, children: bytes, parents: bytes, width: int) -> int:
+        """`link_keys` of `width`-byte keys joined into buffers (ValueError when they are not
+        the same whole keys); how many links were made."""
     @staticmethod
     def find_records(
         head: bytes, hashes: bytes, hash_len: int, digests: Sequence[bytes]

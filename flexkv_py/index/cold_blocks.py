@@ -185,6 +185,12 @@ class ColdBlocks:
         """Chain links between cold blocks of the chain tier (a restart's adoption)."""
         return self._chains.link_keys(children, parents)
 
+    def link_joined(self, children: JoinedKeys, parents: JoinedKeys) -> int:
+        """`link` from joined buffers (a restart's report): no object per link."""
+        if not children:
+            return 0
+        return self._chains.link_joined(children.joined, parents.joined, children.width)
+
     def evict(self, n: int) -> tuple[int, list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
         (a parent whose last cold child went is a tail at once). Their fingerprints wait for

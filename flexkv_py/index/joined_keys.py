@@ -14,12 +14,18 @@ shards to intersect, a settle that differs) gets them, split as it goes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
 
 class JoinedKeys(Sequence[bytes]):
     __slots__ = ("joined", "width")
+
+    def __getstate__(self) -> tuple[bytes, int]:
+        return self.joined, self.width
+
+    def __setstate__(self, state: tuple[bytes, int]) -> None:
+        self.joined, self.width = state
 
     def __init__(self, joined: bytes, width: int) -> None:
         if width <= 0 and joined:
@@ -74,3 +80,46 @@ class JoinedKeys(Sequence[bytes]):
 
     def __repr__(self) -> str:
         return f"JoinedKeys({len(self)} keys of {self.width} bytes)"
+
+
+class JoinedLinks(Mapping[bytes, bytes]):
+    """Chain links joined: `children[i]` extends `parents[i]` (a restart's report of a store's
+    chains, `BlockStore.inventory_joined`), adopted straight from the buffers
+    (`BlockSet.link_joined`). A `Mapping` child -> parent for code that needs them one by one
+    (a dict of them is built then)."""
+
+    __slots__ = ("_by_child", "children", "parents")
+
+    def __init__(self, children: JoinedKeys, parents: JoinedKeys) -> None:
+        if len(children) != len(parents) or (children and children.width != parents.width):
+            raise ValueError("joined links need as many parents as children, of one width")
+        self.children = children
+        self.parents = parents
+        self._by_child: dict[bytes, bytes] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.children)
+
+    def __getstate__(self) -> tuple[JoinedKeys, JoinedKeys]:
+        return self.children, self.parents
+
+    def __setstate__(self, state: tuple[JoinedKeys, JoinedKeys]) -> None:
+        self.children, self.parents = state
+        self._by_child = None
+
+    def _dict(self) -> dict[bytes, bytes]:
+        if self._by_child is None:
+            self._by_child = dict(zip(self.children, self.parents, strict=True))
+        return self._by_child
+
+    def __getitem__(self, child: bytes) -> bytes:
+        return self._dict()[child]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict()) if self._by_child is not None else len(self.children)
+
+    def __repr__(self) -> str:
+        return f"JoinedLinks({len(self.children)} links)"

@@ -403,6 +403,28 @@ impl PyBlockSet {
         Ok(linked)
     }
 
+    /// `link_keys` of keys joined into buffers of `width`-byte keys (`BlockStore.
+    /// inventory_joined`): `children[i]` extends `parents[i]`. No object per link.
+    fn link_joined(&self, py: Python<'_>, children: &[u8], parents: &[u8], width: usize) -> PyResult<usize> {
+        if width == 0 || children.len() % width != 0 || children.len() != parents.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes of children and {} of parents are not the same whole keys of width {width}",
+                children.len(),
+                parents.len()
+            )));
+        }
+        let mut linked = 0;
+        for (kids, ups) in children.chunks(CHUNK * width).zip(parents.chunks(CHUNK * width)) {
+            linked += self.locked_for(py, kids.len() / width, |s| {
+                kids.chunks_exact(width)
+                    .zip(ups.chunks_exact(width))
+                    .filter(|(c, p)| s.link(&digest(c, b""), &digest(p, b"")))
+                    .count()
+            });
+        }
+        Ok(linked)
+    }
+
     /// Positions of the records of `hashes` (a bytes-like of `hash_len`-byte hashes) whose
     /// digest under `head` is one of `digests`: full keys for digests the set evicted.
     #[staticmethod]
