@@ -4,6 +4,7 @@ so by the store (`BlockStore.keys_joined`) and adopted so by the cold sets
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from flexkv_py.config import load_config
 from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.index import Tier
-from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
 from flexkv_py.tiers.ssd.tier import SsdTier
 
@@ -84,3 +85,45 @@ def test_the_read_of_a_shard_comes_joined_and_is_adopted_and_settled(tmp_path: P
     new = _keys(ns, 41)[40]
     assert mgr.adopt_ssd_keys([[*keys[:-1], new]], before=before) == 1
     assert [mgr.index.readable_on(k, Tier.SSD) for k in (keys[-1], new)] == [0, 1]
+
+
+def test_the_restart_report_comes_joined_and_says_what_inventory_says(tmp_path: Path) -> None:
+    """SsdTier.restart_report (what worker (0, 0) sends): the keys and child -> parent links of
+    `inventory()`, as joined buffers; pickled as the worker metadata is; linked from the
+    buffers into a fresh index, with the links the dict would make."""
+    d = tmp_path / "ssd"
+    d.mkdir()
+    config = load_config(
+        {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.02, "ssd_cache_dir": str(d)}, env={}
+    )
+    ns = _ns()
+    keys = _keys(ns, 12)
+    tier = SsdTier(config, ns.for_rank(0, 0))
+    parents = [keys[i - 1] if i % 4 else None for i in range(12)]  # chains of 4
+    items = [(k, block(k, PAGE_BYTES)) for k in keys]
+    assert all(r.ok for r in tier.submit_put(items, parents=parents).wait(30))
+    got_keys, links = tier.restart_report()
+    expected = tier.inventory()
+    tier.close()
+    assert isinstance(got_keys, JoinedKeys) and isinstance(links, JoinedLinks)
+    assert got_keys == [k for k, _ in expected] == keys
+    assert dict(links.items()) == {k: p for k, p in expected if p is not None} and len(links) == 9
+    sent_keys, sent_links = pickle.loads(pickle.dumps((got_keys, links)))
+    assert sent_keys == keys and isinstance(sent_links, JoinedLinks)
+    assert dict(sent_links.items()) == dict(links.items())
+    joined, by_dict = (CacheManager(config, ns, PAGE_BYTES, num_host_slots=4) for _ in range(2))
+    assert joined.adopt_ssd_keys([sent_keys], parents=sent_links) == 12
+    assert by_dict.adopt_ssd_keys([keys], parents=dict(links.items())) == 12
+    for mgr in (joined, by_dict):
+        assert [mgr.index.kids(k) for k in keys[:4]] == [1, 1, 1, 0]
+
+
+def test_joined_links_refuse_children_without_parents() -> None:
+    with pytest.raises(ValueError, match="as many parents"):
+        JoinedLinks(JoinedKeys(b"ab" * 3, 2), JoinedKeys(b"ab" * 2, 2))
+    s = BlockSet(chains=True)
+    with pytest.raises(ValueError, match="whole keys"):
+        s.link_joined(b"a" * 4, b"b" * 2, 2)
+    assert s.add_joined(b"".join([b"p" * 30, b"c" * 30]), 30) == 2
+    assert s.link_joined(b"c" * 30, b"p" * 30, 30) == 1 and s.kids_of(b"p" * 30) == 1
+    assert s.link_joined(b"c" * 30, b"p" * 30, 30) == 0  # linked already
