@@ -21,13 +21,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
-from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.process_memory import return_freed_memory
 
@@ -43,7 +43,8 @@ class SsdInventory:
     # Logical keys every shard holds, oldest first (rank (0, 0)'s order): joined (no object
     # per block) when they have one width, as a namespace's keys do.
     keys: Sequence[bytes]
-    parents: dict[bytes, bytes] = field(default_factory=dict)  # key -> chain parent's key
+    # Key -> its chain parent's key (joined links, as the keys, when those are joined).
+    parents: Mapping[bytes, bytes] = field(default_factory=dict)
     shards: int = 0
     seconds: float = 0.0
 
@@ -78,6 +79,24 @@ def _logical_joined(ns: Namespace, store: _native.BlockStore) -> Sequence[bytes]
         return _logical(ns, store.keys())
     joined, width = got
     return JoinedKeys(joined, width) if joined else []
+
+
+def _inventory_joined(
+    ns: Namespace, store: _native.BlockStore
+) -> tuple[Sequence[bytes], Mapping[bytes, bytes]]:
+    """`_logical_joined` with the chain links between blocks of this namespace (`_parents`)."""
+    tag = ns.shard_tag
+    heads = [tag + p for p in ns.prefixes]
+    got = store.inventory_joined(heads, len(tag), len(tag) + MIN_KEY_LEN)
+    if got is None:
+        inventory = store.inventory()
+        return _logical(ns, [k for k, _ in inventory]), _parents(ns, inventory)
+    keys, children, parents, width = got
+    if not keys:
+        return [], {}
+    return JoinedKeys(keys, width), JoinedLinks(
+        JoinedKeys(children, width), JoinedKeys(parents, width)
+    )
 
 
 def _open(dirs: list[str], io_engine: str) -> _native.BlockStore | None:
@@ -125,7 +144,7 @@ def read_ssd_inventory(
     started = time.perf_counter()
     shards = shard_dirs(config, namespace)
     keys: Sequence[bytes] = []
-    parents: dict[bytes, bytes] = {}
+    parents: Mapping[bytes, bytes] = {}
     try:
         opened = _open_all(shards, config.ssd_io_engine)
         try:
@@ -134,9 +153,7 @@ def read_ssd_inventory(
                 return SsdInventory([], {}, len(shards), time.perf_counter() - started)
             first, ns0 = stores[0], shards[0][0]
             if parents_over is not None and len(first) > parents_over:
-                inventory = first.inventory()
-                keys = _logical(ns0, [k for k, _ in inventory])
-                parents = _parents(ns0, inventory)
+                keys, parents = _inventory_joined(ns0, first)
             else:
                 keys = _logical_joined(ns0, first)
             for (ns, _), store in zip(shards[1:], stores[1:], strict=True):

@@ -20,6 +20,7 @@ from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.index import Namespace, Tier
 from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.integration.vllm.restart_read import RestartRead
 from flexkv_py.tiers.ssd import inventory as ssd_inventory
 from flexkv_py.tiers.ssd.inventory import read_ssd_inventory, shard_dirs
@@ -85,6 +86,8 @@ def test_chain_links_are_read_when_the_index_must_evict_at_adoption(tmp_path: Pa
     for parents_over, expected in [(None, {}), (8, {}), (7, links)]:  # 8 blocks in the shard
         inv = read_ssd_inventory(config, ns, parents_over)
         assert inv is not None and inv.keys == keys and inv.parents == expected
+        assert isinstance(inv.keys, JoinedKeys)  # one width: no object per block
+        assert isinstance(inv.parents, JoinedLinks) == bool(expected)
 
 
 def test_replicated_kv_reads_tp_rank_0s_shard_once(tmp_path: Path) -> None:
