@@ -17,6 +17,8 @@ from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.index import Tier
 from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
+from flexkv_py.integration.vllm.metadata import FlexKVWorkerMetadata
+from flexkv_py.integration.vllm.restart_inventory import RestartInventory
 from flexkv_py.tiers.ssd.inventory import read_ssd_inventory
 from flexkv_py.tiers.ssd.tier import SsdTier
 
@@ -127,3 +129,36 @@ def test_joined_links_refuse_children_without_parents() -> None:
     assert s.add_joined(b"".join([b"p" * 30, b"c" * 30]), 30) == 2
     assert s.link_joined(b"c" * 30, b"p" * 30, 30) == 1 and s.kids_of(b"p" * 30) == 1
     assert s.link_joined(b"c" * 30, b"p" * 30, 30) == 0  # linked already
+
+
+def test_a_joined_report_travels_the_metadata_and_settles_a_joined_read(tmp_path: Path) -> None:
+    """The scheduler's read adopted the shard (joined); worker (0, 0)'s joined report, merged
+    with another worker's empty metadata as vLLM aggregates them, settles it: nothing new,
+    nothing gone, the chains linked from the buffers."""
+    d = tmp_path / "ssd"
+    d.mkdir()
+    config = load_config(
+        {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.02, "ssd_cache_dir": str(d)}, env={}
+    )
+    ns = _ns()
+    keys = _keys(ns, 8)
+    tier = SsdTier(config, ns.for_rank(0, 0))
+    parents = [keys[i - 1] if i else None for i in range(8)]
+    items = [(k, block(k, PAGE_BYTES)) for k in keys]
+    assert all(r.ok for r in tier.submit_put(items, parents=parents).wait(30))
+    report_keys, links = tier.restart_report()
+    tier.close()
+    mgr = CacheManager(config, ns, PAGE_BYTES, num_host_slots=4)
+    inv = RestartInventory(1, enabled=True)
+    inv.adopt_read(mgr, read_ssd_inventory(config, ns))
+    assert inv.adopted_early == 8 and mgr.index.kids(keys[0]) == 0  # read without links
+    mgr.take_events()
+    meta = FlexKVWorkerMetadata(inventories={(0, 0): report_keys}, inventory_parents=links)
+    merged = meta.aggregate(FlexKVWorkerMetadata()).aggregate(FlexKVWorkerMetadata())
+    assert isinstance(merged, FlexKVWorkerMetadata)
+    assert merged.inventory_parents is links and merged.inventories[(0, 0)] is report_keys
+    sent = pickle.loads(pickle.dumps(merged))
+    inv.adopt_reports(mgr, sent)
+    assert inv.ready and mgr.stats()["ssd_adopted_blocks"] == 8
+    assert mgr.stats()["ssd_forgotten_blocks"] == 0 and mgr.take_events() == []
+    assert [mgr.index.kids(k) for k in keys] == [1] * 7 + [0]
