@@ -416,7 +416,7 @@ class CacheManager:
             # Joined keys (a restart's own read) stay joined: no object per block.
             owned: list[Sequence[bytes]] = [
                 ks
-                if checked and isinstance(ks, JoinedKeys)
+                if isinstance(ks, JoinedKeys) and (checked or self.namespace.owns_all(ks))
                 else list(ks)
                 if checked
                 else [k for k in ks if owns(k)]

@@ -162,3 +162,19 @@ def test_a_joined_report_travels_the_metadata_and_settles_a_joined_read(tmp_path
     assert inv.ready and mgr.stats()["ssd_adopted_blocks"] == 8
     assert mgr.stats()["ssd_forgotten_blocks"] == 0 and mgr.take_events() == []
     assert [mgr.index.kids(k) for k in keys] == [1] * 7 + [0]
+
+
+def test_a_joined_report_with_a_foreign_key_is_filtered_as_a_list_is(tmp_path: Path) -> None:
+    d = tmp_path / "ssd"
+    d.mkdir()
+    config = load_config(
+        {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.02, "ssd_cache_dir": str(d)}, env={}
+    )
+    ns, other = _ns(), _ns("other/model")
+    keys, foreign = _keys(ns, 3), _keys(other, 1)
+    assert ns.owns_all(JoinedKeys(b"".join(keys), len(keys[0])))
+    mixed = JoinedKeys(b"".join([*keys[:2], *foreign, keys[2]]), len(keys[0]))
+    assert not ns.owns_all(mixed) and ns.owns_all(JoinedKeys(b"", 0))
+    mgr = CacheManager(config, ns, PAGE_BYTES, num_host_slots=4)
+    assert mgr.adopt_ssd_keys([mixed]) == 3  # the foreign key left out, as from a list
+    assert mgr.index.readable_prefix(keys) == 3 and not mgr.index.readable_on(foreign[0], Tier.SSD)
