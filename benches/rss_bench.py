@@ -6,8 +6,8 @@ connector-shaped keys, chains of 64 with their parents). Then, each in a fresh i
 (nothing else in its heap, like a restarted engine), as the connector runs them:
 
   worker     opens this rank's lower tiers (the SSD store's reopen: journal replay) and builds
-             its restart report as WorkerSide does (`inventory()`: keys and chain parents),
-             pickles it (the step's worker metadata) and lets it go.
+             its restart report as WorkerSide does (`restart_report()`: keys and chain
+             parents, joined buffers), pickles it (the step's worker metadata) and lets it go.
   scheduler  the scheduler side's restart: its own read-only read of the shard and the
              adoption (`RestartInventory.start_read` / `wait_read`), then the first step's
              settle with the worker's report (unpickled, as vLLM hands it over), then a full
@@ -74,13 +74,11 @@ reopen_s = time.perf_counter() - t
 assert not unavailable, unavailable
 ssd = tiers[Tier.SSD]
 # WorkerSide._report_inventory, worker (0, 0): keys and their chain parents, pickled.
-inventory = ssd.inventory()
-keys = tuple(k for k, _ in inventory)
-parents = {k: p for k, p in inventory if p is not None}
+keys, parents = ssd.restart_report()
 with open(report_path, "wb") as f:
     pickle.dump((keys, parents), f, protocol=pickle.HIGHEST_PROTOCOL)
 assert len(keys) == n
-del inventory, keys, parents
+del keys, parents
 # WorkerSide.build_worker_meta, once the step that sent the report is over.
 return_freed_memory("the restart report")
 r1 = rss()

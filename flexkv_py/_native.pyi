@@ -175,6 +175,17 @@ class BlockStore:
     def clear(self) -> int:
         """Delete every key; returns how many were removed."""
     def keys(self) -> list[bytes]: ...
+    def keys_joined(
+        self, heads: Sequence[bytes], cut: int, min_len: int
+    ) -> tuple[bytes, int] | None:
+        """`keys()` of the keys that start with one of `heads` and are at least `min_len` bytes
+        long, `cut` bytes cut from each, joined: (bytes, their common width, 0 when none);
+        None when their widths differ. No object per key (a restart lists millions)."""
+    def inventory_joined(
+        self, heads: Sequence[bytes], cut: int, min_len: int
+    ) -> tuple[bytes, bytes, bytes, int] | None:
+        """`keys_joined` with the chain links among the keys listed: (keys, children, parents,
+        width), `children[i]` extending `parents[i]`, all joined; None when widths differ."""
     def follow(self) -> tuple[list[bytes], list[bytes]] | None:
         """A read-only view: (keys that appeared, keys that vanished) in the writer's journal
         since the last call or the open; None when it cannot be followed (replaced by a
@@ -225,6 +236,9 @@ class BlockSet:
         """`add` of a full key (head + hash): the same digest."""
     def add_keys(self, keys: Sequence[bytes]) -> int:
         """How many were newly added."""
+    def add_joined(self, joined: bytes, width: int) -> int:
+        """`add_keys` of keys joined into one buffer, each `width` bytes (ValueError when
+        `joined` is not whole keys); how many were newly added."""
     def add_digests(self, digests: Sequence[bytes]) -> int:
         """`add_keys` for digests already made (`digest`, `pop_lru`); each is 8 bytes."""
     def discard(self, head: bytes, hash: bytes) -> bool: ...
@@ -272,6 +286,9 @@ class BlockSet:
         drop; one here loses the child itself)."""
     def kids_of(self, key: bytes) -> int | None: ...
     def link_keys(self, children: Sequence[bytes], parents: Sequence[bytes]) -> int: ...
+    def link_joined(self, children: bytes, parents: bytes, width: int) -> int:
+        """`link_keys` of `width`-byte keys joined into buffers (ValueError when they are not
+        the same whole keys); how many links were made."""
     @staticmethod
     def find_records(
         head: bytes, hashes: bytes, hash_len: int, digests: Sequence[bytes]

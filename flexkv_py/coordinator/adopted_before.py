@@ -9,29 +9,53 @@ delete went to the workers after the snapshot they reported).
 
 Nothing is computed at adoption (restarts adopt millions of blocks, and the first scheduler
 call waits for it): the keys are kept as read, in the shard's order, which is the order the
-workers list them in when nothing changed in between. So settling is one list comparison, and
-sets are built only when the two differ.
+workers list them in when nothing changed in between. So settling is one comparison, and sets
+are built only when the two differ.
+
+Kept packed: the keys of a namespace all have one length (its head and the engine's hash), so
+they are held as one joined bytes object, not a million bytes objects. Those would live from
+the read until the first step's reports, and a few survivors among them keep Python's
+small-object arenas from going back to the OS (issue 24: RSS per cached block). Keys of mixed
+lengths (tests' keys) are kept as the list they came in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flexkv_py.index.joined_keys import JoinedKeys
+
 
 class AdoptedBefore:
-    def __init__(self, keys: list[bytes]) -> None:
-        self._keys = keys
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        self._n = len(keys)
+        self._joined = keys if isinstance(keys, JoinedKeys) else JoinedKeys.of(keys)
+        self._keys: list[bytes] = [] if self._joined is not None else list(keys)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._n
 
     def settle(self, reported: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
         """(keys `reported` and not adopted before, keys adopted before and not `reported`);
         once: it forgets what it held."""
-        before, self._keys = self._keys, []
-        if len(before) == len(reported) and before == list(reported):
+        joined, before = self._joined, self._keys
+        self._joined, self._keys, self._n = None, [], 0
+        if joined is not None:
+            if len(reported) == len(joined) and _joined_as(reported, joined.width) == joined:
+                return [], []
+            before = list(joined)
+            del joined
+        elif before == list(reported):
             return [], []
         known = set(before)
         new = [k for k in reported if k not in known]
         kept = set(reported)
         return new, [k for k in before if k not in kept]
+
+
+def _joined_as(keys: Sequence[bytes], width: int) -> JoinedKeys | None:
+    """`keys` joined if they are all `width` bytes long (a report may come joined already)."""
+    if isinstance(keys, JoinedKeys):
+        return keys if keys.width == width else None
+    joined = JoinedKeys.of(keys)
+    return joined if joined is not None and joined.width == width else None

@@ -43,6 +43,7 @@ from flexkv_py.coordinator.stores import StorePlanner
 from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
+from flexkv_py.index.joined_keys import JoinedKeys
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
@@ -412,7 +413,15 @@ class CacheManager:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
             owns = self.namespace.owns
-            owned = [list(ks) if checked else [k for k in ks if owns(k)] for ks in keys_per_rank]
+            # Joined keys (a restart's own read) stay joined: no object per block.
+            owned: list[Sequence[bytes]] = [
+                ks
+                if isinstance(ks, JoinedKeys) and (checked or self.namespace.owns_all(ks))
+                else list(ks)
+                if checked
+                else [k for k in ks if owns(k)]
+                for ks in keys_per_rank
+            ]
             if not owned:
                 return 0
             if not adopt:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from flexkv_py._native import BlockSet
 from flexkv_py.index.entry import TIER_BIT
 from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.joined_keys import JoinedKeys
 from flexkv_py.index.tier_names import LOWER_TIERS, Tier
 
 # The tier whose set keeps chain links (the spill tier: the one with capacity eviction).
@@ -184,6 +185,12 @@ class ColdBlocks:
         """Chain links between cold blocks of the chain tier (a restart's adoption)."""
         return self._chains.link_keys(children, parents)
 
+    def link_joined(self, children: JoinedKeys, parents: JoinedKeys) -> int:
+        """`link` from joined buffers (a restart's report): no object per link."""
+        if not children:
+            return 0
+        return self._chains.link_joined(children.joined, parents.joined, children.width)
+
     def evict(self, n: int) -> tuple[int, list[bytes]]:
         """Evict up to `n` chain tails from the chain tier's set, least recently used first
         (a parent whose last cold child went is a tail at once). Their fingerprints wait for
@@ -222,6 +229,17 @@ class ColdBlocks:
             s.add_keys(group)
             changed.extend(k for k, was in zip(group, before, strict=True) if not was)
         return changed
+
+    def add_joined(self, keys: JoinedKeys, tier: Tier) -> Sequence[bytes]:
+        """`add_on` of joined keys (a restart's listing): into an empty set in one call from
+        the buffer, no object per key; returns those newly on `tier` (all of them then)."""
+        s = self._by_tier[tier]
+        if len(s):
+            return self.add_on(list(keys), tier)
+        self._mark_live(s)
+        if s.add_joined(keys.joined, keys.width) != len(keys):
+            return list(dict.fromkeys(keys))  # duplicates given (all new all the same)
+        return keys
 
     def _add_to_empty(self, s: BlockSet, keys: list[bytes]) -> list[bytes]:
         """`add_on` to an empty set (a restart's adoption): every distinct key is new, so one

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
 from flexkv_py.index.entry import TIER_BIT, Entry
 from flexkv_py.index.index_core import IndexCore
+from flexkv_py.index.joined_keys import JoinedLinks
 from flexkv_py.index.tier_names import Tier
 
 # A full tier evicts at least 1/EVICT_BATCH of its capacity at once: one drop per batch of
@@ -36,6 +37,10 @@ class LowerRoom:
         each child is counted against its parent, so eviction stays tail-first. Returns how
         many links were made; children linked already, or whose parent is not cached, are
         skipped."""
+        if isinstance(parents, JoinedLinks):
+            with self._lock:
+                if not self._entries:  # a restart's first adoption: every block is cold
+                    return self._cold.link_joined(parents.children, parents.parents)
         with self._lock:
             cold_kids: list[bytes] = []
             cold_ups: list[bytes] = []

@@ -27,8 +27,12 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from flexkv_py.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flexkv_py.index.joined_keys import JoinedKeys
 
 PREFIX_LEN = 16
 VARIANT_LEN = 8
@@ -145,6 +149,15 @@ class Namespace:
 
     def owns(self, key: bytes) -> bool:
         return len(key) > PREFIX_LEN + VARIANT_LEN and key[:PREFIX_LEN] in self.prefixes
+
+    def owns_all(self, keys: JoinedKeys) -> bool:
+        """`owns` of every key of `keys`, read from their buffer (no object kept per key)."""
+        if not keys:
+            return True
+        if keys.width <= PREFIX_LEN + VARIANT_LEN:
+            return False
+        prefixes, joined, w = self.prefixes, keys.joined, keys.width
+        return all(joined[i : i + PREFIX_LEN] in prefixes for i in range(0, len(joined), w))
 
     def block_hash(self, key: bytes) -> bytes:
         """The engine's block hash inside a logical key of this namespace."""

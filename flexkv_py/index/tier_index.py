@@ -52,6 +52,7 @@ from flexkv_py.index.host_fills import HostFills
 from flexkv_py.index.host_slots import HostSlots
 from flexkv_py.index.index_core import IndexCore
 from flexkv_py.index.index_reads import IndexReads
+from flexkv_py.index.joined_keys import JoinedKeys
 from flexkv_py.index.lower_room import LowerRoom
 from flexkv_py.index.policies import EvictionPolicy, LRUPolicy
 from flexkv_py.index.tier_names import Tier
@@ -347,11 +348,16 @@ class TierIndex:
                 self._warm_on[tier] -= 1
             self._core.settle(key, e)
 
-    def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> list[bytes]:
+    def set_present(self, keys: Iterable[bytes], tier: Tier, present: bool) -> Sequence[bytes]:
         """Record presence on `tier` learned from its store (restart scan: True; the store's
         eviction, a failed read: False). Returns the keys whose state changed, each once (those
         with an entry first). A restart adopts millions of blocks: blocks without an entry go
-        to the cold sets in one batch, and no entry is made for them."""
+        to the cold sets in one batch, and no entry is made for them (joined keys, with no
+        entry yet: straight from their buffer)."""
+        if present and isinstance(keys, JoinedKeys) and keys and keys.width > HEAD_LEN:
+            with self._lock:
+                if not self._entries:
+                    return self._cold.add_joined(keys, tier)
         bit = TIER_BIT[tier]
         keys = list(keys)
         changed: list[bytes] = []

@@ -127,6 +127,32 @@ impl PyBlockSet {
         Ok(added)
     }
 
+    /// `add_keys` of keys joined into one buffer, each `width` bytes (`BlockStore.keys_joined`):
+    /// no object per key. How many were newly added.
+    fn add_joined(&self, py: Python<'_>, joined: &[u8], width: usize) -> PyResult<usize> {
+        if width == 0 || joined.len() % width != 0 {
+            return Err(PyValueError::new_err(format!(
+                "joined keys of {} bytes are not whole keys of width {width}",
+                joined.len()
+            )));
+        }
+        let n = joined.len() / width;
+        if n >= DETACH_MIN {
+            self.locked_for(py, n, |s| s.is_empty() && s.reserve(n).is_ok());
+        }
+        let mut added = 0;
+        for chunk in joined.chunks(CHUNK * width) {
+            added += self
+                .locked_for(py, chunk.len() / width, |s| {
+                    chunk
+                        .chunks_exact(width)
+                        .try_fold(0, |n, k| Ok::<_, SetError>(n + s.insert(digest(k, b""))? as usize))
+                })
+                .map_err(set_error)?;
+        }
+        Ok(added)
+    }
+
     /// `add_keys` for digests already made (`digest`, `pop_lru`): each must be 8 bytes.
     fn add_digests(&self, py: Python<'_>, digests: &Bound<'_, PyAny>) -> PyResult<usize> {
         self.add_all(py, Self::read_digests(digests)?)
@@ -372,6 +398,28 @@ impl PyBlockSet {
             let (kids, ups) = (slices(&kids), slices(&ups));
             linked += self.locked_for(py, kids.len(), |s| {
                 kids.iter().zip(&ups).filter(|(c, p)| s.link(&digest(c, b""), &digest(p, b""))).count()
+            });
+        }
+        Ok(linked)
+    }
+
+    /// `link_keys` of keys joined into buffers of `width`-byte keys (`BlockStore.
+    /// inventory_joined`): `children[i]` extends `parents[i]`. No object per link.
+    fn link_joined(&self, py: Python<'_>, children: &[u8], parents: &[u8], width: usize) -> PyResult<usize> {
+        if width == 0 || children.len() % width != 0 || children.len() != parents.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes of children and {} of parents are not the same whole keys of width {width}",
+                children.len(),
+                parents.len()
+            )));
+        }
+        let mut linked = 0;
+        for (kids, ups) in children.chunks(CHUNK * width).zip(parents.chunks(CHUNK * width)) {
+            linked += self.locked_for(py, kids.len() / width, |s| {
+                kids.chunks_exact(width)
+                    .zip(ups.chunks_exact(width))
+                    .filter(|(c, p)| s.link(&digest(c, b""), &digest(p, b"")))
+                    .count()
             });
         }
         Ok(linked)

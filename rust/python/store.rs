@@ -279,6 +279,36 @@ impl PyBlockStore {
         PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
     }
 
+    /// `keys()` of the keys that start with one of `heads` and are at least `min_len` bytes
+    /// long, `cut` bytes cut from each, joined: (bytes, their common width); None when their
+    /// widths differ. No object per key (a restart lists millions).
+    fn keys_joined<'py>(
+        &self,
+        py: Python<'py>,
+        heads: Vec<Vec<u8>>,
+        cut: usize,
+        min_len: usize,
+    ) -> Option<(Bound<'py, PyBytes>, usize)> {
+        let got = py.detach(|| self.store.keys_joined(&heads, cut, min_len));
+        got.map(|(joined, width)| (PyBytes::new(py, &joined), width))
+    }
+
+    /// `keys_joined` with the chain links among the keys listed: (keys, children, parents,
+    /// width), `children[i]` extending `parents[i]`, all joined; None when widths differ.
+    #[allow(clippy::type_complexity)]
+    fn inventory_joined<'py>(
+        &self,
+        py: Python<'py>,
+        heads: Vec<Vec<u8>>,
+        cut: usize,
+        min_len: usize,
+    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize)> {
+        let got = py.detach(|| self.store.inventory_joined(&heads, cut, min_len));
+        got.map(|j| {
+            (PyBytes::new(py, &j.keys), PyBytes::new(py, &j.children), PyBytes::new(py, &j.parents), j.width)
+        })
+    }
+
     /// A read-only view: (keys that appeared, keys that vanished) in the writer's journal
     /// since the last call or the open; None when it cannot be followed (open a new view).
     #[allow(clippy::type_complexity)]

@@ -52,6 +52,16 @@ enum Lane {
     Get,
 }
 
+/// Keys listed joined (`BlockStore::inventory_joined`): each `width` bytes, oldest write
+/// first; `children[i]` extends `parents[i]` (empty unless links were asked for).
+#[derive(Default)]
+pub struct JoinedKeys {
+    pub keys: Vec<u8>,
+    pub children: Vec<u8>,
+    pub parents: Vec<u8>,
+    pub width: usize,
+}
+
 impl BlockStore {
     pub fn open(cfg: StoreConfig) -> Result<Self> {
         let batch_threads = cfg.batch_threads;
@@ -204,6 +214,57 @@ impl BlockStore {
 
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.shared.state.lock().index.keys_in_order().map(|(k, _)| k).collect()
+    }
+
+    /// The stored keys that start with one of `heads` and are at least `min_len` bytes long,
+    /// their first `cut` bytes cut, oldest write first, joined into one buffer, with their
+    /// common width (0 when none). None when they are not all of one width (then `keys`).
+    /// A restart's listing of millions of keys without an object per key.
+    pub fn keys_joined(&self, heads: &[Vec<u8>], cut: usize, min_len: usize) -> Option<(Vec<u8>, usize)> {
+        self.list_joined(heads, cut, min_len, false).map(|j| (j.keys, j.width))
+    }
+
+    /// `keys_joined` with the chain links among the keys listed: `children` and `parents`
+    /// joined the same way, `children[i]` extending `parents[i]` (a parent not stored, or not
+    /// listed, makes no link). A restart's report without an object per key.
+    pub fn inventory_joined(&self, heads: &[Vec<u8>], cut: usize, min_len: usize) -> Option<JoinedKeys> {
+        self.list_joined(heads, cut, min_len, true)
+    }
+
+    fn list_joined(&self, heads: &[Vec<u8>], cut: usize, min_len: usize, links: bool) -> Option<JoinedKeys> {
+        let listed = |key: &[u8]| {
+            (key.len() >= min_len.max(cut) && heads.iter().any(|h| key.starts_with(h)))
+                .then(|| key.len() - cut)
+        };
+        let state = self.shared.state.lock();
+        let n = state.index.len();
+        let mut out = JoinedKeys::default();
+        let mut width: Option<usize> = None;
+        let mut mixed = false;
+        state.index.for_each_in_order(|key, _, _, parent| {
+            let Some(w) = listed(key).filter(|_| !mixed) else { return };
+            match width {
+                None => {
+                    width = Some(w);
+                    out.keys.reserve_exact(w * n);
+                }
+                Some(v) if v != w => {
+                    mixed = true;
+                    return;
+                }
+                Some(_) => {}
+            }
+            out.keys.extend_from_slice(&key[cut..]);
+            if let Some(p) = parent.filter(|p| links && listed(p) == Some(w)) {
+                out.children.extend_from_slice(&key[cut..]);
+                out.parents.extend_from_slice(&p[cut..]);
+            }
+        });
+        if mixed {
+            return None;
+        }
+        out.width = width.unwrap_or(0);
+        Some(out)
     }
 
     /// Bytes the in-memory index holds (keys, contents), for benches.

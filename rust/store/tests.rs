@@ -419,3 +419,42 @@ fn a_get_never_waits_for_a_batch_thread_behind_slow_writes() {
         assert!(p.wait(Some(Duration::from_secs(60))).unwrap().iter().all(|r| r.status == Status::Ok));
     }
 }
+
+#[test]
+fn keys_and_links_list_joined_by_head_with_the_tag_cut_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = |head: &[u8], i: u8| [head, &[i; 6][..]].concat();
+    let ours: Vec<Vec<u8>> = (0..4).map(|i| key(b"TGhead", i)).collect();
+    let other = key(b"TGelse", 9);
+    {
+        let store = open(dir.path());
+        let bufs: Vec<Vec<u8>> = ours.iter().chain([&other]).map(|k| data(k, 4096)).collect();
+        let items = ours
+            .iter()
+            .chain([&other])
+            .zip(&bufs)
+            .map(|(k, b)| (k.clone(), RawBuf { ptr: b.as_ptr() as *mut u8, len: b.len() }))
+            .collect();
+        // ours[i] extends ours[i - 1]; ours[0] extends the other head's key (not listed).
+        let parents = [Some(other.clone()), Some(ours[0].clone()), Some(ours[1].clone()), None, None];
+        let extras = parents.into_iter().map(|parent| PutExtra { parent, meta: None }).collect();
+        let results = store.submit_put_with(items, extras, None).unwrap().wait(None).unwrap();
+        assert!(results.iter().all(|r| r.status == Status::Ok));
+        drop(bufs);
+    }
+    let store = open(dir.path());
+    let cut = |k: &Vec<u8>| k[2..].to_vec();
+    let heads = vec![b"TGhead".to_vec()];
+    let (keys, width) = store.keys_joined(&heads, 2, 8).unwrap();
+    assert_eq!((keys, width), (ours.iter().flat_map(cut).collect::<Vec<u8>>(), 10));
+    let inv = store.inventory_joined(&heads, 2, 8).unwrap();
+    assert_eq!(inv.children, [&ours[1], &ours[2]].into_iter().flat_map(cut).collect::<Vec<u8>>());
+    assert_eq!(inv.parents, [&ours[0], &ours[1]].into_iter().flat_map(cut).collect::<Vec<u8>>());
+    assert_eq!(store.keys_joined(&heads, 2, 13), Some((Vec::new(), 0))); // none that long
+                                                                         // Both heads listed: widths are still one; a key of another width makes it None.
+    let both = vec![b"TGhead".to_vec(), b"TGelse".to_vec()];
+    assert_eq!(store.keys_joined(&both, 2, 8).map(|(k, _)| k.len()), Some(50));
+    let long = key(b"TGhead", 7).repeat(2);
+    assert!(put_all(&store, &[long], 4096).iter().all(|r| r.status == Status::Ok));
+    assert!(store.keys_joined(&heads, 2, 8).is_none());
+}

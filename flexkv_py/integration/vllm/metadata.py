@@ -13,6 +13,7 @@ writing to SSD), each worker's SSD inventory once after start, and transfer coun
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,16 @@ def _merge_lists(a: dict[int, list[Any]], b: dict[int, list[Any]]) -> dict[int, 
     return out
 
 
+def _merge_links(a: Mapping[bytes, bytes], b: Mapping[bytes, bytes]) -> Mapping[bytes, bytes]:
+    """Chain links of two metadata: one worker sends them (PARENTS_RANK), so one side is
+    usually empty and is dropped as is (joined links stay joined)."""
+    if not b:
+        return a
+    if not a:
+        return b
+    return {**a, **b}
+
+
 @dataclass
 class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     # job_id -> one JobResult per rank that finished it (the scheduler waits for all ranks).
@@ -65,7 +76,8 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     gpu_read_done: dict[int, int] = field(default_factory=dict)
     # (tp_rank, pp_rank) -> logical keys that worker's SSD shard holds (sent once, after
     # register_kv_caches; every PP stage holds its own layers of the same blocks).
-    inventories: dict[tuple[int, int], tuple[bytes, ...]] = field(default_factory=dict)
+    # Joined (index/joined_keys.py: one buffer, no object per block) when of one width.
+    inventories: dict[tuple[int, int], Sequence[bytes]] = field(default_factory=dict)
     # Numeric transfer counters, summed over ranks.
     counters: dict[str, float] = field(default_factory=dict)
     # (tp_rank, pp_rank) -> leading host slots ready on that worker (pools prepared in the
@@ -73,7 +85,7 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
     ready_slots: dict[tuple[int, int], int] = field(default_factory=dict)
     # Worker (0, 0)'s restart report also names each recovered block's chain parent (logical
     # keys), and then, a slice per step, the metadata its store kept with them (block_meta.py).
-    inventory_parents: dict[bytes, bytes] = field(default_factory=dict)
+    inventory_parents: Mapping[bytes, bytes] = field(default_factory=dict)
     recovered_metas: dict[bytes, bytes] = field(default_factory=dict)
     # (tp_rank, pp_rank) -> sibling-shard keys that appeared / vanished on that worker since
     # its last report (node_inventory.py).
@@ -95,7 +107,7 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             inventories={**self.inventories, **other.inventories},
             counters=counters,
             ready_slots={**self.ready_slots, **other.ready_slots},
-            inventory_parents={**self.inventory_parents, **other.inventory_parents},
+            inventory_parents=_merge_links(self.inventory_parents, other.inventory_parents),
             recovered_metas={**self.recovered_metas, **other.recovered_metas},
             node_added={**self.node_added, **other.node_added},
             node_removed={**self.node_removed, **other.node_removed},

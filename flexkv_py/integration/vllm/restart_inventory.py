@@ -19,7 +19,7 @@ later", None) would stall serving: vLLM skips a request that gets None.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.config import FlexKVConfig
@@ -44,13 +44,14 @@ class RestartInventory:
     def __init__(self, num_workers: int, *, enabled: bool) -> None:
         """`enabled`: an SSD tier exists (without one there is nothing to wait for)."""
         self._num_workers = num_workers
-        self._reports: dict[WorkerRank, tuple[bytes, ...]] = {}
+        self._reports: dict[WorkerRank, Sequence[bytes]] = {}
         self.ready = not enabled
         # The cache was reset before the reports were in: what they list predates the reset
         # and must be deleted, not adopted.
         self.stale = False
-        # Logical key -> its chain parent's, from the reports (for prefix-aware adoption).
-        self._parents: dict[bytes, bytes] = {}
+        # Logical key -> its chain parent's, from the reports (for prefix-aware adoption);
+        # joined links (index/joined_keys.py) as they came when one report sent them all.
+        self._parents: Mapping[bytes, bytes] = {}
         self._announcer: RecoveredAnnouncer | None = None
         # Blocks adopted from the scheduler's own read of the shards, until the reports settle.
         self._before: AdoptedBefore | None = None
@@ -131,16 +132,16 @@ class RestartInventory:
 
     def add(
         self,
-        reports: Mapping[WorkerRank, tuple[bytes, ...]],
+        reports: Mapping[WorkerRank, Sequence[bytes]],
         parents: Mapping[bytes, bytes] | None = None,
-    ) -> list[tuple[bytes, ...]] | None:
+    ) -> list[Sequence[bytes]] | None:
         """Take workers' reports; once every worker reported, return them (in rank order, for
         CacheManager.adopt_ssd_keys, which keeps the keys all of them hold) and become ready.
         `parents`: chain parents reported with them (then in `take_parents`)."""
         if self.ready:
             return None
         if parents:
-            self._parents.update(parents)
+            self._parents = parents if not self._parents else {**self._parents, **parents}
         if not reports:
             return None
         self._reports.update(reports)
@@ -151,7 +152,7 @@ class RestartInventory:
         self._reports = {}
         return ranks
 
-    def take_parents(self) -> dict[bytes, bytes]:
+    def take_parents(self) -> Mapping[bytes, bytes]:
         """The chain parents of the reported blocks (once, at adoption)."""
         parents, self._parents = self._parents, {}
         return parents

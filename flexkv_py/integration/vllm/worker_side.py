@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexkv_py.coordinator import JobExecutor
@@ -129,10 +130,10 @@ class WorkerSide:
         with KV events on, their token ids read in the background (recovered_events.py)."""
         ssd = self.executor.tiers.get(Tier.SSD)
         first = (self.tp_rank, self.pp_rank) == PARENTS_RANK
-        if first and ssd is not None and hasattr(ssd, "inventory"):
-            inventory = ssd.inventory()
-            keys = tuple(k for k, _ in inventory)
-            self._out.inventory_parents = {k: p for k, p in inventory if p is not None}
+        keys: Sequence[bytes]
+        if first and ssd is not None and hasattr(ssd, "restart_report"):
+            # Joined buffers (no object per block) when the keys have one width.
+            keys, self._out.inventory_parents = ssd.restart_report()
             if self._info.publish_kv_events and keys:
                 self._meta_reader = RecoveredMetaReader(ssd, keys, self._label)
         else:

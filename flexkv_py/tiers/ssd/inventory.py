@@ -21,12 +21,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.process_memory import return_freed_memory
 
@@ -39,8 +40,11 @@ MIN_KEY_LEN = PREFIX_LEN + VARIANT_LEN + 1
 
 @dataclass
 class SsdInventory:
-    keys: list[bytes]  # logical keys every shard holds, oldest first (rank (0, 0)'s order)
-    parents: dict[bytes, bytes] = field(default_factory=dict)  # key -> chain parent's key
+    # Logical keys every shard holds, oldest first (rank (0, 0)'s order): joined (no object
+    # per block) when they have one width, as a namespace's keys do.
+    keys: Sequence[bytes]
+    # Key -> its chain parent's key (joined links, as the keys, when those are joined).
+    parents: Mapping[bytes, bytes] = field(default_factory=dict)
     shards: int = 0
     seconds: float = 0.0
 
@@ -64,6 +68,35 @@ def _logical(ns: Namespace, storage_keys: Sequence[bytes]) -> list[bytes]:
     heads = tuple(ns.shard_tag + p for p in ns.prefixes)
     t, shortest = len(ns.shard_tag), len(ns.shard_tag) + MIN_KEY_LEN
     return [k[t:] for k in storage_keys if k.startswith(heads) and len(k) >= shortest]
+
+
+def _logical_joined(ns: Namespace, store: _native.BlockStore) -> Sequence[bytes]:
+    """`_logical` over the whole store, listed by the store itself: one joined buffer when the
+    keys have one width (no bytes object per block), else the list."""
+    tag = ns.shard_tag
+    got = store.keys_joined([tag + p for p in ns.prefixes], len(tag), len(tag) + MIN_KEY_LEN)
+    if got is None:
+        return _logical(ns, store.keys())
+    joined, width = got
+    return JoinedKeys(joined, width) if joined else []
+
+
+def _inventory_joined(
+    ns: Namespace, store: _native.BlockStore
+) -> tuple[Sequence[bytes], Mapping[bytes, bytes]]:
+    """`_logical_joined` with the chain links between blocks of this namespace (`_parents`)."""
+    tag = ns.shard_tag
+    heads = [tag + p for p in ns.prefixes]
+    got = store.inventory_joined(heads, len(tag), len(tag) + MIN_KEY_LEN)
+    if got is None:
+        inventory = store.inventory()
+        return _logical(ns, [k for k, _ in inventory]), _parents(ns, inventory)
+    keys, children, parents, width = got
+    if not keys:
+        return [], {}
+    return JoinedKeys(keys, width), JoinedLinks(
+        JoinedKeys(children, width), JoinedKeys(parents, width)
+    )
 
 
 def _open(dirs: list[str], io_engine: str) -> _native.BlockStore | None:
@@ -110,8 +143,8 @@ def read_ssd_inventory(
     (the index then evicts at adoption, tail-first); else the workers' reports bring them."""
     started = time.perf_counter()
     shards = shard_dirs(config, namespace)
-    keys: list[bytes] = []
-    parents: dict[bytes, bytes] = {}
+    keys: Sequence[bytes] = []
+    parents: Mapping[bytes, bytes] = {}
     try:
         opened = _open_all(shards, config.ssd_io_engine)
         try:
@@ -120,11 +153,9 @@ def read_ssd_inventory(
                 return SsdInventory([], {}, len(shards), time.perf_counter() - started)
             first, ns0 = stores[0], shards[0][0]
             if parents_over is not None and len(first) > parents_over:
-                inventory = first.inventory()
-                keys = _logical(ns0, [k for k, _ in inventory])
-                parents = _parents(ns0, inventory)
+                keys, parents = _inventory_joined(ns0, first)
             else:
-                keys = _logical(ns0, first.keys())
+                keys = _logical_joined(ns0, first)
             for (ns, _), store in zip(shards[1:], stores[1:], strict=True):
                 if not keys:
                     break

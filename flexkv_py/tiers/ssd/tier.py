@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.errors import ConfigError
-from flexkv_py.index.namespace import Namespace
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
+from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.private_files import make_private_dir, tighten_dir, warn_if_exposed
 from flexkv_py.tiers.protocol import Item
@@ -133,6 +134,25 @@ class SsdTier:
             if logical is not None:
                 out.append((logical, None if parent is None else lk(parent)))
         return out
+
+    def restart_report(self) -> tuple[Sequence[bytes], Mapping[bytes, bytes]]:
+        """`inventory()` as a worker's restart report sends it: (keys, child -> parent links).
+        Joined (one buffer each, no object per block: index/joined_keys.py) when the keys have
+        one width, as a namespace's do; else a tuple and a dict."""
+        ns = self.namespace
+        tag = ns.shard_tag
+        got = self.store.inventory_joined(
+            [tag + p for p in ns.prefixes], len(tag), len(tag) + PREFIX_LEN + VARIANT_LEN + 1
+        )
+        if got is None:
+            inventory = self.inventory()
+            return tuple(k for k, _ in inventory), {k: p for k, p in inventory if p is not None}
+        keys, children, parents, width = got
+        if not keys:
+            return (), {}
+        return JoinedKeys(keys, width), JoinedLinks(
+            JoinedKeys(children, width), JoinedKeys(parents, width)
+        )
 
     def read_metas(self, logical_keys: Sequence[bytes]) -> list[bytes | None]:
         """The metadata stored with each block (None: absent); batched header reads."""

@@ -20,6 +20,7 @@ from flexkv_py.coordinator import CacheManager
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.index import Namespace, Tier
 from flexkv_py.index.head_map import HEAD_LEN
+from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.integration.vllm.restart_read import RestartRead
 from flexkv_py.tiers.ssd import inventory as ssd_inventory
 from flexkv_py.tiers.ssd.inventory import read_ssd_inventory, shard_dirs
@@ -85,6 +86,8 @@ def test_chain_links_are_read_when_the_index_must_evict_at_adoption(tmp_path: Pa
     for parents_over, expected in [(None, {}), (8, {}), (7, links)]:  # 8 blocks in the shard
         inv = read_ssd_inventory(config, ns, parents_over)
         assert inv is not None and inv.keys == keys and inv.parents == expected
+        assert isinstance(inv.keys, JoinedKeys)  # one width: no object per block
+        assert isinstance(inv.parents, JoinedLinks) == bool(expected)
 
 
 def test_replicated_kv_reads_tp_rank_0s_shard_once(tmp_path: Path) -> None:
@@ -202,6 +205,22 @@ def test_a_worker_without_ssd_takes_everything_adopted_before_away(tmp_path: Pat
     assert mgr.adopt_ssd_keys([keys, []], before=AdoptedBefore(keys)) == 0
     assert mgr.index.readable_prefix(keys) == 0
     assert mgr.index.counts()["on_ssd"] == 0
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_what_was_adopted_before_settles_the_same_packed_or_not(mixed: bool) -> None:
+    """Keys of one length are kept joined (no object per block until the settle); keys of
+    mixed lengths as their list. Either way the settle answers (new, gone), in order, once."""
+    keys = [bytes([i]) * (40 + (i % 2 if mixed else 0)) for i in range(6)]
+    same = AdoptedBefore(keys)
+    assert len(same) == 6 and same.settle(tuple(keys)) == ([], []) and len(same) == 0
+    assert same.settle(tuple(keys)) == (list(keys), [])  # forgotten after the first settle
+    reported = [keys[0], keys[2], keys[3], keys[5], b"\xff" * 40]
+    before = AdoptedBefore(keys)
+    assert before.settle(reported) == ([b"\xff" * 40], [keys[1], keys[4]])
+    # Same count and same joined bytes, split differently: not the same keys.
+    tricky = AdoptedBefore([b"ab", b"cd"])
+    assert tricky.settle([b"a", b"bcd"]) == ([b"a", b"bcd"], [b"ab", b"cd"])
 
 
 # ---------------------------------------------------------------- the read's thread
