@@ -64,6 +64,7 @@ class LookupHandle:
         """Block (GIL released) until answered: a chain lookup's count, or a presence probe's
         bits; raises TimeoutError after `timeout` seconds, a `FlexKVError` if it failed."""
 
+@final
 class BatchHandle:
     """An in-flight batch. The store keeps every buffer alive until the batch completes,
     even if this handle is dropped."""

@@ -24,6 +24,7 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py import BlockStore
 from flexkv_py.cli.inspect import DATA_FILE, LOCK_FILE
+from flexkv_py.index.joined_keys import JoinedKeys
 from flexkv_py.index.namespace import SHARD_TAG
 from flexkv_py.integration.vllm import restart_inventory
 from flexkv_py.tiers.ssd import inventory as ssd_inventory
@@ -219,7 +220,12 @@ def test_a_block_the_worker_no_longer_holds_leaves_the_index_at_its_report(
     def stale_read(*args: Any, **kw: Any) -> SsdInventory | None:
         inv = real(*args, **kw)
         assert inv is not None and len(inv.keys) == BLOCKS - 1
-        inv.keys.insert(5, dropped[len(SHARD_TAG.pack(0, 0)) :])
+        keys = list(inv.keys)
+        keys.insert(5, dropped[len(SHARD_TAG.pack(0, 0)) :])
+        # As the read hands its keys over: joined when they have one width (they do here).
+        joined = JoinedKeys.of(keys)
+        assert joined is not None
+        inv.keys = joined
         return inv
 
     monkeypatch.setattr(restart_inventory, "read_ssd_inventory", stale_read)
