@@ -243,50 +243,53 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
         staged_path.COALESCE = True
         timed_load("asis2")
         # ---- host time to issue one 32-page chunk's pieces (perf_counter, no sync)
-        if CUDA and hasattr(h2d_path, "_copier"):
-            st = h2d_path._stages[0]
-            k = min(32, n)
-            rowb = np.uint64(st.shape[1])
-            stage = np.uint64(st.data_ptr()) + np.arange(k, dtype=np.uint64) * rowb
-            base = np.uint64(pool.tensor.data_ptr())
-            contig = base + np.asarray(slots[:k], dtype=np.uint64) * rowb
-            scattered = base + np.asarray(slots[: 2 * k : 2], dtype=np.uint64) * rowb
-            sizes = np.full(k, st.shape[1], dtype=np.uint64)
-            stream = torch.cuda.current_stream().cuda_stream
-            issue: dict[str, float] = {}
-            for tag, srcs, on in (
-                ("copy_contig_coalesced", contig, True),
-                ("copy_contig_plain", contig, False),
-                ("copy_strided", scattered, True),
-            ):
-                staged_path.COALESCE = on
+        try:
+            if CUDA and hasattr(h2d_path, "_copier"):
+                st = h2d_path._stages[0]
+                k = min(32, n)
+                rowb = np.uint64(st.shape[1])
+                stage = np.uint64(st.data_ptr()) + np.arange(k, dtype=np.uint64) * rowb
+                base = np.uint64(pool.tensor.data_ptr())
+                contig = base + np.asarray(slots[:k], dtype=np.uint64) * rowb
+                scattered = base + np.asarray(slots[: 2 * k : 2], dtype=np.uint64) * rowb
+                sizes = np.full(k, st.shape[1], dtype=np.uint64)
+                stream = h2d_path._dma_stream.cuda_stream  # the batch API refuses the NULL stream
+                issue: dict[str, float] = {}
+                for tag, srcs, on in (
+                    ("copy_contig_coalesced", contig, True),
+                    ("copy_contig_plain", contig, False),
+                    ("copy_strided", scattered, True),
+                ):
+                    staged_path.COALESCE = on
+                    ts = []
+                    for _ in range(med):
+                        clock.sync()
+                        t = time.perf_counter()
+                        h2d_path._copy(stage, srcs, sizes, stream)
+                        ts.append(time.perf_counter() - t)
+                    issue[tag] = statistics.median(ts) * 1e6
+                staged_path.COALESCE = True
+                pairs = torch.zeros(2 * k, dtype=torch.int64, device="cuda")
+                pairs[:k] = torch.tensor(dst[:k], device="cuda")
+                pairs[k:] = torch.arange(k, device="cuda")
+                kern = h2d_path._kernels[0]
                 ts = []
                 for _ in range(med):
                     clock.sync()
                     t = time.perf_counter()
-                    h2d_path._copy(stage, srcs, sizes, stream)
+                    kern.enqueue_pairs("h2d", pairs, k)
                     ts.append(time.perf_counter() - t)
-                issue[tag] = statistics.median(ts) * 1e6
-            staged_path.COALESCE = True
-            pairs = torch.zeros(2 * k, dtype=torch.int64, device="cuda")
-            pairs[:k] = torch.tensor(dst[:k], device="cuda")
-            pairs[k:] = torch.arange(k, device="cuda")
-            kern = h2d_path._kernels[0]
-            ts = []
-            for _ in range(med):
-                clock.sync()
-                t = time.perf_counter()
-                kern.enqueue_pairs("h2d", pairs, k)
-                ts.append(time.perf_counter() - t)
-            issue["scatter_launch"] = statistics.median(ts) * 1e6
-            ts = []
-            for _ in range(med):
-                clock.sync()
-                t = time.perf_counter()
-                eng._pump()
-                ts.append(time.perf_counter() - t)
-            issue["idle_pump"] = statistics.median(ts) * 1e6
-            row["issue_us"] = issue
+                issue["scatter_launch"] = statistics.median(ts) * 1e6
+                ts = []
+                for _ in range(med):
+                    clock.sync()
+                    t = time.perf_counter()
+                    eng._pump()
+                    ts.append(time.perf_counter() - t)
+                issue["idle_pump"] = statistics.median(ts) * 1e6
+                row["issue_us"] = issue
+        except Exception as e:  # a probe that breaks must not lose the row
+            row["issue_error"] = repr(e)
 
         # ---- CPU timeline of one load (as is)
         marks: list[tuple[str, float, str]] = []
