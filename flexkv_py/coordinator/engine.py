@@ -294,6 +294,7 @@ class CacheEngine:
         reaches a lower tier (or misses), the rest of the load is one job."""
         if len(gpu_block_ids) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(gpu_block_ids)} GPU block ids")
+        self._pump()
         statuses: list[str] = []
         tiers: list[str] = []
 
@@ -328,10 +329,6 @@ class CacheEngine:
                 raise
             if running is not None:
                 finish(running)  # its completion overlaps this part's copy
-            else:
-                # Background results are applied once the first copy runs, not before it: the
-                # load's own blocks are in the index already, and this pump would delay the copy.
-                self._pump()
             running, start = handle, start + len(job.keys)
         if running is not None:
             finish(running, pump=False)  # the next call pumps: nothing waits on it after a load
