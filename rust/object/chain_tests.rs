@@ -253,6 +253,7 @@ fn gc_keeps_live_chains_drops_garbage_and_fits_the_budget() {
         budget_bytes: None,
         dry_run: false,
     };
+    std::thread::sleep(Duration::from_millis(2)); // the orphan older than the zero grace (ms clock)
     let r = tier.gc(&keep_all).unwrap();
     assert_eq!((r.manifests, r.manifests_deleted, r.blocks_deleted), (6, 0, 1), "{r:?}");
     assert_eq!(lookup_cost(&url, &new).0, new.len(), "a use: `new` is now the more recent chain");
@@ -295,6 +296,9 @@ fn knowledge_ages_out_after_the_touch_interval() {
     store_chain(&tier, &keys, 0);
     // Another process's GC deletes everything.
     let expire = GcOptions { ttl: Duration::ZERO, grace: Duration::ZERO, budget_bytes: None, dry_run: false };
+    // "Older than a zero grace" is by the millisecond clock: a GC in the upload's own
+    // millisecond keeps the blocks (seen on a fast machine).
+    std::thread::sleep(Duration::from_millis(2));
     assert_eq!(open(&url).gc(&expire).unwrap().blocks_deleted, 3);
     std::thread::sleep(Duration::from_millis(60)); // the touch interval passes
     let again = store_chain(&tier, &keys, 0);
