@@ -376,8 +376,9 @@ class ObjectTier:
         segment, the manifest that could vouch for it and one round of up to 63 HEADs confirming
         it), 1 for a chain stored before; GIL released."""
     def submit_lookup_chain(self, keys: Sequence[bytes]) -> LookupHandle:
-        """`lookup_chain(keys)` on the tier's runtime (at most 4 of a tier at once, probes included): returns
-        at once; the handle's `result` is the count. Raises `StoreClosedError` once closed."""
+        """`lookup_chain(keys)` on the tier's runtime (at most 4 of a tier at once, probes
+        included): returns at once; the handle's `result` is the count. Raises
+        `StoreClosedError` once closed."""
     def submit_present(self, keys: Sequence[bytes]) -> LookupHandle:
         """Whether each key is stored as a one-block chain (8 asked at once), on the tier's
         runtime: returns at once; the handle's `result` has bit i set when
