@@ -400,6 +400,16 @@ class CacheManager:
             Tier.SSD, keys_per_rank, adopt=adopt, parents=parents, before=before, checked=checked
         )
 
+    def _owned(self, keys: Collection[bytes], checked: bool) -> Sequence[bytes]:
+        """The keys of this namespace among `keys` (all of them when `checked`). Joined keys
+        (a restart's own read) stay joined when all are ours: no object per block."""
+        if isinstance(keys, JoinedKeys) and (checked or self.namespace.owns_all(keys)):
+            return keys
+        if checked:
+            return list(keys)
+        owns = self.namespace.owns
+        return [k for k in keys if owns(k)]
+
     def adopt_keys(
         self,
         tier: Tier,
@@ -412,16 +422,7 @@ class CacheManager:
     ) -> int:
         """`adopt_ssd_keys` for any lower tier."""
         with self._lock:
-            owns = self.namespace.owns
-            # Joined keys (a restart's own read) stay joined: no object per block.
-            owned: list[Sequence[bytes]] = [
-                ks
-                if isinstance(ks, JoinedKeys) and (checked or self.namespace.owns_all(ks))
-                else list(ks)
-                if checked
-                else [k for k in ks if owns(k)]
-                for ks in keys_per_rank
-            ]
+            owned = [self._owned(ks, checked) for ks in keys_per_rank]
             if not owned:
                 return 0
             if not adopt:

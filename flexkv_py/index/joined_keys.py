@@ -123,3 +123,13 @@ class JoinedLinks(Mapping[bytes, bytes]):
 
     def __repr__(self) -> str:
         return f"JoinedLinks({len(self.children)} links)"
+
+
+def merge_links(a: Mapping[bytes, bytes], b: Mapping[bytes, bytes]) -> Mapping[bytes, bytes]:
+    """Chain links of two reports: one worker sends them (worker (0, 0)), so one side is
+    usually empty and the other is kept as is (joined links stay joined)."""
+    if not b:
+        return a
+    if not a:
+        return b
+    return {**a, **b}

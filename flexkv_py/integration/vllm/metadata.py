@@ -22,6 +22,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+from flexkv_py.index.joined_keys import merge_links
+
 
 @dataclass(frozen=True)
 class JobEntry:
@@ -55,16 +57,6 @@ def _merge_lists(a: dict[int, list[Any]], b: dict[int, list[Any]]) -> dict[int, 
     for k, v in b.items():
         out.setdefault(k, []).extend(v)
     return out
-
-
-def _merge_links(a: Mapping[bytes, bytes], b: Mapping[bytes, bytes]) -> Mapping[bytes, bytes]:
-    """Chain links of two metadata: one worker sends them (PARENTS_RANK), so one side is
-    usually empty and is dropped as is (joined links stay joined)."""
-    if not b:
-        return a
-    if not a:
-        return b
-    return {**a, **b}
 
 
 @dataclass
@@ -107,7 +99,7 @@ class FlexKVWorkerMetadata(KVConnectorWorkerMetadata):
             inventories={**self.inventories, **other.inventories},
             counters=counters,
             ready_slots={**self.ready_slots, **other.ready_slots},
-            inventory_parents=_merge_links(self.inventory_parents, other.inventory_parents),
+            inventory_parents=merge_links(self.inventory_parents, other.inventory_parents),
             recovered_metas={**self.recovered_metas, **other.recovered_metas},
             node_added={**self.node_added, **other.node_added},
             node_removed={**self.node_removed, **other.node_removed},

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.coordinator.manager import ssd_capacity_blocks
+from flexkv_py.index.joined_keys import merge_links
 from flexkv_py.integration.vllm.events import BlockOrigins, EventGroup
 from flexkv_py.integration.vllm.recovered_events import RecoveredAnnouncer
 from flexkv_py.integration.vllm.restart_read import RestartRead
@@ -141,7 +142,7 @@ class RestartInventory:
         if self.ready:
             return None
         if parents:
-            self._parents = parents if not self._parents else {**self._parents, **parents}
+            self._parents = merge_links(self._parents, parents)
         if not reports:
             return None
         self._reports.update(reports)
