@@ -315,13 +315,13 @@ def run(p: int, args: argparse.Namespace, out: Path, log: Any) -> dict[str, Any]
             setattr(obj, attr, w)
             patches.append((obj, attr, real))
 
-        from flexkv_py.coordinator import staged_load
+        from flexkv_py.coordinator import copy_handlers
 
         wrap(eng.manager, "prepare_load_part", "prepare")
         wrap(eng.executor, "submit", "submit")
         wrap(eng.executor._bodies, "load", "body")
         wrap(eng.executor._transfer, "submit", "xsubmit")
-        wrap(staged_load.LoadCopies, "finish", "copies_finish")
+        wrap(copy_handlers.CopyFlow, "finish", "copies_finish")
         wrap(eng.manager, "complete", "complete")
         wrap(eng, "_pump", "pump")
         timeline = []

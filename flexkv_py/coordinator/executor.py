@@ -40,8 +40,7 @@ from flexkv_py.coordinator.host_side import HostSlots, build_host_side
 from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import INTERNAL, Job, JobResult, LoadJob, StoreJob, drops_first
 from flexkv_py.coordinator.late_io import LateIo, fence_store, with_failed
-from flexkv_py.coordinator.leg_handlers import Handlers
-from flexkv_py.coordinator.staged_load import LoadCopies
+from flexkv_py.coordinator.leg_handlers import Flow, Handlers
 from flexkv_py.coordinator.store_copies import D2h
 from flexkv_py.errors import ClosedError
 from flexkv_py.index.namespace import Namespace
@@ -82,11 +81,11 @@ class _HereLoad:
     the last copy), else the load thread once the copies are done."""
 
     def __init__(
-        self, future: Future[JobResult], run: Callable[[], JobResult], copies: LoadCopies
+        self, future: Future[JobResult], run: Callable[[], JobResult], to_gpu: Flow
     ) -> None:
         self.future = future
         self._run = run
-        self.copies = copies
+        self.to_gpu = to_gpu
         self._lock = threading.Lock()
         self._taken = False
         self.waiter = False  # a caller waits without a timeout: it takes the completion
@@ -107,12 +106,15 @@ class _HereLoad:
         """A caller's wait: the completion runs here (polling the copies), unless the load
         thread took it first."""
         self.waiter = True
-        self.copies.spin = True
+        self.to_gpu.poll = True
         self.take()
 
     def background(self) -> None:
         """The load thread's part: after the copies, the completion, unless a caller waits."""
-        self.copies.settle()
+        try:
+            self.to_gpu.wait()
+        except Exception:
+            pass  # the completion reports it
         if not self.waiter:
             self.take()
 
@@ -319,15 +321,15 @@ class JobExecutor:
         self, job: LoadJob, started: float, pre_dropped: dict[Tier, tuple[bytes, ...]]
     ) -> _HereLoad:
         """Issue an all-host load's copies in the caller's thread (see `submit`'s `here`)."""
-        copies = LoadCopies(self._transfer, self._stats, job)
-        copies.issue(list(range(len(job.keys))))
         bodies = self._bodies
+        to_gpu = bodies.gpu_leg(job)
+        to_gpu.feed_all()
         here = _HereLoad(
             Future(),
             lambda: self._guard(
-                job, started, lambda: bodies.load(job, started, copies), pre_dropped
+                job, started, lambda: bodies.load(job, started, to_gpu), pre_dropped
             ),
-            copies,
+            to_gpu,
         )
         self._load_threads.submit(here.background)
         return here
@@ -342,9 +344,7 @@ class JobExecutor:
                 # streamed through reused slots): remember the point on the caller's stream
                 # the copies have to follow, issue them from the job thread.
                 return self._transfer.mark(), None
-            d2h = self._transfer.submit("d2h", job.gpu_block_ids, job.host_slots)
-            self._reads.issued(job.job_id, d2h)
-            return d2h, None
+            return self._bodies.copies.start(job), None
         except Exception as e:  # bad ids, engine closed: fail the blocks, keep going
             self._reads.end(job.job_id)  # no copy: nothing reads the GPU blocks
             return None, e

@@ -43,13 +43,12 @@ from flexkv_py.coordinator.jobs import (
     reason_for_status,
 )
 from flexkv_py.coordinator.late_io import LateIo
-from flexkv_py.coordinator.leg_handlers import Handlers, Moved
+from flexkv_py.coordinator.leg_handlers import Arrived, Flow, Handlers, Moved
 from flexkv_py.coordinator.legs import Blocks, Gpu, Host, Leg, OnTier
 from flexkv_py.coordinator.planning import store_rounds
 from flexkv_py.coordinator.staged_load import (
     READ_BATCH_BYTES,
     READS_IN_FLIGHT,
-    LoadCopies,
     in_host,
     load_rounds,
     sub_batches,
@@ -81,10 +80,8 @@ class JobBodies:
         self.pool = pool
         self.tiers = tiers
         self.late_io = late_io
-        self.transfer = transfer
         self.reads = reads
         self.stats = stats
-        self.copies = StoreCopies(transfer, reads, stats)
         self.deletes = TierDeletes(tiers, stats)
         # Every leg moves through the handler for its pair of media (leg_handlers.py).
         self.handlers = Handlers()
@@ -92,6 +89,7 @@ class JobBodies:
         self.handlers.register(OnTier, Host, TierBatch(self, put=False))
         self.handlers.register(Gpu, Host, HostCopy("d2h", transfer, stats, pool.slot_nbytes))
         self.handlers.register(Host, Gpu, HostCopy("h2d", transfer, stats, pool.slot_nbytes))
+        self.copies = StoreCopies(self.handlers, reads, stats)
 
     @property
     def slot_nbytes(self) -> int:
@@ -277,32 +275,41 @@ class JobBodies:
         )
 
     # ------------------------------------------------------------------ load
-    def load(self, job: LoadJob, started: float, copies: LoadCopies | None = None) -> JobResult:
+    def gpu_leg(self, job: LoadJob) -> Flow:
+        """A load's host -> GPU leg (every block but the missing ones, from its slot), opened:
+        its blocks are fed as they reach host memory. A host-only load's blocks are where they
+        go once read."""
+        if job.gpu is None:
+            return Arrived()
+        return self.handlers.open(Leg(job.blocks, job.host, job.gpu))
+
+    def load(self, job: LoadJob, started: float, to_gpu: Flow | None = None) -> JobResult:
         """Blocks already in host memory are copied to the GPU at once; blocks staged from a
-        lower tier are read in sub-batches and each sub-batch is copied as soon as it lands, so
-        the host->GPU copies overlap the reads instead of following them. `copies`: the host
-        blocks' copies, already issued (by `JobExecutor.submit(..., here=True)`)."""
-        slot_nbytes = self.pool.slot_nbytes
+        lower tier are read in sub-batches and each sub-batch is fed to the GPU leg as soon as
+        it lands, so the host->GPU copies overlap the reads instead of following them.
+        `to_gpu`: the GPU leg with the host blocks already fed (`JobExecutor.submit(...,
+        here=True)`)."""
         keys = job.keys
-        if copies is None:
-            copies = LoadCopies(self.transfer, self.stats, job)
-            copies.issue(in_host(job))
+        if to_gpu is None:
+            to_gpu = self.gpu_leg(job)
+            to_gpu.feed(in_host(job))
         failed: dict[bytes, str] = {keys[i]: MISSING for i in job.missing}
-        nbytes = 0
+        moved = Moved()
         try:
             spill_failed = self.handlers.move(job.spill).failed
             for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
-                    nbytes += copies.finish(failed) * slot_nbytes
-                    copies = LoadCopies(self.transfer, self.stats, job)
-                nbytes += self._stage_round(part, copies, failed)
+                    moved.add(to_gpu.finish())
+                    to_gpu = self.gpu_leg(job)
+                moved.nbytes += self._stage_round(part, to_gpu, failed)
         except BaseException:
             # The job fails whole and its GPU blocks get reused: no copy may still write them.
-            copies.finish({})
+            to_gpu.finish()
             raise
-        nbytes += copies.finish(failed) * slot_nbytes
+        moved.add(to_gpu.finish())
+        failed.update(moved.failed)
         failed_gpu: frozenset[int] = frozenset()
-        if job.gpu is not None:
+        if job.gpu is not None and failed:
             ids = job.gpu.ids
             failed_gpu = frozenset(ids[i] for i, k in enumerate(keys) if k in failed)
         return JobResult(
@@ -312,18 +319,18 @@ class JobBodies:
             failed_gpu_block_ids=failed_gpu,
             evicted=self.deletes.evicted(),
             spill_failed=frozenset(spill_failed),
-            nbytes=nbytes,
+            nbytes=moved.nbytes,
             seconds=time.perf_counter() - started,
         )
 
     def _stage_round(
         self,
         part: Sequence[tuple[Leg, list[int]]],
-        copies: LoadCopies,
+        to_gpu: Flow,
         failed: dict[bytes, str],
     ) -> int:
         """Read one round of a load's lower-tier blocks into their slots, read by read (each a
-        leg and its blocks' positions in the job), each sub-batch copied to the GPU as it
+        leg and its blocks' positions in the job), each sub-batch fed to the GPU leg as it
         lands; returns the bytes read."""
         nbytes = 0
         for leg, at in part:
@@ -347,7 +354,7 @@ class JobBodies:
                 keys: tuple[bytes, ...] = keys,
                 at: list[int] = at,
             ) -> None:
-                copies.issue([at[j] for j in range(lo, hi) if keys[j] not in part_failed])
+                to_gpu.feed([at[j] for j in range(lo, hi) if keys[j] not in part_failed])
 
             assert leg.tier is not None  # a read's source is a lower tier (LoadJob checks)
             tier_failed = self.read_in_sub_batches(leg.tier, keys, slots, landed)

@@ -5,14 +5,21 @@ the leg's pair of media (legs.py) and runs it. The built-in handlers are GPU <->
 transfer engine (copy_handlers.py) and host <-> lower tier through the tiers' batches
 (tier_handlers.py); another path (GPU <-> SSD without a host slot, GPU <-> peer) registers its
 own handler and the job classes stay as they are.
+
+A leg runs whole (`move`) or as a `Flow` (`open`): its blocks are fed as they reach the source
+(a load's lower-tier reads land sub-batch by sub-batch; a store's GPU blocks are ready at once)
+and each piece moves while later ones still come. A handler that moves pieces as they come
+defines `open`; for any other, the pieces fed move together when the flow is waited on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from flexkv_py.coordinator.legs import Leg, Medium
+from flexkv_py.transfer.stream_order import StreamMark
 
 
 @dataclass
@@ -23,11 +30,104 @@ class Moved:
     failed: dict[bytes, str] = field(default_factory=dict)
     nbytes: int = 0
 
+    def add(self, other: Moved) -> None:
+        self.failed.update(other.failed)
+        self.nbytes += other.nbytes
+
+
+class Flow(Protocol):
+    """An open leg: pieces of its blocks (positions in the leg) are fed as they reach the
+    source; `finish` waits for all of them and reports what did not arrive."""
+
+    # Set by a caller that waits for the flow itself (CacheEngine.load): `finish` polls instead
+    # of sleeping in a blocking wait, so it returns as the last piece lands, not a wake-up later.
+    poll: bool
+
+    def feed(self, positions: Sequence[int]) -> None:
+        """Start moving the blocks at these positions (ascending, each fed once)."""
+        ...
+
+    def feed_all(self) -> None:
+        """Start moving every block of the leg (the only piece)."""
+        ...
+
+    def done(self) -> bool:
+        """Every piece fed so far has moved (or failed). Never blocks."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until `done()`; TimeoutError after `timeout`. Reports nothing (`finish` does)."""
+        ...
+
+    def finish(self) -> Moved:
+        """Wait for every piece; the blocks that did not arrive, and the bytes that did."""
+        ...
+
 
 class LegHandler(Protocol):
     def move(self, leg: Leg) -> Moved:
         """Move the leg's blocks; every block that did not arrive is named in the result."""
         ...
+
+
+class StreamingHandler(LegHandler, Protocol):
+    def open(self, leg: Leg, after: StreamMark | None = None) -> Flow:
+        """The leg as a flow. `after`: where on the caller's CUDA stream a GPU source becomes
+        valid (a store of KV the model is still writing); a handler reading the GPU starts
+        behind it, others have nothing to order."""
+        ...
+
+
+class PiecesTogether:
+    """The flow of a handler that moves whole legs only: the pieces fed so far move as one leg
+    when the flow is waited on (or finished)."""
+
+    def __init__(self, handler: LegHandler, leg: Leg) -> None:
+        self._handler = handler
+        self._leg = leg
+        self._pending: list[int] = []
+        self._moved = Moved()
+        self.poll = False
+
+    def feed(self, positions: Sequence[int]) -> None:
+        self._pending.extend(positions)
+
+    def feed_all(self) -> None:
+        self._pending.extend(range(len(self._leg.keys)))
+
+    def done(self) -> bool:
+        return not self._pending
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._pending:
+            positions, self._pending = self._pending, []
+            self._moved.add(self._handler.move(self._leg.take(positions)))
+
+    def finish(self) -> Moved:
+        self.wait()
+        return self._moved
+
+
+class Arrived:
+    """The flow of blocks that are where they go once at the source (a host-only load's:
+    nothing to move after the read)."""
+
+    poll = False
+
+    def feed(self, positions: Sequence[int]) -> None:
+        pass
+
+    def feed_all(self) -> None:
+        pass
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        pass
+
+    def finish(self) -> Moved:
+        return Moved()
 
 
 class Handlers:
@@ -52,3 +152,12 @@ class Handlers:
         if not leg.keys:
             return Moved()
         return self.handler_for(leg).move(leg)
+
+    def open(self, leg: Leg, after: StreamMark | None = None) -> Flow:
+        """`leg` as a flow through its handler (see Flow; `after` as in StreamingHandler.open)."""
+        handler = self.handler_for(leg)
+        opener = getattr(handler, "open", None)  # a StreamingHandler (no Protocol isinstance:
+        if opener is not None:  # this is on the load path, once per job)
+            flow: Flow = opener(leg, after)
+            return flow
+        return PiecesTogether(handler, leg)
