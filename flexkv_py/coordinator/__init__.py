@@ -14,6 +14,7 @@ from flexkv_py.coordinator.jobs import (
     LoadJob,
     SpillJob,
     StoreJob,
+    store_job,
 )
 from flexkv_py.coordinator.manager import CacheManager, KVEvent
 from flexkv_py.coordinator.planning import host_slots_for, slot_nbytes_for
@@ -37,4 +38,5 @@ __all__ = [
     "build_host_side",
     "host_slots_for",
     "slot_nbytes_for",
+    "store_job",
 ]

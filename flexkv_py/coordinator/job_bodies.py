@@ -7,7 +7,7 @@ buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DI
 bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_order.py orders a
 copy issued from a job thread).
 
-Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.write_tiers`,
+Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.writes`,
 `LoadJob.reads`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
 tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
@@ -262,7 +262,7 @@ class JobBodies:
                     nbytes += len(job.keys) * slot_nbytes
                 else:
                     failed = dict.fromkeys(job.keys, TRANSFER_ERROR)
-            nbytes += write_through(self, job, range(len(job.keys)), failed, write_failed)
+            nbytes += write_through(self, job, None, failed, write_failed)
         return JobResult(
             job.job_id,
             "store",

@@ -10,6 +10,7 @@ With TP > 1 the same job goes to every rank's executor and the per-rank results 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,9 +57,35 @@ def reason_for_status(status: str) -> str | None:
     return STATUS_REASON.get(status, INTERNAL)
 
 
-# StoreJob.write_tiers entries: the two a store job uses today.
+# Per-block write-through tiers of `store_job`: the two a store uses today.
 WRITE_SSD: tuple[Tier, ...] = (Tier.SSD,)
 WRITE_NONE: tuple[Tier, ...] = ()
+
+
+def _positions(
+    job_id: int, what: str, keys: Sequence[bytes], slots: Sequence[int], legs: Sequence[Leg]
+) -> list[list[int]]:
+    """Per leg, the positions of its blocks among a job's (`keys` in their `slots`): each leg's
+    blocks are in job order, so one walk per leg matching key and slot finds them, and a
+    repeated key (or a reused slot) cannot be mistaken."""
+    n = len(keys)
+    out = []
+    for leg in legs:
+        at: list[int] = []
+        i = 0
+        host = leg.dst if isinstance(leg.dst, Host) else leg.src
+        for key, slot in zip(leg.keys, host.places() or (), strict=True):
+            while i < n and (keys[i] != key or slots[i] != slot):
+                i += 1
+            if i == n:
+                raise ValueError(
+                    f"job {job_id}: its {what} {leg.tier} has a block that is not one of its "
+                    "blocks in that slot, or not in the job's order"
+                )
+            at.append(i)
+            i += 1
+        out.append(at)
+    return out
 
 
 @dataclass(frozen=True)
@@ -86,22 +113,21 @@ NO_DROPS = Drops()
 
 @dataclass(frozen=True)
 class StoreJob:
-    """GPU blocks -> host slots; then host slot -> each tier in `write_tiers[i]` (write-through).
-    With a `spill`, those blocks are first written from their slots to their tier (their slots
-    are the ones this job fills), and the GPU->host copy waits for that.
+    """Blocks into host slots, as legs run in order: `spill` (evicted blocks whose slots this
+    job reuses, written from those slots to their lower tier first); GPU -> host, the leg
+    (`blocks`, `gpu`, `host`); then each of `writes`, host slots -> a lower tier (write-through:
+    one leg per tier, a subset of `blocks` in their order, from their `host` slots).
 
-    `gpu_block_ids` None: the caller already filled the slots (host-only path)."""
+    `gpu` None: the caller already filled the slots (host-only path)."""
 
     job_id: int
     # The blocks, with the chain parent and opaque metadata the SSD keeps with each (token ids,
     # extra keys; see integration/vllm/block_meta.py).
     blocks: Blocks
-    gpu_block_ids: tuple[int, ...] | None
-    host_slots: tuple[int, ...]
-    write_tiers: tuple[tuple[Tier, ...], ...]  # per block: lower tiers to copy it to, maybe ()
+    gpu: Gpu | None
+    host: Host
+    writes: tuple[Leg, ...] = ()  # per lower tier: Host -> OnTier, tiers in the order written
     kind: JobKind = "store"
-    # Evicted blocks whose slots this job reuses: written from those slots to their lower tier
-    # (a host -> tier leg) before anything else.
     spill: Leg = NO_SPILL
     # The first `streamed` blocks pass through reused host slots to their lower tier and keep
     # no host copy (a store larger than the free slots, coordinator/stores.py).
@@ -109,19 +135,94 @@ class StoreJob:
     # Deletes the index chose to make room on lower tiers, done before any write of this job.
     drop_first: Drops = NO_DROPS
 
-    def writes_to(self, tier: Tier) -> list[int]:
-        """Positions of the blocks this job copies to `tier` after the host copy."""
-        return [i for i, tiers in enumerate(self.write_tiers) if tier in tiers]
-
     def __post_init__(self) -> None:
         n = len(self.blocks)
-        ids = self.gpu_block_ids
-        if len(self.host_slots) != n or len(self.write_tiers) != n or (ids and len(ids) != n):
-            raise ValueError(f"StoreJob {self.job_id}: its per-block columns are not {n} long")
+        if len(self.host.slots) != n or (self.gpu is not None and len(self.gpu.ids) != n):
+            raise ValueError(f"StoreJob {self.job_id}: its host slots or GPU ids are not {n} long")
+        tiers = [leg.tier for leg in self.writes]
+        if any(leg.kinds != (Host, OnTier) for leg in self.writes) or Tier.HOST in tiers:
+            raise ValueError(f"StoreJob {self.job_id}: a write is not host slots -> lower tier")
+        if len(set(tiers)) != len(tiers):
+            raise ValueError(f"StoreJob {self.job_id}: two writes to one tier")
+        if self.writes:  # write-through: the check below is a pass over the written blocks
+            self.write_positions  # noqa: B018  (raises if a write is not the job's blocks)
 
     @property
     def keys(self) -> tuple[bytes, ...]:
         return self.blocks.keys
+
+    @property
+    def gpu_block_ids(self) -> tuple[int, ...] | None:
+        return None if self.gpu is None else self.gpu.ids
+
+    @property
+    def host_slots(self) -> tuple[int, ...]:
+        return self.host.slots
+
+    @functools.cached_property
+    def write_positions(self) -> list[list[int]]:
+        """Per leg of `writes`, the positions of its blocks in `blocks`."""
+        return _positions(self.job_id, "write to", self.keys, self.host.slots, self.writes)
+
+    def writes_to(self, tier: Tier) -> list[int]:
+        """Positions of the blocks this job copies to `tier` after the host copy."""
+        for leg, at in zip(self.writes, self.write_positions, strict=True):
+            if leg.tier is tier:
+                return at
+        return []
+
+    def take(self, positions: Sequence[int]) -> StoreJob:
+        """The part of the job that moves the blocks at `positions` (ascending) only."""
+        kept = set(positions)
+        writes = []
+        for leg, at in zip(self.writes, self.write_positions, strict=True):
+            mine = [j for j, i in enumerate(at) if i in kept]
+            if mine:
+                writes.append(leg.take(mine))
+        return dataclasses.replace(
+            self,
+            blocks=self.blocks.take(positions),
+            gpu=None if self.gpu is None else self.gpu.take(positions),
+            host=self.host.take(positions),
+            writes=tuple(writes),
+            streamed=sum(1 for i in positions if i < self.streamed),
+        )
+
+
+def store_job(
+    job_id: int,
+    blocks: Blocks,
+    gpu_block_ids: Sequence[int] | None,
+    host_slots: Sequence[int],
+    write_tiers: Sequence[tuple[Tier, ...]] | None = None,
+    *,
+    spill: Leg = NO_SPILL,
+    streamed: int = 0,
+    drop_first: Drops = NO_DROPS,
+) -> StoreJob:
+    """The StoreJob of blocks planned one by one: `write_tiers[i]` the lower tiers block i is
+    written through to (None: none at all, write-back: no per-block pass)."""
+    if write_tiers is not None and len(write_tiers) != len(blocks):
+        raise ValueError(f"StoreJob {job_id}: {len(blocks)} blocks but {len(write_tiers)} tiers")
+    by_tier: dict[Tier, list[int]] = {}
+    for i, tiers in enumerate(write_tiers or ()):
+        for tier in tiers:
+            by_tier.setdefault(tier, []).append(i)
+    writes = tuple(
+        Leg(blocks.take(at), Host(tuple(host_slots[i] for i in at)), OnTier(tier))
+        for tier in lower_in_order(by_tier)
+        for at in (by_tier[tier],)
+    )
+    return StoreJob(
+        job_id,
+        blocks,
+        None if gpu_block_ids is None else Gpu(tuple(gpu_block_ids)),
+        Host(tuple(host_slots)),
+        writes,
+        spill=spill,
+        streamed=streamed,
+        drop_first=drop_first,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,27 +278,9 @@ class LoadJob:
 
     @functools.cached_property
     def read_positions(self) -> list[list[int]]:
-        """Per leg of `reads`, the positions of its blocks in `blocks` (each leg's blocks are in
-        job order: one walk, matching key and slot, so a repeated key cannot be mistaken).
-        Worked out once, by the check at construction, for the load body and `sources`."""
-        keys, slots = self.blocks.keys, self.host.slots
-        n = len(keys)
-        out = []
-        for leg in self.reads:
-            at: list[int] = []
-            i = 0
-            for key, slot in zip(leg.keys, leg.dst.places() or (), strict=True):
-                while i < n and (keys[i] != key or slots[i] != slot):
-                    i += 1
-                if i == n:
-                    raise ValueError(
-                        f"LoadJob {self.job_id}: its read from {leg.tier} has a block that is not "
-                        "one of its blocks in that slot, or not in the job's order"
-                    )
-                at.append(i)
-                i += 1
-            out.append(at)
-        return out
+        """Per leg of `reads`, the positions of its blocks in `blocks`. Worked out once, by the
+        check at construction, for the load body and `sources`."""
+        return _positions(self.job_id, "read from", self.keys, self.host.slots, self.reads)
 
     @property
     def sources(self) -> tuple[Tier | None, ...]:

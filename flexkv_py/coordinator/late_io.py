@@ -177,14 +177,7 @@ def fence_store(job: StoreJob, fenced: set[int], fills: bool) -> tuple[StoreJob,
     keep = [i for i, s in enumerate(job.host_slots) if s not in fenced and not fills]
     kept = set(keep)
     left_out = tuple(k for i, k in enumerate(job.keys) if i not in kept)
-    ids = job.gpu_block_ids
-    part = replace(
-        job,
-        blocks=job.blocks.take(keep),
-        gpu_block_ids=None if ids is None else tuple(ids[i] for i in keep),
-        host_slots=tuple(job.host_slots[i] for i in keep),
-        write_tiers=tuple(job.write_tiers[i] for i in keep),
-    )
+    part = job.take(keep)
     logger.warning(
         "store job %d: %d blocks fail (io_timeout): their host slots are still under a "
         "timed-out lower-tier I/O",

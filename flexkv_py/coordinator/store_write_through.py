@@ -1,5 +1,5 @@
-"""The store job's host -> lower-tier leg: write-through of the blocks in their host slots to
-each tier in their `write_tiers`, and the streamed store that alternates GPU -> host rounds
+"""The store job's host -> lower-tier legs: write-through of the blocks in their host slots to
+each tier (`StoreJob.writes`), and the streamed store that alternates GPU -> host rounds
 with those writes when the job has fewer slots than blocks.
 
 Kept apart from job_bodies.py (which runs every job kind and owns the per-tier batch calls)
@@ -10,12 +10,11 @@ for the host -> tier legs (`handlers`) and the GPU -> host copies (`copies`), th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from flexkv_py.coordinator.jobs import IO_TIMEOUT, TRANSFER_ERROR, StoreJob
-from flexkv_py.coordinator.legs import Host, Leg, OnTier
-from flexkv_py.index.tier_names import Tier, lower_in_order
+from flexkv_py.index.tier_names import Tier
 from flexkv_py.transfer.stream_order import StreamMark
 
 if TYPE_CHECKING:
@@ -44,24 +43,30 @@ class StoreBodies(Protocol):
 def write_through(
     bodies: StoreBodies,
     job: StoreJob,
-    positions: Iterable[int],
+    positions: Collection[int] | None,
     failed: Mapping[bytes, str],
     write_failed: dict[Tier, set[bytes]],
 ) -> int:
-    """Copy the job's blocks at `positions` (not failed) from their slots to each tier in
-    their `write_tiers`, one batch per tier; returns the bytes written."""
-    if not any(job.write_tiers):  # write-back: no block names a tier (one C-level pass)
-        return 0
-    todo = [i for i in positions if job.keys[i] not in failed]
+    """Run the job's write legs (`writes`) for its blocks at `positions` (None: all) that have
+    not failed, one batch per tier; returns the bytes written."""
     nbytes = 0
-    blocks = job.blocks
-    for tier in lower_in_order(set().union(*(job.write_tiers[i] for i in todo))):
-        mine = [i for i in todo if tier in job.write_tiers[i]]
-        slots = Host(tuple(job.host_slots[i] for i in mine))
-        moved = bodies.handlers.move(Leg(blocks.take(mine), slots, OnTier(tier)))
+    keys = job.keys
+    for leg, at in zip(job.writes, job.write_positions, strict=True):  # none: write-back
+        if positions is None and not failed:
+            part = leg  # the common case: the whole leg
+        else:
+            part = leg.take(
+                [
+                    j
+                    for j, i in enumerate(at)
+                    if (positions is None or i in positions) and keys[i] not in failed
+                ]
+            )
+        moved = bodies.handlers.move(part)
         nbytes += moved.nbytes
         if moved.failed:
-            write_failed.setdefault(tier, set()).update(moved.failed)
+            assert leg.tier is not None  # a write's destination is a lower tier
+            write_failed.setdefault(leg.tier, set()).update(moved.failed)
     return nbytes
 
 
@@ -90,5 +95,5 @@ def store_in_rounds(
                 failed.setdefault(job.keys[i], TRANSFER_ERROR)
             break
         nbytes += len(part) * bodies.pool.slot_nbytes
-        nbytes += write_through(bodies, job, part, failed, write_failed)
+        nbytes += write_through(bodies, job, set(part), failed, write_failed)
     return nbytes

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
 from flexkv_py.coordinator.host_space import HostSpace, spill_of
-from flexkv_py.coordinator.jobs import Job, JobResult, StoreJob
+from flexkv_py.coordinator.jobs import Job, JobResult, StoreJob, store_job
 from flexkv_py.coordinator.kv_events import EventQueue
 from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.coordinator.outbox import Outbox
@@ -34,7 +34,7 @@ from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.index.entry import Victim
 from flexkv_py.index.policies import AdmissionPolicy
 from flexkv_py.index.tier_index import TierIndex
-from flexkv_py.index.tier_names import LOWER_TIERS, Tier
+from flexkv_py.index.tier_names import Tier
 
 
 class StorePlanner:
@@ -119,7 +119,7 @@ class StorePlanner:
             tier = self._spill_tier
             if self._links is not None:  # the object tier's manifests need the chain
                 self._links.remember(todo_keys, todo_parents)
-            write_tiers: tuple[tuple[Tier, ...], ...]
+            write_tiers: tuple[tuple[Tier, ...], ...] | None = None
             if passing or self._writes_at_store():
                 write_tiers = tuple(
                     self._streamed_tiers(key)
@@ -127,20 +127,19 @@ class StorePlanner:
                     else self._write_tiers(key)
                     for j, key in enumerate(todo_keys)
                 )
-            else:  # nothing is copied below at store time (write-back): no per-block ask
-                write_tiers = ((),) * len(todo)
-            job = StoreJob(
-                job_id=self._outbox.new_id(),
-                blocks=Blocks(tuple(todo_keys), todo_parents if self._links is not None else ()),
-                gpu_block_ids=(
+            # (else nothing is copied at store time (write-back): no per-block ask)
+            job = store_job(
+                self._outbox.new_id(),
+                Blocks(tuple(todo_keys), todo_parents if self._links is not None else ()),
+                (
                     None
                     if gpu_block_ids is None
                     else tuple(gpu_block_ids)
                     if whole
                     else tuple(gpu_block_ids[i] for i in todo)
                 ),
-                host_slots=tuple(host_slots),
-                write_tiers=write_tiers,
+                host_slots,
+                write_tiers,
                 spill=spill_of(chained, self._spill_tier),
                 streamed=passing,
                 drop_first=self._host.take_drops(),  # after write_tiers: room for its writes
@@ -235,11 +234,11 @@ class StorePlanner:
         assert isinstance(job, StoreJob)
         self._host.complete_chained(job, result)
         failed = result.failed
-        # A write-back store names no tier for any block (one C-level pass tells).
-        written = {t for ts in job.write_tiers for t in ts} if any(job.write_tiers) else set()
-        for tier in [t for t in LOWER_TIERS if t in written]:
+        for write in job.writes:  # none for a write-back store
+            tier = write.tier
+            assert tier is not None  # a write's destination is a lower tier (StoreJob checks)
             tier_failed = result.write_failed_on(tier)
-            for key in (job.keys[i] for i in job.writes_to(tier)):
+            for key in write.keys:
                 ok = key not in failed and key not in tier_failed
                 self._index.commit_write(key, tier, ok)
                 if ok:

@@ -20,7 +20,7 @@ from vllm.v1.request import RequestStatus
 
 from flexkv_py import BlockStore, _native
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, store_job
 from flexkv_py.coordinator.job_bodies import JobBodies
 from flexkv_py.coordinator.jobs import WRITE_NONE, WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks
@@ -127,7 +127,7 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
 ) -> None:
     caches, ex, keys = _executor_on_a_slow_ssd(tmp_path, monkeypatch, TIMEOUT_S)
     started = time.monotonic()
-    ex.submit(StoreJob(1, Blocks((keys[0],)), (0,), (0,), (WRITE_SSD,)))
+    ex.submit(store_job(1, Blocks((keys[0],)), (0,), (0,), (WRITE_SSD,)))
     ex.wait_gpu_reads([1], timeout=WAIT_S)  # the copy is done while the write is stuck
     assert ex.poll_gpu_reads() == [1]
     (res,) = ex.wait([1], timeout=WAIT_S)
@@ -138,18 +138,18 @@ def test_store_through_slow_ssd_never_blocks_the_copy(
     assert ex.stats()["ssd_fenced_slots"] == 1
     # Slot 0 may still be read by the late write: a store into it fails without copying.
     before = [t[:, 1].clone() for t in caches.values()]
-    (res,) = [ex.submit(StoreJob(2, Blocks((keys[1],)), (1,), (0,), (WRITE_NONE,))).wait(WAIT_S)]
+    (res,) = [ex.submit(store_job(2, Blocks((keys[1],)), (1,), (0,), (WRITE_NONE,))).wait(WAIT_S)]
     assert res.failed == {keys[1]: "io_timeout"}
-    (res,) = [ex.submit(StoreJob(3, Blocks((keys[2],)), (2,), (1,), (WRITE_NONE,))).wait(WAIT_S)]
+    (res,) = [ex.submit(store_job(3, Blocks((keys[2],)), (2,), (1,), (WRITE_NONE,))).wait(WAIT_S)]
     assert res.ok  # other slots are fine
     _native.set_fault_delays(False)  # the device is fast again: the late write completes
     _until(lambda: ex.stats()["ssd_fenced_slots"] == 0)
-    (res,) = [ex.submit(StoreJob(4, Blocks((keys[1],)), (1,), (0,), (WRITE_SSD,))).wait(WAIT_S)]
+    (res,) = [ex.submit(store_job(4, Blocks((keys[1],)), (1,), (0,), (WRITE_SSD,))).wait(WAIT_S)]
     assert res.ok and not res.write_failed
     assert all(torch.equal(t[:, 1], b) for t, b in zip(caches.values(), before, strict=True))
     # Slow again: shutdown does not unmap the pool (or close the store) under a late write.
     _native.set_fault_delays(True)
-    (res,) = [ex.submit(StoreJob(5, Blocks((keys[2],)), (2,), (2,), (WRITE_SSD,))).wait(WAIT_S)]
+    (res,) = [ex.submit(store_job(5, Blocks((keys[2],)), (2,), (2,), (WRITE_SSD,))).wait(WAIT_S)]
     assert res.write_failed_on(Tier.SSD) == {keys[2]}
     assert not ex.shutdown(timeout=0.1)
     _native.set_fault_delays(False)
@@ -312,7 +312,7 @@ def _staged_setup(
     keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(n)])
     ex = JobExecutor.from_kv_caches(cfg, ns, caches)
     res = ex.submit(
-        StoreJob(1, Blocks(tuple(keys)), tuple(range(n)), tuple(range(n)), (WRITE_SSD,) * n)
+        store_job(1, Blocks(tuple(keys)), tuple(range(n)), tuple(range(n)), (WRITE_SSD,) * n)
     )
     assert res.wait(30).ok
     assert ex.shutdown(timeout=30)
@@ -405,11 +405,11 @@ def test_load_never_queues_behind_stores_stuck_on_a_slow_ssd(
     # The stores wait on the device, not on a timeout.
     caches, ex, keys = _executor_on_a_slow_ssd(tmp_path, monkeypatch, WAIT_S)
     # A block in host memory only (no device write), from GPU block 0.
-    (res,) = [ex.submit(StoreJob(1, Blocks((keys[0],)), (0,), (0,), (WRITE_NONE,))).wait(WAIT_S)]
+    (res,) = [ex.submit(store_job(1, Blocks((keys[0],)), (0,), (0,), (WRITE_NONE,))).wait(WAIT_S)]
     assert res.ok
     # Both job threads now wait on a stuck SSD write.
     for job_id, i in ((2, 1), (3, 2)):
-        ex.submit(StoreJob(job_id, Blocks((keys[i],)), (i,), (i,), (WRITE_SSD,)))
+        ex.submit(store_job(job_id, Blocks((keys[i],)), (i,), (i,), (WRITE_SSD,)))
     ex.wait_gpu_reads([2, 3], timeout=WAIT_S)
     started = time.monotonic()
     (res,) = [ex.submit(load_job(4, (keys[0],), (5,), (0,), (Tier.HOST,))).wait(WAIT_S)]

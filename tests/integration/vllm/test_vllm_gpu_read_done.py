@@ -23,7 +23,7 @@ from helpers import vllm_harness as vh
 from vllm.v1.request import RequestStatus
 
 from flexkv_py.config import load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, store_job
 from flexkv_py.coordinator.jobs import WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks
 from flexkv_py.index import Namespace
@@ -173,7 +173,7 @@ def test_executor_reports_the_copy_before_the_ssd_write(
     d2h = _hold_d2h(ex)
     try:
         for i in range(6):  # 6 stores, 2 job threads
-            ex.submit(StoreJob(i + 1, Blocks((keys[i],)), (i,), (i,), (WRITE_SSD,)))
+            ex.submit(store_job(i + 1, Blocks((keys[i],)), (i,), (i,), (WRITE_SSD,)))
         with pytest.raises(TimeoutError):
             ex.wait_gpu_reads([1], timeout=0.05)  # the copy is held: this must give up
         assert ex.poll_gpu_reads() == []

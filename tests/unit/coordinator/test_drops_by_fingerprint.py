@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.coordinator_util import _config, _engine, _keys, _ns, _pages
 
-from flexkv_py.coordinator import CacheEngine, DropJob, Drops, JobResult, StoreJob
+from flexkv_py.coordinator import CacheEngine, DropJob, Drops, JobResult, store_job
 from flexkv_py.coordinator.jobs import INTERNAL
 from flexkv_py.coordinator.kv_events import KVEvent
 from flexkv_py.coordinator.legs import Blocks
@@ -156,7 +156,7 @@ def test_a_job_that_crashes_after_its_drop_first_still_names_what_it_deleted(
         def crash() -> None:
             raise RuntimeError("fill failed")
 
-        job = StoreJob(
+        job = store_job(
             20_000,
             Blocks((b"x" * 8,)),
             None,
@@ -186,7 +186,7 @@ def test_a_delete_the_store_refuses_neither_stops_the_job_nor_raises_to_its_subm
     eng = _engine(cfg, ns, 4, free_target=0)
     try:
         victim = eng.manager.index.cold_keys_among(keys)[0]  # adopted at the restart
-        job = StoreJob(
+        job = store_job(
             20_001,
             Blocks((b"y" * 8,)),
             None,

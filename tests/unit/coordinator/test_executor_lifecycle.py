@@ -18,7 +18,7 @@ import torch
 from helpers.store_util import block
 
 from flexkv_py.config import FlexKVConfig, load_config
-from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, StoreJob
+from flexkv_py.coordinator import ExecutorOptions, JobExecutor, JobResult, store_job
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, WRITE_NONE, WRITE_SSD, load_job
 from flexkv_py.coordinator.legs import Blocks, write_out
 from flexkv_py.errors import ClosedError
@@ -108,8 +108,10 @@ def test_wait_timeout_consumes_no_result(tmp_path: Path) -> None:
     gate = threading.Event()
     k = _keys(ns, 2, "w")
     try:
-        done = ex.submit(StoreJob(1, Blocks((k[0],)), None, (0,), (WRITE_NONE,)), fill=lambda: None)
-        held = ex.submit(StoreJob(2, Blocks((k[1],)), None, (1,), (WRITE_NONE,)), fill=gate.wait)
+        done = ex.submit(
+            store_job(1, Blocks((k[0],)), None, (0,), (WRITE_NONE,)), fill=lambda: None
+        )
+        held = ex.submit(store_job(2, Blocks((k[1],)), None, (1,), (WRITE_NONE,)), fill=gate.wait)
         first = done.wait(timeout=30)
         with pytest.raises(TimeoutError):
             ex.wait([1, 2], timeout=HELD_S)
@@ -131,7 +133,7 @@ def test_abandoned_store_fails_every_block_and_writes_none_to_ssd(
     keys = _keys(ex.namespace, 2, "a")
     gate = _hold_d2h(ex)
     try:
-        job = StoreJob(1, Blocks(tuple(keys)), (1, 2), (0, 1), (WRITE_SSD, WRITE_SSD))
+        job = store_job(1, Blocks(tuple(keys)), (1, 2), (0, 1), (WRITE_SSD, WRITE_SSD))
         handle = ex.submit(job)
         assert ex.abandon([job.job_id, 99]) == [job.job_id]  # 99: unknown, ignored
         for t in caches.values():  # vLLM reuses the blocks before the copy ran
@@ -150,7 +152,7 @@ def test_abandon_after_the_copy_finished_keeps_the_store(
 ) -> None:
     ex, caches = gpu_executor
     (key,) = _keys(ex.namespace, 1, "b")
-    job = StoreJob(1, Blocks((key,)), (3,), (0,), (WRITE_SSD,))
+    job = store_job(1, Blocks((key,)), (3,), (0,), (WRITE_SSD,))
     result = ex.submit(job).wait(timeout=30)  # the copy is done: nothing left to distrust
     assert ex.abandon([job.job_id]) == []
     assert ex.wait([job.job_id]) == [result] and result.ok
@@ -171,7 +173,7 @@ def test_store_abandoned_before_its_chained_copy_issues_no_copy(
     page = block(victim, ex.pool.slot_nbytes)
     ex.pool.tensor[0].numpy()[:] = memoryview(page)  # type: ignore[attr-defined]
     gate = threading.Event()
-    job = StoreJob(
+    job = store_job(
         1,
         Blocks((key,)),
         (4,),
@@ -208,7 +210,7 @@ def test_shutdown_timeout_leaks_pool_and_store_instead_of_closing_them(
         gate.wait()
         pool.tensor[2].numpy()[:] = memoryview(page)
 
-    handle = ex.submit(StoreJob(1, Blocks((key,)), None, (2,), (WRITE_SSD,)), fill=fill)
+    handle = ex.submit(store_job(1, Blocks((key,)), None, (2,), (WRITE_SSD,)), fill=fill)
     try:
         with caplog.at_level(logging.ERROR, logger="flexkv_py.coordinator.executor"):
             closed = ex.shutdown(timeout=HELD_S)
@@ -216,7 +218,7 @@ def test_shutdown_timeout_leaks_pool_and_store_instead_of_closing_them(
         assert closed is False
         assert any("still running" in r.getMessage() for r in caplog.records)
         with pytest.raises(ClosedError, match="shut down"):
-            ex.submit(StoreJob(2, Blocks((key,)), None, (3,), (WRITE_NONE,)), fill=lambda: None)
+            ex.submit(store_job(2, Blocks((key,)), None, (3,), (WRITE_NONE,)), fill=lambda: None)
     finally:
         gate.set()
     result: JobResult = handle.wait(timeout=30)

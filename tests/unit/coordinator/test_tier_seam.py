@@ -27,7 +27,7 @@ from flexkv_py.coordinator import (
     ExecutorOptions,
     JobExecutor,
     SpillJob,
-    StoreJob,
+    store_job,
 )
 from flexkv_py.coordinator import jobs as jobs_module
 from flexkv_py.coordinator.counters import Counters
@@ -179,7 +179,7 @@ def test_store_load_drop_run_for_every_tier_the_job_names(
     k = _keys(ex.namespace, 3, "s")
     pages = [block(key, SLOT) for key in k]
     write = ((Tier.SSD, Tier.OBJECT), (Tier.OBJECT,), ())
-    store = StoreJob(1, Blocks(tuple(k)), None, (0, 1, 2), write)
+    store = store_job(1, Blocks(tuple(k)), None, (0, 1, 2), write)
     result = _run(ex, store, lambda: _fill(pool, [0, 1, 2], pages))
     assert result.ok and result.write_failed == {}
     assert [ssd.contains(key) for key in k] == [True, False, False]
@@ -215,7 +215,7 @@ def test_rejected_put_is_its_own_reason_not_no_space(
     spill = _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
     assert spill.failed == {k[1]: REJECTED} and REJECTED != NO_SPACE
     assert ex.stats()["failed_spill_rejected"] == 1
-    store = StoreJob(2, Blocks(tuple(k)), None, (2, 3), ((Tier.OBJECT,),) * 2)
+    store = store_job(2, Blocks(tuple(k)), None, (2, 3), ((Tier.OBJECT,),) * 2)
     result = _run(ex, store, lambda: _fill(pool, [2, 3], pages))
     assert result.ok and result.write_failed == {Tier.OBJECT: frozenset({k[1]})}
 
