@@ -4,8 +4,9 @@ handler registered for its pair of media (leg_handlers.py, registered here).
 
 Host <-> lower tier goes through each tier's async batches straight on pool memory: each block
 buffer is ``(pool.slot_address(slot), pool.slot_nbytes)`` (4096-aligned, so O_DIRECT needs no
-bounce copy). GPU <-> host goes through the transfer engine (transfer/stream_order.py orders a
-copy issued from a job thread).
+bounce copy). GPU <-> host goes through the transfer engine (copy_handlers.py; a load's and a
+store's copies run as flows, fed piece by piece; transfer/stream_order.py orders a copy issued
+from a job thread).
 
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.writes`,
 `LoadJob.reads`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
