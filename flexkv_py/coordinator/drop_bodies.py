@@ -1,12 +1,14 @@
 """The worker's deletes: a DropJob, and a job's `drop_first` (room for its writes), run on this
-rank tier by tier.
+rank; both are a `Drops` (jobs.py).
 
 The scheduler names blocks by key where it knows the key (warm blocks, orphans, garbage after a
-reset) and by fingerprint where it does not (cold blocks: flexkv_py/index/cold_blocks.py keeps
-only 8-byte digests). A tier that resolves fingerprints (the SSD store, whose key table is
-hashed by them: tiers/ssd/tier.py `delete_fingerprints`) deletes the keys they name; a reset
-deletes the rank's whole namespace there (`delete_namespace`). Either way the logical keys
-deleted go back in the job's result (`JobResult.dropped`), and the manager announces them.
+reset): those deletes are legs from a lower tier to `Gone`, run through the executor's handlers
+(the one registered for them, tier_handlers.py `TierDelete`, calls `delete_keys` here). It names
+them by fingerprint where it does not (cold blocks: flexkv_py/index/cold_blocks.py keeps only
+8-byte digests): a tier that resolves fingerprints (the SSD store, whose key table is hashed by
+them: tiers/ssd/tier.py `delete_fingerprints`) deletes the keys they name; a reset also deletes
+the rank's whole namespace on the tiers it names (`delete_namespace`). Either way the logical
+keys deleted go back in the job's result (`JobResult.dropped`), and the manager announces them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TypeVar
 
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.jobs import DropJob, Drops, JobResult
+from flexkv_py.coordinator.leg_handlers import Handlers
 from flexkv_py.errors import FlexKVError
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.protocol import LowerTier
@@ -29,12 +32,16 @@ _NO_KEYS: list[bytes] = []  # what a refused delete resolved (never appended to)
 
 
 class TierDeletes:
-    """Deletes on the lower tiers: a DropJob's body, a job's `drop_first`, and what each tier
-    evicted on its own (reported with every job's result)."""
+    """Deletes on the lower tiers: a DropJob's body, a job's `drop_first`, the keyed deletes
+    their legs ask for, and what each tier evicted on its own (reported with every job's
+    result). `handlers`: the executor's, which run the keyed-delete legs."""
 
-    def __init__(self, tiers: Mapping[Tier, LowerTier], stats: Counters) -> None:
+    def __init__(
+        self, tiers: Mapping[Tier, LowerTier], stats: Counters, handlers: Handlers
+    ) -> None:
         self.tiers = tiers
         self.stats = stats
+        self.handlers = handlers
 
     def evicted(self) -> dict[Tier, tuple[bytes, ...]]:
         """What each tier dropped on its own since the last job asked."""
@@ -58,19 +65,23 @@ class TierDeletes:
             self.stats.add(f"{tier.value}_delete_errors")
             return failed
 
-    def delete(self, drops: Mapping[Tier, Sequence[bytes]]) -> None:
-        """Delete blocks per tier by key (a DropJob's keys, a job's `drop_first.keys`)."""
-        for tier, keys in drops.items():
-            lower = self.tiers.get(tier)
-            if lower is not None and keys:
-                n = self._deleting(tier, 0, lower.delete, keys)
-                self.stats.add(f"{tier.value}_deleted_blocks", n)
+    def delete_keys(self, tier: Tier, keys: Sequence[bytes]) -> int:
+        """Delete `keys` from `tier` (a deletion leg's blocks); how many it held. A tier this
+        rank lacks holds none."""
+        lower = self.tiers.get(tier)
+        if lower is None or not keys:
+            return 0
+        n = self._deleting(tier, 0, lower.delete, keys)
+        self.stats.add(f"{tier.value}_deleted_blocks", n)
+        return n
 
-    def drop_first(self, drops: Drops) -> dict[Tier, tuple[bytes, ...]]:
-        """A job's `drop_first` (room for its writes), run before the job: by key, then by
-        fingerprint. Returns what the fingerprints resolved to, per tier, for the job's result
-        (the executor attaches it, whether the job then succeeds or crashes)."""
-        self.delete(drops.keys)
+    def run(self, drops: Drops) -> dict[Tier, tuple[bytes, ...]]:
+        """Run `drops` (a DropJob's; a job's `drop_first`, room for its writes, before the
+        job): its deletion legs through the handlers, then its fingerprints. Returns what the
+        fingerprints resolved to, per tier, for the job's result (for a `drop_first`, the
+        executor attaches it whether the job then succeeds or crashes)."""
+        for leg in drops.legs:
+            self.handlers.move(leg)
         return self._delete_prints(drops.prints)
 
     def _delete_prints(self, prints: Mapping[Tier, bytes]) -> dict[Tier, tuple[bytes, ...]]:
@@ -87,15 +98,13 @@ class TierDeletes:
         return out
 
     def drop(self, job: DropJob, started: float) -> JobResult:
-        self.delete(dict.fromkeys(job.tiers, job.keys))
-        dropped = self._delete_prints(dict.fromkeys(job.tiers, job.prints))
-        if job.namespace:  # a reset: every block of this rank's namespace there
-            for tier in job.tiers:
-                delete = getattr(self.tiers.get(tier), "delete_namespace", None)
-                if delete is not None:
-                    keys = tuple(self._deleting(tier, _NO_KEYS, delete))
-                    self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
-                    dropped[tier] = dropped.get(tier, ()) + keys
+        dropped = self.run(job.drops)
+        for tier in job.wipe_namespace_on:  # a reset: every block of this rank's namespace
+            delete = getattr(self.tiers.get(tier), "delete_namespace", None)
+            if delete is not None:
+                keys = tuple(self._deleting(tier, _NO_KEYS, delete))
+                self.stats.add(f"{tier.value}_deleted_blocks", len(keys))
+                dropped[tier] = dropped.get(tier, ()) + keys
         return JobResult(
             job.job_id,
             "drop",

@@ -2,8 +2,10 @@
 
 This module is the job registry (submit, poll, wait, abandon, shutdown, stats), and picks each
 job's body by its purpose (`kind`). What the jobs do is in job_bodies.py, which moves their
-legs through the handler registry (leg_handlers.py, `JobExecutor.handlers`); when a store stops
-reading GPU blocks is in gpu_reads.py; bounded lower-tier waits in late_io.py; copy ordering in
+legs through the handler registry (leg_handlers.py, `JobExecutor.handlers`); deletes (a
+DropJob, a job's `drop_first`) are legs to `Gone` through the same registry, beside what no leg
+names (fingerprints, a namespace wipe), in drop_bodies.py; when a store stops reading GPU
+blocks is in gpu_reads.py; bounded lower-tier waits in late_io.py; copy ordering in
 transfer/stream_order.py; building the host pool and transfer engine in host_side.py.
 The lower tiers are `LowerTier`s (tiers/protocol.py) in `tiers`, keyed by `Tier`.
 
@@ -11,9 +13,9 @@ Ordering: a store's GPU->host copy is submitted in the caller's thread inside `s
 ordered after the model work already queued on the caller's CUDA stream; everything that follows
 (waiting, lower-tier I/O, host->GPU copies) runs on a small thread pool, except for a load from
 host memory submitted with `here` (CacheEngine.load): its copies are issued in the caller's
-thread and the caller that waits for it completes it (_HereLoad). Drops run inside
-`submit`, so a drop happens before any job submitted after it. Jobs never reuse a slot another
-in-flight job uses: the manager guarantees that with pins.
+thread and the caller that waits for it completes it (_HereLoad). A DropJob, and any job's
+`drop_first`, run inside `submit`, so a delete happens before any job submitted after it. Jobs
+never reuse a slot another in-flight job uses: the manager guarantees that with pins.
 
 Every job completes, and every block that did not make it is reported in its JobResult; an
 unexpected exception fails all blocks of the job rather than leaving them unreported.
@@ -279,7 +281,7 @@ class JobExecutor:
         bodies = self._bodies
         first = drops_first(job)
         # Room for its writes, first; what it deleted by fingerprint goes into its result.
-        pre_dropped = bodies.deletes.drop_first(first) if first else {}
+        pre_dropped = bodies.deletes.run(first) if first else {}
         here_load = None
         future: Future[JobResult]
         if (

@@ -122,7 +122,7 @@ class HostSpace:
             n = len(taken.get(tier, ())) + len(prints.get(tier, b"")) // DIGEST_LEN
             self._stats[f"{tier.value}_evicted_blocks"] += n
             self._stats[f"{tier.value}_index_evicted_blocks"] += n
-        return Drops({tier: tuple(keys) for tier, keys in taken.items()}, prints)
+        return Drops.of(taken, prints)
 
     def announce_dropped(self, dropped: Mapping[Tier, Sequence[bytes]]) -> None:
         """A worker deleted these blocks that the scheduler had named by fingerprint: announce

@@ -9,7 +9,7 @@ store's copies run as flows, fed piece by piece; transfer/stream_order.py orders
 from a job thread).
 
 Each body runs its lower-tier I/O "for every lower tier the job names" (`StoreJob.writes`,
-`LoadJob.reads`, `SpillJob.leg`, `DropJob.tiers`): one batch per tier and job part, never a
+`LoadJob.reads`, `SpillJob.leg`, a `Drops`' legs): one batch per tier and job part, never a
 per-block call. A tier the job names that this rank does not have (off, or could not be opened:
 tiers/ssd/opener.py) fails its blocks at once (`not_found`), touching no device.
 
@@ -45,7 +45,7 @@ from flexkv_py.coordinator.jobs import (
 )
 from flexkv_py.coordinator.late_io import LateIo
 from flexkv_py.coordinator.leg_handlers import Arrived, Flow, Handlers, Moved
-from flexkv_py.coordinator.legs import Blocks, Gpu, Host, Leg, OnTier
+from flexkv_py.coordinator.legs import Blocks, Gone, Gpu, Host, Leg, OnTier
 from flexkv_py.coordinator.planning import store_rounds
 from flexkv_py.coordinator.staged_load import (
     READ_BATCH_BYTES,
@@ -56,7 +56,7 @@ from flexkv_py.coordinator.staged_load import (
 )
 from flexkv_py.coordinator.store_copies import D2h, StoreCopies
 from flexkv_py.coordinator.store_write_through import SlotMemory, store_in_rounds, write_through
-from flexkv_py.coordinator.tier_handlers import TierBatch
+from flexkv_py.coordinator.tier_handlers import TierBatch, TierDelete
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.protocol import BatchLike, LowerTier
 from flexkv_py.transfer.stream_order import OrderedTransfer, StreamMark
@@ -83,9 +83,10 @@ class JobBodies:
         self.late_io = late_io
         self.reads = reads
         self.stats = stats
-        self.deletes = TierDeletes(tiers, stats)
         # Every leg moves through the handler for its pair of media (leg_handlers.py).
         self.handlers = Handlers()
+        self.deletes = TierDeletes(tiers, stats, self.handlers)
+        self.handlers.register(OnTier, Gone, TierDelete(self.deletes))
         self.handlers.register(Host, OnTier, TierBatch(self, put=True))
         self.handlers.register(OnTier, Host, TierBatch(self, put=False))
         self.handlers.register(Gpu, Host, HostCopy("d2h", transfer, stats, pool.slot_nbytes))

@@ -1,9 +1,12 @@
 """Jobs (manager -> executor) and their results (executor -> manager): plain picklable data.
 
 The manager decides everything (which slot, which blocks go to which lower tier); a job only says
-what to move. Tiers are named with `Tier` (flexkv_py.index.tier_names) everywhere: a job names the
-tier it writes to or reads from, so a second lower tier (the object store) passes through the
-same jobs.
+what to move. A job is a purpose (`kind`) plus legs (legs.py): a load's reads, a spill, a
+`LegJob`'s legs, and deletes: every job's `drop_first` is a `Drops`, and a `DropJob` is one plus
+a reset's namespace wipe; the keyed deletes of a `Drops` are legs from a lower tier to `Gone`,
+beside the cold blocks it names by fingerprint (no leg can name those). Tiers are named with `Tier`
+(flexkv_py.index.tier_names) everywhere: a job names the tier it writes to or reads from, so a
+second lower tier (the object store) passes through the same jobs.
 With TP > 1 the same job goes to every rank's executor and the per-rank results are merged with
 `JobResult.merge` before the manager sees them.
 """
@@ -12,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Gpu, Host, Leg, OnTier
+from flexkv_py.coordinator.legs import NO_SPILL, Blocks, Gone, Gpu, Host, Leg, OnTier, deletion
 from flexkv_py.index.tier_names import Tier, lower_in_order
 
 JobKind = Literal["store", "load", "spill", "drop", "move"]
@@ -90,19 +93,38 @@ def _positions(
 
 @dataclass(frozen=True)
 class Drops:
-    """Lower-tier deletes the index chose to make room, done before any write of the job that
-    carries them. Blocks the scheduler knows by key (`keys`) and cold blocks it knows only by
-    fingerprint (`prints`: per tier, joined 8-byte `BlockSet.digest`s of logical keys; the
-    worker's store resolves them to its keys and the job's result names what it deleted)."""
+    """Lower-tier deletes: a DropJob's, or a job's `drop_first` (room the index made for its
+    writes, deleted before any of them). Blocks the scheduler knows by key are `legs`, one
+    deletion leg (lower tier -> `Gone`, legs.py) per tier, run through the executor's handlers.
+    Cold blocks it knows only by fingerprint are `prints`: per tier, joined 8-byte
+    `BlockSet.digest`s of logical keys; the worker's store resolves them to its keys and the
+    job's result names what it deleted (`JobResult.dropped`)."""
 
-    keys: dict[Tier, tuple[bytes, ...]] = field(default_factory=dict)
+    legs: tuple[Leg, ...] = ()
     prints: dict[Tier, bytes] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if any(leg.kinds != (OnTier, Gone) for leg in self.legs):
+            raise ValueError("Drops: a keyed delete is not a lower tier -> Gone leg")
+        tiers = [leg.tier for leg in self.legs]
+        if len(set(tiers)) != len(tiers):
+            raise ValueError("Drops: two keyed deletes on one tier")
+
+    @classmethod
+    def of(
+        cls,
+        keys: Mapping[Tier, Sequence[bytes]] | None = None,
+        prints: Mapping[Tier, bytes] | None = None,
+    ) -> Drops:
+        """The deletes of `keys` and `prints` per tier (a tier with no keys gets no leg)."""
+        legs = tuple(deletion(k, tier) for tier, k in (keys or {}).items() if k)
+        return cls(legs, dict(prints or {}))
+
     def __bool__(self) -> bool:
-        return any(self.keys.values()) or any(self.prints.values())
+        return any(leg.keys for leg in self.legs) or any(self.prints.values())
 
     def keys_on(self, tier: Tier) -> tuple[bytes, ...]:
-        return self.keys.get(tier, ())
+        return next((leg.keys for leg in self.legs if leg.tier is tier), ())
 
     def prints_on(self, tier: Tier) -> bytes:
         return self.prints.get(tier, b"")
@@ -374,20 +396,33 @@ class SpillJob:
 
 @dataclass(frozen=True)
 class DropJob:
-    """Delete blocks from lower tiers (reset, copies written after a reset, orphans, evictions
-    no write took). `prints`: cold blocks named by fingerprint (joined 8-byte digests, as
-    `Drops.prints`), deleted from every tier in `tiers`. `namespace`: also every block of this
-    rank's namespace there (a reset: the scheduler does not know its cold blocks' keys). The
-    result's `dropped` names what the fingerprints and the namespace delete removed."""
+    """Delete blocks from lower tiers (a reset, copies written after a reset, orphans,
+    evictions no write took): `drops`, its keyed deletes legs to `Gone` and its fingerprints,
+    as a job's `drop_first`; then on each tier of `wipe_namespace_on` every block of this
+    rank's namespace (a reset: the scheduler does not know its cold blocks' keys). The result's
+    `dropped` names what the fingerprints and the namespace delete removed. The executor runs
+    it inside `submit`, before any job submitted after it."""
 
     job_id: int
-    keys: tuple[bytes, ...]
-    tiers: tuple[Tier, ...] = (Tier.SSD,)
+    drops: Drops
+    wipe_namespace_on: tuple[Tier, ...] = ()
     kind: JobKind = "drop"
     gpu_block_ids: None = None
-    host_slots: tuple[int, ...] = ()
-    prints: bytes = b""
-    namespace: bool = False
+
+    @property
+    def legs(self) -> tuple[Leg, ...]:
+        return self.drops.legs
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """Every block deleted by key, once (a reset deletes the same keys on every tier)."""
+        legs = self.drops.legs
+        if not legs:
+            return ()
+        first = legs[0].keys
+        if all(leg.keys == first for leg in legs[1:]):
+            return first
+        return tuple(dict.fromkeys(k for leg in legs for k in leg.keys))
 
 
 @dataclass(frozen=True)
@@ -427,7 +462,7 @@ class JobResult:
         fine).
     evicted: per tier, logical keys that tier evicted for capacity while the job ran.
     dropped: per tier, logical keys the job deleted that the scheduler named by fingerprint or
-        by namespace (`Drops.prints`, `DropJob.prints` / `namespace`): it announces them.
+        by namespace (`Drops.prints`, `DropJob.wipe_namespace_on`): it announces them.
     spill_failed: a job's `spill` keys that did not reach its tier (for SpillJob: `failed`).
     """
 

@@ -3,9 +3,10 @@
 A leg moves one batch of blocks (`Blocks`: the keys with the chain parents and metadata a tier
 keeps with them, columns aligned by construction) from a source medium to a destination medium.
 The media are this rank's GPU KV cache (`Gpu`: one block id per block), host-pool slots (`Host`:
-one slot per block) and a lower tier (`OnTier`). The executor runs a leg through the handler
-registered for its (source kind, destination kind) pair (leg_handlers.py): a new path, such as
-GPU <-> SSD without a host slot, is a new handler, not a new job class.
+one slot per block), a lower tier (`OnTier`), and `Gone`: a leg from a lower tier to `Gone` is a
+delete (`deletion`), so a drop is legs too (jobs.py `Drops`). The executor runs a leg through
+the handler registered for its (source kind, destination kind) pair (leg_handlers.py): a new
+path, such as GPU <-> SSD without a host slot, is a new handler, not a new job class.
 
 A leg is one columnar batch, never one object per block: the load path is hot.
 """
@@ -101,7 +102,18 @@ class OnTier:
         return self
 
 
-Medium = Gpu | Host | OnTier
+@dataclass(frozen=True)
+class Gone:
+    """Nowhere: blocks moved here leave their source (from a lower tier: deleted there)."""
+
+    def places(self) -> tuple[int, ...] | None:
+        return None
+
+    def take(self, positions: Sequence[int]) -> Gone:
+        return self
+
+
+Medium = Gpu | Host | OnTier | Gone
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,11 @@ class Leg:
 def write_out(blocks: Blocks, slots: Sequence[int], tier: Tier) -> Leg:
     """The leg writing `blocks` from their host `slots` to `tier` (a spill, a write-through)."""
     return Leg(blocks, Host(tuple(slots)), OnTier(tier))
+
+
+def deletion(keys: Sequence[bytes], tier: Tier) -> Leg:
+    """The leg deleting the blocks `keys` name from `tier`."""
+    return Leg(Blocks(tuple(keys)), OnTier(tier), Gone())
 
 
 # The spill of a job that spills nothing.

@@ -33,7 +33,7 @@ from flexkv_py.coordinator.adopted_before import AdoptedBefore
 from flexkv_py.coordinator.chain_links import ChainLinks
 from flexkv_py.coordinator.drain_admitted import DrainAdmitted
 from flexkv_py.coordinator.host_space import HostSpace
-from flexkv_py.coordinator.jobs import DropJob, Job, JobResult, LoadJob, StoreJob
+from flexkv_py.coordinator.jobs import DropJob, Drops, Job, JobResult, LoadJob, StoreJob
 from flexkv_py.coordinator.kv_events import EventQueue, KVEvent
 from flexkv_py.coordinator.loads import LoadPlanner
 from flexkv_py.coordinator.object_prefetch import ObjectPrefetch
@@ -341,10 +341,8 @@ class CacheManager:
     def _drop_evicted(self) -> None:
         """Evictions no write job took (an adoption over capacity): deleted before the rest."""
         drops = self.host.take_drops()
-        for tier in reversed([*dict.fromkeys([*drops.keys, *drops.prints])]):
-            keys, prints = drops.keys_on(tier), drops.prints_on(tier)
-            job = DropJob(self.outbox.new_id(), keys, (tier,), prints=prints)
-            self.outbox.send(job, first=True)
+        if drops:
+            self.outbox.send(DropJob(self.outbox.new_id(), drops), first=True)
 
     def complete(self, result: JobResult) -> None:
         """Apply a job's result (merged over ranks): commit or drop blocks, unpin, free slots."""
@@ -367,7 +365,7 @@ class CacheManager:
                     self.events.add("removed", (key,), tier)
                     self._stats[f"{tier.value}_evicted_blocks"] += 1
             for tier, garbage in self.index.take_garbage().items():
-                self.outbox.send(DropJob(self.outbox.new_id(), tuple(garbage), (tier,)))
+                self.outbox.send(DropJob(self.outbox.new_id(), Drops.of({tier: garbage})))
             self.host.keep_reserve()
 
     def _reset_deleted(self, forgotten: list[Forgotten], _job: Job, result: JobResult) -> None:
@@ -428,7 +426,7 @@ class CacheManager:
             if not adopt:
                 stale = sorted({k for ks in owned for k in ks})
                 if stale:
-                    self.outbox.send(DropJob(self.outbox.new_id(), tuple(stale), (tier,)))
+                    self.outbox.send(DropJob(self.outbox.new_id(), Drops.of({tier: stale})))
                 logger.info("dropped %d %s blocks stored before a reset", len(stale), tier.value)
                 return 0
             # Rank 0's order (its store's); sets only with more than one rank (millions of keys).
@@ -452,7 +450,7 @@ class CacheManager:
             maxlen = self.events.maxlen or len(adopted)
             self.events.add("stored", adopted[-maxlen:], tier)
             if orphans:
-                self.outbox.send(DropJob(self.outbox.new_id(), tuple(orphans), (tier,)))
+                self.outbox.send(DropJob(self.outbox.new_id(), Drops.of({tier: orphans})))
             self._stats[f"{tier.value}_adopted_blocks"] += len(adopted)
             logger.info(
                 "adopted %d %s blocks (%d orphans dropped)", len(adopted), tier.value, len(orphans)
@@ -503,7 +501,14 @@ class CacheManager:
             if not drop and not wipe:
                 return None
             drop_tiers = tuple(t for t in LOWER_TIERS if t in tiers | wipe)
-            job = DropJob(self.outbox.new_id(), tuple(drop), drop_tiers, namespace=bool(wipe))
+            # Every key on every tier the reset touches (one tuple, shared by the legs: a tier
+            # lacking a key deletes nothing), and the namespace there once any held cold blocks.
+            keys = tuple(drop)
+            job = DropJob(
+                self.outbox.new_id(),
+                Drops.of(dict.fromkeys(drop_tiers, keys)),
+                wipe_namespace_on=drop_tiers if wipe else (),
+            )
             if wipe:  # its result names the cold blocks it deleted: announced as it comes back
                 self.outbox.track(job, functools.partial(self._reset_deleted, forgotten))
             return job

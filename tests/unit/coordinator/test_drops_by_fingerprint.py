@@ -124,7 +124,7 @@ def test_a_fingerprint_clash_on_a_drop_loses_a_copy_never_serves_wrong_kv(tmp_pa
         cold = index.cold_keys_among(keys)
         assert len(cold) >= 3
         clashed = cold[1]  # only on the SSD: no host copy hides the loss
-        job = DropJob(10_000, (), (Tier.SSD,), prints=key_print(clashed))
+        job = DropJob(10_000, Drops(prints={Tier.SSD: key_print(clashed)}))
         eng.executor.submit(job)
         for result in eng.executor.wait([job.job_id]):
             assert result.dropped == {Tier.SSD: (clashed,)}
@@ -192,7 +192,7 @@ def test_a_delete_the_store_refuses_neither_stops_the_job_nor_raises_to_its_subm
             None,
             (0,),  # already filled (nothing to copy), written to no tier
             ((),),
-            drop_first=Drops(keys={Tier.SSD: (keys[1],)}, prints={Tier.SSD: key_print(victim)}),
+            drop_first=Drops.of({Tier.SSD: (keys[1],)}, {Tier.SSD: key_print(victim)}),
         )
         result = eng.executor.submit(job).wait(30)
         assert result.ok and result.dropped == {}

@@ -32,9 +32,7 @@ def _resolved(keys: tuple[bytes, ...], prints: bytes, universe: list[bytes]) -> 
 
 
 def _drops_of(job: object, universe: list[bytes]) -> list[bytes]:
-    if isinstance(job, DropJob):
-        return _resolved(job.keys, job.prints, universe)
-    drops = job.drop_first  # type: ignore[attr-defined]
+    drops = job.drops if isinstance(job, DropJob) else job.drop_first  # type: ignore[attr-defined]
     return _resolved(drops.keys_on(Tier.SSD), drops.prints_on(Tier.SSD), universe)
 
 

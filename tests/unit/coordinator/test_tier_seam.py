@@ -24,6 +24,7 @@ from helpers.store_util import block
 from flexkv_py.config import load_config
 from flexkv_py.coordinator import (
     DropJob,
+    Drops,
     ExecutorOptions,
     JobExecutor,
     SpillJob,
@@ -33,6 +34,7 @@ from flexkv_py.coordinator import jobs as jobs_module
 from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.jobs import (
     INTERNAL,
+    NO_DROPS,
     NO_SPACE,
     NOT_FOUND,
     REJECTED,
@@ -199,7 +201,7 @@ def test_store_load_drop_run_for_every_tier_the_job_names(
     assert sorted(ex.stored_keys(Tier.OBJECT)) == sorted([k[0], k[1]])
 
     # A drop deletes from the tiers it names only.
-    _run(ex, DropJob(3, (k[0],), tiers=(Tier.OBJECT,)))
+    _run(ex, DropJob(3, Drops.of({Tier.OBJECT: (k[0],)})))
     assert not obj.contains(k[0]) and ssd.contains(k[0])
     assert ex.stats()["object_deleted_blocks"] == 1
 
@@ -228,9 +230,9 @@ def test_each_tier_reports_its_own_evictions(
     _fill(pool, [0, 1], [block(key, SLOT) for key in k])
     _run(ex, SpillJob(1, write_out(Blocks(tuple(k)), (0, 1), Tier.OBJECT)))
     obj.evict([k[0]])
-    result = _run(ex, DropJob(2, (), tiers=()))
+    result = _run(ex, DropJob(2, NO_DROPS))
     assert result.evicted == {Tier.OBJECT: (k[0],)}
-    assert _run(ex, DropJob(3, (), tiers=())).evicted == {}  # drained: reported once
+    assert _run(ex, DropJob(3, NO_DROPS)).evicted == {}  # drained: reported once
 
 
 def test_a_tier_the_rank_lacks_fails_fast_without_a_device(tmp_path: Path) -> None:
@@ -255,7 +257,7 @@ def test_shutdown_closes_every_lower_tier(tmp_path: Path) -> None:
     assert ex.shutdown(timeout=30) and a.closed and b.closed
     pool.close()
     with pytest.raises(ClosedError, match="shut down"):
-        ex.submit(DropJob(1, ()))
+        ex.submit(DropJob(1, NO_DROPS))
 
 
 # ---------------------------------------------------------------- one status vocabulary
