@@ -17,7 +17,7 @@ from typing import Any
 
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
-from flexkv_py.errors import ConfigError
+from flexkv_py.errors import ConfigError, FlexKVError
 from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.index.tier_names import Tier
@@ -99,8 +99,21 @@ class SsdTier:
         return self.store.contains(self.namespace.storage_key(key))
 
     def delete(self, keys: Iterable[bytes]) -> int:
+        """Delete `keys`; how many were here. Each key is tried: the store forgets a key before
+        journaling its delete, so a refused record (EIO, a full device) still frees its room,
+        and it must not keep the keys after it on disk. The first refusal is raised after all
+        were tried (the caller counts it)."""
         sk = self.namespace.storage_key
-        return sum(self.store.delete(sk(k)) for k in keys)
+        deleted = 0
+        refused: FlexKVError | None = None
+        for key in keys:
+            try:
+                deleted += self.store.delete(sk(key))
+            except FlexKVError as e:
+                refused = refused or e
+        if refused is not None:
+            raise refused
+        return deleted
 
     def delete_fingerprints(self, joined: bytes) -> list[bytes]:
         """Delete the blocks the scheduler names by fingerprint (joined 8-byte `BlockSet.digest`s
