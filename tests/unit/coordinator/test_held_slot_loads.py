@@ -297,3 +297,32 @@ def test_a_load_in_rounds_does_not_read_into_slots_an_earlier_load_left_fenced(
     assert r.fenced() == set() and not r.untouched_slot(1)
     _, result = r.load(blocks, slots)
     assert result.ok and all(r.arrived(b) for b in blocks)
+
+
+def test_a_stuck_device_is_not_asked_again_by_a_later_round_of_the_load(rig: _Rig) -> None:
+    """A load in 2 rounds (4 slots, 8 blocks, a sub-batch each, one in flight) on a device
+    that answers nothing: once a read timed out the device is stuck for the rest of the load
+    (late_io.py), so the later round submits nothing either: one timeout for the load, not
+    one per round, and no slot of a block that was never read stays fenced."""
+    r = rig
+    k = r.keys
+    bodies = r.ex._bodies
+    bodies.read_batch_bytes = r.ex.pool.slot_nbytes
+    bodies.reads_in_flight = 1
+    r.ssd.stuck = True
+    blocks, slots = list(range(8)), [0, 1, 2, 3] * 2
+    job, result = r.load(blocks, slots)
+    assert len(load_rounds(job)) == 2
+    assert result.failed == dict.fromkeys(k[:8], IO_TIMEOUT)
+    assert all(r.untouched(b) for b in blocks)
+    assert r.ssd.gets == [(k[0],)], "a later round asked the stuck device again"
+    stats = r.ex.stats()
+    # Block 0 timed out; block 4 is staged through its fenced slot; the rest were skipped.
+    assert stats["ssd_io_timeouts"] == 1 and stats["ssd_read_skipped_blocks"] == 6
+    assert stats["fenced_slot_hits"] == 1
+    assert r.fenced() == {0}
+    assert all(r.untouched_slot(s) for s in range(SLOTS))
+    r.ssd.land_all()
+    assert r.fenced() == set()
+    _, result = r.load(blocks, slots)
+    assert result.ok and all(r.arrived(b) for b in blocks)
