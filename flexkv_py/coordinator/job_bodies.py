@@ -181,6 +181,7 @@ class JobBodies:
         keys: Sequence[bytes],
         slots: Sequence[int],
         landed: Callable[[int, int, Mapping[bytes, str]], None],
+        stuck_tiers: set[Tier] | None = None,
     ) -> dict[bytes, str]:
         """Read `keys` from `tier` into `slots` in sub-batches (see sub_batches), up to
         `reads_in_flight` outstanding; `landed(lo, hi, failed)` runs as each one completes, in
@@ -188,7 +189,9 @@ class JobBodies:
 
         Late I/O (late_io.py): a sub-batch that times out fences its own slots; the device is
         then stuck, so no further sub-batch is submitted (its blocks fail as IO_TIMEOUT,
-        touching no slot) and those in flight are checked without waiting."""
+        touching no slot) and those in flight are checked without waiting. `stuck_tiers`: the
+        tiers already stuck for the caller's load (a load in rounds passes one set to every
+        round), nothing is submitted to them; `tier` is added once a sub-batch times out."""
         if not keys:
             return {}
         lower = self.tiers.get(tier)
@@ -197,7 +200,7 @@ class JobBodies:
         bounds = iter(sub_batches(len(keys), self.pool.slot_nbytes, self.read_batch_bytes))
         window: deque[tuple[int, int, BatchLike]] = deque()
         failed: dict[bytes, str] = {}
-        stuck = False
+        stuck = stuck_tiers is not None and tier in stuck_tiers
         try:
             while True:
                 while not stuck and len(window) < self.reads_in_flight:
@@ -214,6 +217,8 @@ class JobBodies:
                 )
                 if part is None:
                     stuck = True
+                    if stuck_tiers is not None:
+                        stuck_tiers.add(tier)
                     part = dict.fromkeys(keys[lo:hi], IO_TIMEOUT)
                 failed.update(part)
                 landed(lo, hi, part)
@@ -297,13 +302,15 @@ class JobBodies:
             to_gpu.feed(in_host(job))
         failed: dict[bytes, str] = {keys[i]: MISSING for i in job.missing}
         moved = Moved()
+        # Tiers a read of this load timed out on: stuck for its later rounds too (late_io.py).
+        stuck: set[Tier] = set()
         try:
             spill_failed = self.handlers.move(job.spill).failed
             for r, part in enumerate(load_rounds(job)):
                 if r:  # the round before's host->GPU copies read these slots: wait for them
                     moved.add(to_gpu.finish())
                     to_gpu = self.gpu_leg(job)
-                moved.nbytes += self._stage_round(part, to_gpu, failed)
+                moved.nbytes += self._stage_round(part, to_gpu, failed, stuck)
         except BaseException:
             # The job fails whole and its GPU blocks get reused: no copy may still write them.
             to_gpu.finish()
@@ -330,10 +337,12 @@ class JobBodies:
         part: Sequence[tuple[Leg, list[int]]],
         to_gpu: Flow,
         failed: dict[bytes, str],
+        stuck: set[Tier],
     ) -> int:
         """Read one round of a load's lower-tier blocks into their slots, read by read (each a
         leg and its blocks' positions in the job), each sub-batch fed to the GPU leg as it
-        lands; returns the bytes read."""
+        lands; returns the bytes read. `stuck`: the load's tiers a read timed out on (in this
+        round or one before): nothing more is submitted to them."""
         nbytes = 0
         for leg, at in part:
             keys, slots = leg.keys, leg.dst.places() or ()
@@ -359,7 +368,7 @@ class JobBodies:
                 to_gpu.feed([at[j] for j in range(lo, hi) if keys[j] not in part_failed])
 
             assert leg.tier is not None  # a read's source is a lower tier (LoadJob checks)
-            tier_failed = self.read_in_sub_batches(leg.tier, keys, slots, landed)
+            tier_failed = self.read_in_sub_batches(leg.tier, keys, slots, landed, stuck)
             failed.update(tier_failed)
             nbytes += (len(keys) - len(tier_failed)) * self.pool.slot_nbytes
         return nbytes

@@ -30,7 +30,9 @@ A load that stages many blocks reads them in sub-batches, several in flight
 fences that sub-batch's slots only. The device is then taken to be stuck: no further sub-batch
 is submitted (those blocks fail as IO_TIMEOUT, touching no slot), and the sub-batches already in
 flight, which have been running at least as long as the bound, are checked without waiting: those
-done count, the others are fenced too.
+done count, the others are fenced too. A load streamed in rounds through reused slots
+(coordinator/loads.py) keeps the device stuck for its later rounds: they submit nothing to it,
+so the load waits one bound, not one per round.
 
 Stats are labelled by tier (``ssd_io_timeouts``, ``ssd_io_timeout_blocks``, ``ssd_fenced_slots``).
 """
