@@ -5,8 +5,9 @@ store reusing evicted slots, the spill before the copy) reads host slots. So "GP
 reported apart from job completion: `poll` names each store job once its copy finished, failed
 or will never be issued (abandoned, submit failed, job crashed), and `wait` blocks on that alone.
 The caller may reuse the job's GPU blocks from then on, while the job still runs. A copy issued
-at submit is watched through its transfer handle, so the report does not wait for a job thread
-(those may all be busy with lower-tier writes).
+at submit is watched through its flow (the GPU -> host leg opened, store_copies.py: `done` and
+`wait`), so the report does not wait for a job thread (those may all be busy with lower-tier
+writes).
 
 A caller that stops waiting for a store while its GPU->host copy may still run (vLLM reuses a
 preempted request's blocks) calls `abandon`: the job's blocks fail, so nothing the late copy read

@@ -65,6 +65,12 @@ WRITE_SSD: tuple[Tier, ...] = (Tier.SSD,)
 WRITE_NONE: tuple[Tier, ...] = ()
 
 
+def _without_cached(state: dict[str, object]) -> dict[str, object]:
+    """A job's pickled state: its fields, not the positions it worked out (`cached_property`s
+    in its __dict__): the receiver works them out again, the metadata stays small."""
+    return {k: v for k, v in state.items() if k not in ("read_positions", "write_positions")}
+
+
 def _positions(
     job_id: int, what: str, keys: Sequence[bytes], slots: Sequence[int], legs: Sequence[Leg]
 ) -> list[list[int]]:
@@ -77,6 +83,9 @@ def _positions(
         at: list[int] = []
         i = 0
         host = leg.dst if isinstance(leg.dst, Host) else leg.src
+        if leg.blocks.keys is keys and host.places() is slots:  # built from the job's own
+            out.append(list(range(n)))  # columns (every block takes this leg): no walk
+            continue
         for key, slot in zip(leg.keys, host.places() or (), strict=True):
             while i < n and (keys[i] != key or slots[i] != slot):
                 i += 1
@@ -186,6 +195,20 @@ class StoreJob:
         """Per leg of `writes`, the positions of its blocks in `blocks`."""
         return _positions(self.job_id, "write to", self.keys, self.host.slots, self.writes)
 
+    def __getstate__(self) -> dict[str, object]:
+        return _without_cached(self.__dict__)
+
+    def with_blocks(self, blocks: Blocks) -> StoreJob:
+        """The job with `blocks` (the same keys with parents and metas filled in, as the
+        scheduler side does before a step's jobs go out): its write legs carry them too."""
+        if blocks.keys != self.keys:
+            raise ValueError(f"StoreJob {self.job_id}: with_blocks needs the job's own keys")
+        writes = tuple(
+            Leg(blocks.take(at) if len(at) < len(blocks) else blocks, leg.src, leg.dst)
+            for leg, at in zip(self.writes, self.write_positions, strict=True)
+        )
+        return dataclasses.replace(self, blocks=blocks, writes=writes)
+
     def writes_to(self, tier: Tier) -> list[int]:
         """Positions of the blocks this job copies to `tier` after the host copy."""
         for leg, at in zip(self.writes, self.write_positions, strict=True):
@@ -230,8 +253,12 @@ def store_job(
     for i, tiers in enumerate(write_tiers or ()):
         for tier in tiers:
             by_tier.setdefault(tier, []).append(i)
+    host = Host(tuple(host_slots))
+    n = len(blocks)
     writes = tuple(
-        Leg(blocks.take(at), Host(tuple(host_slots[i] for i in at)), OnTier(tier))
+        Leg(blocks, host, OnTier(tier))  # every block: the job's own columns (no pass)
+        if len(at) == n
+        else Leg(blocks.take(at), Host(tuple(host.slots[i] for i in at)), OnTier(tier))
         for tier in lower_in_order(by_tier)
         for at in (by_tier[tier],)
     )
@@ -239,7 +266,7 @@ def store_job(
         job_id,
         blocks,
         None if gpu_block_ids is None else Gpu(tuple(gpu_block_ids)),
-        Host(tuple(host_slots)),
+        host,
         writes,
         spill=spill,
         streamed=streamed,
@@ -303,6 +330,9 @@ class LoadJob:
         """Per leg of `reads`, the positions of its blocks in `blocks`. Worked out once, by the
         check at construction, for the load body and `sources`."""
         return _positions(self.job_id, "read from", self.keys, self.host.slots, self.reads)
+
+    def __getstate__(self) -> dict[str, object]:
+        return _without_cached(self.__dict__)
 
     @property
     def sources(self) -> tuple[Tier | None, ...]:

@@ -2,18 +2,20 @@
 
 The executor never asks what a job is to move its blocks: it looks up the handler registered for
 the leg's pair of media (legs.py) and runs it. The built-in handlers are GPU <-> host through the
-transfer engine (copy_handlers.py) and host <-> lower tier through the tiers' batches
-(tier_handlers.py); another path (GPU <-> SSD without a host slot, GPU <-> peer) registers its
-own handler and the job classes stay as they are.
+transfer engine (copy_handlers.py), host <-> lower tier through the tiers' batches and lower
+tier -> `Gone` (deletes) (tier_handlers.py); another path (GPU <-> SSD without a host slot,
+GPU <-> peer) registers its own handler and the job classes stay as they are.
 
 A leg runs whole (`move`) or as a `Flow` (`open`): its blocks are fed as they reach the source
 (a load's lower-tier reads land sub-batch by sub-batch; a store's GPU blocks are ready at once)
 and each piece moves while later ones still come. A handler that moves pieces as they come
-defines `open`; for any other, the pieces fed move together when the flow is waited on.
+defines `open`; for any other, the pieces fed move together when the flow is waited on (such a
+handler cannot copy GPU blocks behind a mark on the caller's CUDA stream: `open` refuses).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -80,28 +82,39 @@ class StreamingHandler(LegHandler, Protocol):
 
 class PiecesTogether:
     """The flow of a handler that moves whole legs only: the pieces fed so far move as one leg
-    when the flow is waited on (or finished)."""
+    when the flow is waited on (or finished), by the first thread that waits; any other
+    waits for that move (a store's copy is waited on by its job thread and, through
+    gpu_reads.py, by vLLM's)."""
 
     def __init__(self, handler: LegHandler, leg: Leg) -> None:
         self._handler = handler
         self._leg = leg
         self._pending: list[int] = []
+        self._pending_lock = threading.Lock()
+        self._moving = threading.Lock()  # held while a thread moves the pieces taken
         self._moved = Moved()
         self.poll = False
 
     def feed(self, positions: Sequence[int]) -> None:
-        self._pending.extend(positions)
+        with self._pending_lock:
+            self._pending.extend(positions)
 
     def feed_all(self) -> None:
-        self._pending.extend(range(len(self._leg.keys)))
+        self.feed(range(len(self._leg.keys)))
 
     def done(self) -> bool:
-        return not self._pending
+        return not self._pending and not self._moving.locked()
 
     def wait(self, timeout: float | None = None) -> None:
-        if self._pending:
-            positions, self._pending = self._pending, []
-            self._moved.add(self._handler.move(self._leg.take(positions)))
+        if not self._moving.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"{len(self._leg.keys)} blocks still moving after {timeout} s")
+        try:
+            with self._pending_lock:
+                positions, self._pending = self._pending, []
+            if positions:
+                self._moved.add(self._handler.move(self._leg.take(positions)))
+        finally:
+            self._moving.release()
 
     def finish(self) -> Moved:
         self.wait()
@@ -160,4 +173,11 @@ class Handlers:
         if opener is not None:  # this is on the load path, once per job)
             flow: Flow = opener(leg, after)
             return flow
+        if after is not None and after.event is not None:
+            # Its copy would not wait for the KV the model is still writing on that stream.
+            src, dst = leg.kinds
+            raise LookupError(
+                f"the handler from {src.__name__} to {dst.__name__} cannot start behind the "
+                "caller's CUDA stream (it has no `open`)"
+            )
         return PiecesTogether(handler, leg)

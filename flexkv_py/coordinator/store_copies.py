@@ -95,11 +95,10 @@ class StoreCopies:
                 d2h.feed_all()
                 self.reads.issued(job.job_id, d2h)
             assert d2h is not None
-            copy_failed = bool(d2h.finish().failed)
+            if d2h.finish().failed:
+                raise CopyFailed(f"{len(job.keys)} blocks")  # (its GPU read ends below)
             if self.reads.end(job.job_id):
                 raise Abandoned
-            if copy_failed:
-                raise CopyFailed(f"{len(job.keys)} blocks")
             return True
         except Abandoned:
             logger.warning(

@@ -10,7 +10,7 @@ for the host -> tier legs (`handlers`) and the GPU -> host copies (`copies`), th
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from flexkv_py.coordinator.jobs import IO_TIMEOUT, TRANSFER_ERROR, StoreJob
@@ -43,31 +43,41 @@ class StoreBodies(Protocol):
 def write_through(
     bodies: StoreBodies,
     job: StoreJob,
-    positions: Collection[int] | None,
+    picks: Sequence[Sequence[int]] | None,
     failed: Mapping[bytes, str],
     write_failed: dict[Tier, set[bytes]],
 ) -> int:
-    """Run the job's write legs (`writes`) for its blocks at `positions` (None: all) that have
-    not failed, one batch per tier; returns the bytes written."""
+    """Run the job's write legs (`writes`), one batch per tier, for their blocks that have not
+    failed: all of each leg, or (`picks[k]`) the blocks of leg k at those indices in it (one
+    round of a streamed store). Returns the bytes written."""
     nbytes = 0
     keys = job.keys
-    for leg, at in zip(job.writes, job.write_positions, strict=True):  # none: write-back
-        if positions is None and not failed:
+    for k, (leg, at) in enumerate(zip(job.writes, job.write_positions, strict=True)):
+        if picks is None and not failed:
             part = leg  # the common case: the whole leg
         else:
-            part = leg.take(
-                [
-                    j
-                    for j, i in enumerate(at)
-                    if (positions is None or i in positions) and keys[i] not in failed
-                ]
-            )
+            mine = range(len(at)) if picks is None else picks[k]
+            part = leg.take([j for j in mine if keys[at[j]] not in failed])
         moved = bodies.handlers.move(part)
         nbytes += moved.nbytes
         if moved.failed:
             assert leg.tier is not None  # a write's destination is a lower tier
             write_failed.setdefault(leg.tier, set()).update(moved.failed)
     return nbytes
+
+
+def _picks_by_round(job: StoreJob, rounds: Sequence[Sequence[int]]) -> list[list[list[int]]]:
+    """Per round, per write leg: the indices in the leg of that round's blocks (one pass over
+    each leg for the whole store, not one per round)."""
+    round_of = [0] * len(job.keys)
+    for r, part in enumerate(rounds):
+        for i in part:
+            round_of[i] = r
+    out: list[list[list[int]]] = [[[] for _ in job.writes] for _ in rounds]
+    for k, at in enumerate(job.write_positions):
+        for j, i in enumerate(at):
+            out[round_of[i]][k].append(j)
+    return out
 
 
 def store_in_rounds(
@@ -85,6 +95,7 @@ def store_in_rounds(
     Returns the bytes moved."""
     nbytes = 0
     last = len(rounds) - 1
+    picks = _picks_by_round(job, rounds)
     for r, part in enumerate(rounds):
         held = bodies.late_io.fenced(job.host_slots[i] for i in part)
         if held:  # a timed-out write of the round before may still read these slots
@@ -95,5 +106,5 @@ def store_in_rounds(
                 failed.setdefault(job.keys[i], TRANSFER_ERROR)
             break
         nbytes += len(part) * bodies.pool.slot_nbytes
-        nbytes += write_through(bodies, job, set(part), failed, write_failed)
+        nbytes += write_through(bodies, job, picks[r], failed, write_failed)
     return nbytes

@@ -140,8 +140,9 @@ def with_block_metas(
         changes: dict[str, Any] = {}
         if isinstance(job, StoreJob) and not job.blocks.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
-            if extras is not None:
-                changes.update(blocks=Blocks(job.keys, extras[0], extras[1]))
+            if extras is not None:  # its write legs (write-through) carry them too
+                job = job.with_blocks(Blocks(job.keys, extras[0], extras[1]))
+                entry = dataclasses.replace(entry, job=job)
         if isinstance(job, SpillJob) and not job.leg.blocks.metas and job.keys:
             extras = _extras(job.keys, origins, scales or {})
             if extras is not None:

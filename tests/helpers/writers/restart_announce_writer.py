@@ -6,7 +6,10 @@ With `inline-spill`: write-behind and the shutdown drain off, and a second, long
 whose store evicts the first prompt's host blocks: they reach the SSD only through the spill
 that store job runs first (`spill_keys`).
 
-Usage: python restart_announce_writer.py MODEL_DIR SSD_DIR [inline-spill]
+With `write-through`: the store job itself writes the blocks to the SSD (its write legs), the
+shutdown drain off.
+
+Usage: python restart_announce_writer.py MODEL_DIR SSD_DIR [inline-spill | write-through]
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ SALT = "tenant-9"
 def main() -> None:
     model_dir, ssd = sys.argv[1], Path(sys.argv[2])
     inline_spill = sys.argv[3:] == ["inline-spill"]
-    extra = vh.with_ssd(ssd, admission="write_back")  # the default admission
+    write_through = sys.argv[3:] == ["write-through"]
+    extra = vh.with_ssd(ssd, admission="write_through" if write_through else "write_back")
+    if write_through:
+        extra.update(shutdown_drain_s=0)
     if inline_spill:  # a host tier of 8 slots: the second prompt's store evicts the first's
         page = 2 * vh.NUM_LAYERS * vh.NUM_KV_HEADS * BS * vh.HEAD_SIZE * 2
         extra.update(write_behind_lag_s=0, shutdown_drain_s=0, cpu_cache_gb=8 * page / (1 << 30))

@@ -16,14 +16,15 @@ from vllm.distributed.kv_events import BlockStored
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
 
-@pytest.mark.parametrize("written_by", ["write-behind", "inline-spill"])
+@pytest.mark.parametrize("written_by", ["write-behind", "inline-spill", "write-through"])
 def test_restart_in_a_new_process_announces_the_inventory_with_token_ids(
     model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written_by: str
 ) -> None:
     """`inline-spill`: the blocks reached the SSD only through the spill a later store ran
-    first (write-behind and the shutdown drain off): they carry their metadata too."""
+    first (write-behind and the shutdown drain off); `write-through`: through the store job's
+    own write legs. Either way they carry their metadata too."""
     ssd = tmp_path / "ssd"
-    mode = [written_by] if written_by == "inline-spill" else []
+    mode = [] if written_by == "write-behind" else [written_by]
     out = subprocess.run(
         argv("restart_announce_writer", model_dir, str(ssd), *mode),
         capture_output=True,

@@ -67,3 +67,30 @@ def test_a_write_that_is_not_the_jobs_blocks_is_refused_at_construction() -> Non
         StoreJob(1, blocks, None, host, (twice, twice))
     with pytest.raises(ValueError, match="2 blocks but 1 tiers"):
         store_job(1, blocks, None, (0, 1), [WRITE_SSD])
+
+
+def test_with_blocks_gives_the_write_legs_the_new_parents_and_metas() -> None:
+    """The scheduler side fills in parents and metas after planning (block_meta.py): a write
+    leg that kept the old blocks would write them to the SSD without their token ids."""
+    job = _job()
+    metas = tuple(b"meta%d" % i for i in range(5))
+    filled = job.with_blocks(Blocks(KEYS, parents=job.blocks.parents, metas=metas))
+    ssd, obj = filled.writes
+    assert ssd.blocks.metas == (metas[0], metas[1], metas[4])
+    assert obj.blocks.metas == (metas[1], metas[3])
+    assert filled.host == job.host and filled.streamed == job.streamed
+    with pytest.raises(ValueError, match="own keys"):
+        job.with_blocks(Blocks(KEYS[::-1]))
+
+
+def test_a_leg_of_every_block_shares_the_jobs_columns_and_pickles_without_positions() -> None:
+    blocks = Blocks(KEYS)
+    job = store_job(3, blocks, None, range(5), [WRITE_SSD] * 5)
+    (leg,) = job.writes
+    assert leg.blocks is job.blocks and leg.src is job.host  # no copy of the columns
+    assert job.write_positions == [[0, 1, 2, 3, 4]]
+    state = job.__getstate__()
+    assert "write_positions" not in state  # worked out again by the receiver
+    back = pickle.loads(pickle.dumps(job))
+    assert back == job and back.write_positions == [[0, 1, 2, 3, 4]]
+    assert back.writes[0].blocks is back.blocks  # shared references survive the trip

@@ -8,6 +8,7 @@ has no transfer engine at all, so every GPU byte below went through the register
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,13 +18,14 @@ import torch
 from flexkv_py.config import load_config
 from flexkv_py.coordinator.executor import ExecutorOptions, JobExecutor
 from flexkv_py.coordinator.jobs import TRANSFER_ERROR, JobResult, LegJob, load_job
-from flexkv_py.coordinator.leg_handlers import Moved
+from flexkv_py.coordinator.leg_handlers import Handlers, Moved, PiecesTogether
 from flexkv_py.coordinator.legs import Blocks, Gpu, Host, Leg, OnTier
 from flexkv_py.index import Namespace
 from flexkv_py.index.tier_names import Tier
 from flexkv_py.tiers.host_pool import HostPool
 from flexkv_py.tiers.protocol import LowerTier
 from flexkv_py.tiers.ssd.tier import SsdTier
+from flexkv_py.transfer.stream_order import StreamMark
 
 GIB = 1 << 30
 PAGE = 8192
@@ -176,3 +178,50 @@ def test_a_handler_of_whole_legs_gets_the_pieces_together_and_its_failures_count
         if i != 4:
             assert torch.equal(kv[BLOCKS - 1 - i], pool.tensor[i]), i
     assert not kv[2].any()  # the failed copy wrote nothing
+
+
+class GatedMove:
+    """A whole-leg handler whose move waits for the test (a slow copy)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def move(self, leg: Leg) -> Moved:
+        self.started.set()
+        assert self.release.wait(30)
+        return Moved(nbytes=len(leg.keys))
+
+
+def test_pieces_together_is_not_done_while_another_thread_moves_them() -> None:
+    """A store's GPU -> host flow is waited on by its job thread and by vLLM's thread
+    (gpu_reads.py): neither may see it done before the move really ended."""
+    keys = tuple(bytes([i]) * 8 for i in range(3))
+    handler = GatedMove()
+    handlers = Handlers()
+    handlers.register(Gpu, Host, handler)
+    flow = handlers.open(Leg(Blocks(keys), Gpu((0, 1, 2)), Host((0, 1, 2))))
+    flow.feed_all()
+    assert not flow.done()
+    finished: list[Moved] = []
+    mover = threading.Thread(target=lambda: finished.append(flow.finish()))
+    mover.start()
+    assert handler.started.wait(30)
+    assert not flow.done()  # taken, still moving
+    with pytest.raises(TimeoutError):
+        flow.wait(0.01)
+    handler.release.set()
+    flow.wait(30)  # returns once the move ended
+    mover.join(30)
+    assert flow.done() and finished[0].nbytes == 3
+
+
+def test_a_handler_that_cannot_stream_is_refused_behind_a_cuda_stream_mark() -> None:
+    handlers = Handlers()
+    handlers.register(Gpu, Host, GatedMove())
+    mark = StreamMark(None)
+    mark.event = object()  # as on CUDA: the copy must start behind the caller's stream
+    leg = Leg(Blocks((b"k" * 8,)), Gpu((0,)), Host((0,)))
+    with pytest.raises(LookupError, match="cannot start behind the caller's CUDA stream"):
+        handlers.open(leg, after=mark)
+    assert isinstance(handlers.open(leg, after=StreamMark(None)), PiecesTogether)  # no CUDA
