@@ -249,10 +249,16 @@ def store_job(
     written through to (None: none at all, write-back: no per-block pass)."""
     if write_tiers is not None and len(write_tiers) != len(blocks):
         raise ValueError(f"StoreJob {job_id}: {len(blocks)} blocks but {len(write_tiers)} tiers")
-    by_tier: dict[Tier, list[int]] = {}
-    for i, tiers in enumerate(write_tiers or ()):
-        for tier in tiers:
-            by_tier.setdefault(tier, []).append(i)
+    by_tier: dict[Tier, Sequence[int]]
+    planned = set(write_tiers or ())
+    if len(planned) == 1:  # every block to the same tiers (write-through): one C-level pass
+        by_tier = dict.fromkeys(planned.pop(), range(len(blocks)))
+    else:
+        picked: dict[Tier, list[int]] = {}
+        for i, tiers in enumerate(write_tiers or ()):
+            for tier in tiers:
+                picked.setdefault(tier, []).append(i)
+        by_tier = dict(picked)
     host = Host(tuple(host_slots))
     n = len(blocks)
     writes = tuple(
