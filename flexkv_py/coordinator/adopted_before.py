@@ -9,8 +9,8 @@ delete went to the workers after the snapshot they reported).
 
 Nothing is computed at adoption (restarts adopt millions of blocks, and the first scheduler
 call waits for it): the keys are kept as read, in the shard's order, which is the order the
-workers list them in when nothing changed in between. So settling is one comparison, and sets
-are built only when the two differ.
+workers list them in when nothing changed in between. So settling is one comparison; when the
+two differ, joined keys are compared as buffers (index/joined_sets.py) and others as sets.
 
 Kept packed: the keys of a namespace all have one length (its head and the engine's hash), so
 they are held as one joined bytes object, not a million bytes objects. Those would live from
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.index.joined_sets import missing_from
 
 
 class AdoptedBefore:
@@ -35,22 +36,22 @@ class AdoptedBefore:
     def __len__(self) -> int:
         return self._n
 
-    def settle(self, reported: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+    def settle(self, reported: Sequence[bytes]) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """(keys `reported` and not adopted before, keys adopted before and not `reported`);
         once: it forgets what it held."""
-        joined, before = self._joined, self._keys
+        joined, listed = self._joined, self._keys
         self._joined, self._keys, self._n = None, [], 0
         if joined is not None:
-            if len(reported) == len(joined) and _joined_as(reported, joined.width) == joined:
+            as_joined = _joined_as(reported, joined.width)
+            if as_joined is not None:
+                reported = as_joined
+            if len(reported) == len(joined) and reported == joined:
                 return [], []
-            before = list(joined)
-            del joined
-        elif before == list(reported):
+        elif listed == list(reported):
             return [], []
-        known = set(before)
-        new = [k for k in reported if k not in known]
-        kept = set(reported)
-        return new, [k for k in before if k not in kept]
+        before: Sequence[bytes] = listed if joined is None else joined
+        # They differ: joined keys (the usual reports) are compared as buffers, others as sets.
+        return missing_from(reported, before), missing_from(before, reported)
 
 
 def _joined_as(keys: Sequence[bytes], width: int) -> JoinedKeys | None:

@@ -44,6 +44,7 @@ from flexkv_py.coordinator.tier_writer import TierWriter
 from flexkv_py.coordinator.write_behind_queue import WriteBehindQueue
 from flexkv_py.index.cold_blocks import CHAIN_TIER, Forgotten
 from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.index.joined_sets import common_and_orphans
 from flexkv_py.index.namespace import Namespace
 from flexkv_py.index.policies import AdmissionPolicy, make_eviction_policy
 from flexkv_py.index.tier_index import TierIndex
@@ -429,13 +430,12 @@ class CacheManager:
                     self.outbox.send(DropJob(self.outbox.new_id(), Drops.of({tier: stale})))
                 logger.info("dropped %d %s blocks stored before a reset", len(stale), tier.value)
                 return 0
-            # Rank 0's order (its store's); sets only with more than one rank (millions of keys).
-            common, orphans = owned[0], []
+            # Rank 0's order (its store's); joined reports are intersected as buffers
+            # (index/joined_sets.py): millions of keys, no object per key.
+            common: Sequence[bytes] = owned[0]
+            orphans: Sequence[bytes] = ()
             if len(owned) > 1:
-                others = [set(ks) for ks in owned[1:]]
-                common = [k for k in common if all(k in o for o in others)]
-                kept = set(common)
-                orphans = sorted({k for ks in owned for k in ks if k not in kept})
+                common, orphans = common_and_orphans(owned[0], owned[1:])
             if before is not None:  # adopted already: settle the difference
                 common, gone = before.settle(common)
                 forgotten = self.index.set_present(gone, tier, False)

@@ -65,6 +65,8 @@ class JoinedKeys(Sequence[bytes]):
 
     def __iter__(self) -> Iterator[bytes]:
         w, joined = self.width, self.joined
+        if not joined:
+            return iter(())  # an empty listing may have no width (0)
         return (joined[j : j + w] for j in range(0, len(joined), w))
 
     def __eq__(self, other: object) -> bool:

@@ -136,6 +136,8 @@ class WorkerSide:
             keys, self._out.inventory_parents = ssd.restart_report()
             if self._info.publish_kv_events and keys:
                 self._meta_reader = RecoveredMetaReader(ssd, keys, self._label)
+        elif ssd is not None and hasattr(ssd, "restart_keys"):
+            keys = ssd.restart_keys()  # joined too: the scheduler intersects the buffers
         else:
             keys = tuple(self.executor.stored_keys())
         logger.info("%s: %d blocks in lower tiers from a previous run", self._label, len(keys))

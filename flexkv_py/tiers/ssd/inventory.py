@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from flexkv_py import _native
 from flexkv_py.config import FlexKVConfig
 from flexkv_py.index.joined_keys import JoinedKeys, JoinedLinks
+from flexkv_py.index.joined_sets import common_keys
 from flexkv_py.index.namespace import PREFIX_LEN, VARIANT_LEN, Namespace
 from flexkv_py.process_memory import return_freed_memory
 
@@ -159,9 +160,9 @@ def read_ssd_inventory(
             for (ns, _), store in zip(shards[1:], stores[1:], strict=True):
                 if not keys:
                     break
-                # Only what every shard holds: a block one rank lacks cannot be loaded.
-                held = set(_logical(ns, store.keys()))
-                keys = [k for k in keys if k in held]
+                # Only what every shard holds: a block one rank lacks cannot be loaded. Joined
+                # listings stay joined (index/joined_sets.py): no object per block.
+                keys = common_keys(keys, [_logical_joined(ns, store)])
         finally:
             _close_later(opened)
     except Exception as e:  # a damaged shard must not stop the engine: wait for the reports

@@ -152,11 +152,7 @@ class SsdTier:
         """`inventory()` as a worker's restart report sends it: (keys, child -> parent links).
         Joined (one buffer each, no object per block: index/joined_keys.py) when the keys have
         one width, as a namespace's do; else a tuple and a dict."""
-        ns = self.namespace
-        tag = ns.shard_tag
-        got = self.store.inventory_joined(
-            [tag + p for p in ns.prefixes], len(tag), len(tag) + PREFIX_LEN + VARIANT_LEN + 1
-        )
+        got = self.store.inventory_joined(*self._listed())
         if got is None:
             inventory = self.inventory()
             return tuple(k for k, _ in inventory), {k: p for k, p in inventory if p is not None}
@@ -166,6 +162,22 @@ class SsdTier:
         return JoinedKeys(keys, width), JoinedLinks(
             JoinedKeys(children, width), JoinedKeys(parents, width)
         )
+
+    def restart_keys(self) -> Sequence[bytes]:
+        """`keys()` as the restart report of a worker other than (0, 0) sends them (worker
+        (0, 0)'s brings the chain links): joined when they have one width, else a tuple."""
+        got = self.store.keys_joined(*self._listed())
+        if got is None:
+            return tuple(self.keys())
+        joined, width = got
+        return JoinedKeys(joined, width) if joined else ()
+
+    def _listed(self) -> tuple[list[bytes], int, int]:
+        """What the store's joined listings take to list this namespace's keys as `keys()`
+        does: (their heads, the rank tag's length to cut, the shortest storage key)."""
+        tag = self.namespace.shard_tag
+        heads = [tag + p for p in self.namespace.prefixes]
+        return heads, len(tag), len(tag) + PREFIX_LEN + VARIANT_LEN + 1
 
     def read_metas(self, logical_keys: Sequence[bytes]) -> list[bytes | None]:
         """The metadata stored with each block (None: absent); batched header reads."""

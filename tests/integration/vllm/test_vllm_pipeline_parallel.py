@@ -16,6 +16,12 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.request import RequestStatus
 
+from flexkv_py import BlockStore
+from flexkv_py.cli.inspect import DATA_FILE
+from flexkv_py.coordinator import manager as manager_module
+from flexkv_py.index import Tier
+from flexkv_py.index.joined_keys import JoinedKeys
+from flexkv_py.index.namespace import SHARD_TAG
 from flexkv_py.integration.vllm.pipeline_stages import (
     UnevenPipelineStagesError,
     stage_layer_counts,
@@ -151,6 +157,62 @@ def test_restart_adopts_only_blocks_every_stage_still_holds(
     assert e2.outputs["B"] == outputs_a
     vh.assert_no_leaks(e2)
     e2.shutdown()
+
+
+def shard_keys(shard: Path) -> list[bytes]:
+    """The logical keys a shard holds, oldest first (its storage keys past the rank tag)."""
+    with BlockStore([str(shard)], 0, read_only=True) as view:
+        return [k[SHARD_TAG.size :] for k in view.keys()]
+
+
+@pytest.mark.parametrize(("tp", "pp"), SHAPES)
+def test_restart_adopts_what_every_shard_holds_and_drops_the_orphans(
+    model_dir: str, tmp_path: Path, tp: int, pp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last worker's shard lost one block of four: the restart adopts the three every
+    shard holds, keeps no key of the lost one, and deletes it from the shards still holding
+    it. Every worker reports joined keys and the scheduler intersects the buffers."""
+    ssd = tmp_path / "ssd"
+    extra = vh.with_ssd(ssd)
+    e1 = engine(model_dir, extra, tp, pp)
+    e1.add(vh.make_request("A", vh.prompt_tokens(99 + tp, 4 * BS), max_tokens=3))
+    e1.run()
+    e1.shutdown()
+    shards = [ssd / f"tp{t}-pp{p}" for p in range(pp) for t in range(tp)]  # workers' order
+    stored = shard_keys(shards[0])
+    assert len(stored) == 4 and all(shard_keys(s) == stored for s in shards)
+    lost = stored[2]
+    size = (shards[-1] / DATA_FILE).stat().st_size  # the same size: the file is not resized
+    with BlockStore([str(shards[-1])], size) as store:
+        assert store.delete(SHARD_TAG.pack(tp - 1, pp - 1) + lost)
+    intersected: list[tuple[Any, ...]] = []
+    real = manager_module.common_and_orphans
+
+    def recording(first: Any, others: Any) -> Any:
+        got = real(first, others)
+        intersected.append((first, *others, *got))
+        return got
+
+    monkeypatch.setattr(manager_module, "common_and_orphans", recording)
+
+    e2 = engine(model_dir, extra, tp, pp)  # steps until the reports are adopted
+    (side,) = e2.flexkv_scheduler_sides()
+    common = [k for k in stored if k != lost]
+    stats = side._mgr.stats()
+    assert side._inventory.adopted_early == 3  # the scheduler's own read: the same three
+    assert stats["ssd_adopted_blocks"] == 3 and stats["ssd_forgotten_blocks"] == 0
+    assert [side._mgr.index.readable_on(k, Tier.SSD) for k in stored] == [1, 1, 0, 1]
+    ((first, *rest, got_common, orphans),) = intersected
+    assert len(rest) == tp * pp - 1
+    assert all(isinstance(ks, JoinedKeys) for ks in (first, *rest, got_common, orphans))
+    assert got_common == common and orphans == [lost]
+    # The orphan's delete goes to the workers with a step's metadata.
+    holders = e2.workers[:-1]
+    e2.run_until(
+        lambda: all(lost not in w.connector.worker_side.executor.stored_keys() for w in holders)
+    )
+    e2.shutdown()
+    assert [shard_keys(s) for s in shards] == [common] * (tp * pp)
 
 
 @pytest.mark.parametrize("role", [KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER])

@@ -120,6 +120,26 @@ def test_the_restart_report_comes_joined_and_says_what_inventory_says(tmp_path: 
         assert [mgr.index.kids(k) for k in keys[:4]] == [1, 1, 1, 0]
 
 
+def test_the_other_workers_report_their_keys_joined(tmp_path: Path) -> None:
+    """SsdTier.restart_keys (what workers other than (0, 0) send): `keys()` as one buffer,
+    pickled as the worker metadata is; nothing stored reads as no keys."""
+    d = tmp_path / "ssd"
+    d.mkdir()
+    config = load_config(
+        {"cpu_cache_gb": 0.01, "ssd_cache_gb": 0.02, "ssd_cache_dir": str(d)}, env={}
+    )
+    ns = _ns(tp_size=2)
+    keys = _keys(ns, 6)
+    tier = SsdTier(config, ns.for_rank(1, 0))
+    assert tier.restart_keys() == ()
+    assert all(r.ok for r in tier.submit_put([(k, block(k, PAGE_BYTES)) for k in keys]).wait(30))
+    got = tier.restart_keys()
+    listed = tier.keys()
+    tier.close()
+    assert isinstance(got, JoinedKeys) and got == listed == keys
+    assert pickle.loads(pickle.dumps(got)) == keys
+
+
 def test_joined_links_refuse_children_without_parents() -> None:
     with pytest.raises(ValueError, match="as many parents"):
         JoinedLinks(JoinedKeys(b"ab" * 3, 2), JoinedKeys(b"ab" * 2, 2))

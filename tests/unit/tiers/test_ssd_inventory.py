@@ -72,6 +72,7 @@ def test_every_shard_of_the_engine_and_only_what_all_of_them_hold(tmp_path: Path
     inv = read_ssd_inventory(config, ns)
     assert inv is not None and inv.shards == 4
     assert inv.keys == keys[:4] + keys[5:]  # rank (0, 0)'s order: oldest first
+    assert isinstance(inv.keys, JoinedKeys)  # intersected as buffers: no object per block
     assert inv.parents == {}  # the workers' reports bring the chain links
 
 
@@ -217,7 +218,10 @@ def test_what_was_adopted_before_settles_the_same_packed_or_not(mixed: bool) -> 
     assert same.settle(tuple(keys)) == (list(keys), [])  # forgotten after the first settle
     reported = [keys[0], keys[2], keys[3], keys[5], b"\xff" * 40]
     before = AdoptedBefore(keys)
-    assert before.settle(reported) == ([b"\xff" * 40], [keys[1], keys[4]])
+    new, gone = before.settle(reported)
+    assert (new, gone) == ([b"\xff" * 40], [keys[1], keys[4]])
+    # One width: the difference is found on the buffers and comes joined.
+    assert isinstance(new, JoinedKeys) == isinstance(gone, JoinedKeys) == (not mixed)
     # Same count and same joined bytes, split differently: not the same keys.
     tricky = AdoptedBefore([b"ab", b"cd"])
     assert tricky.settle([b"a", b"bcd"]) == ([b"a", b"bcd"], [b"ab", b"cd"])
