@@ -64,8 +64,21 @@ def test_increments_and_totals() -> None:
 def test_lookup_and_load_counters_reach_the_connector_stats(
     s3: S3Server, model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, prompt, expected = stored_prompt(s3, model_dir, monkeypatch, 31)
-    totals, out = consumer_totals(model_dir, prompt)
+    prefix, prompt, expected = stored_prompt(s3, model_dir, monkeypatch, 31)
+    # Each reply a little late once the bucket is open: the scheduler's first ask always finds
+    # its lookup still running (a reply from 127.0.0.1 can beat the ask on a quiet machine).
+    proxy = CountingProxy(s3.ports["s3"])
+
+    def late(e: vh.Engine) -> None:
+        proxy.delay_replies_s = 0.25
+
+    try:
+        for k, v in object_env(s3, prefix, proxy.endpoint).items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FLEXKV_OBJECT_STORE_LOOKUP_WAIT_S", "20")  # never given up here
+        totals, out = consumer_totals(model_dir, prompt, before=late)
+    finally:
+        proxy.close()
     assert out == expected
     assert totals["object_lookups_asked_later"] >= 1  # the first ask, while the lookup ran
     assert totals["object_lookup_requests"] >= 1  # the scheduler's manifest lookup
