@@ -65,6 +65,23 @@ WRITE_SSD: tuple[Tier, ...] = (Tier.SSD,)
 WRITE_NONE: tuple[Tier, ...] = ()
 
 
+def _check_tier_legs(
+    job: str, blocks: Blocks, gpu: Gpu | None, host: Host, legs: Sequence[Leg], what: str
+) -> None:
+    """A store's or load's columns are as long as its blocks, and its legs between host slots
+    and lower tiers (`what`: "write", host -> tier; "read", tier -> host) one per tier."""
+    n = len(blocks)
+    if len(host.slots) != n or (gpu is not None and len(gpu.ids) != n):
+        raise ValueError(f"{job}: its host slots or GPU ids are not {n} long")
+    kinds = (Host, OnTier) if what == "write" else (OnTier, Host)
+    tiers = [leg.tier for leg in legs]
+    if any(leg.kinds != kinds for leg in legs) or Tier.HOST in tiers:
+        way = "host slots -> lower tier" if what == "write" else "lower tier -> host slots"
+        raise ValueError(f"{job}: a {what} is not {way}")
+    if len(set(tiers)) != len(tiers):
+        raise ValueError(f"{job}: two {what}s {'to' if what == 'write' else 'from'} one tier")
+
+
 def _without_cached(state: dict[str, object]) -> dict[str, object]:
     """A job's pickled state: its fields, not the positions it worked out (`cached_property`s
     in its __dict__): the receiver works them out again, the metadata stays small."""
@@ -167,14 +184,9 @@ class StoreJob:
     drop_first: Drops = NO_DROPS
 
     def __post_init__(self) -> None:
-        n = len(self.blocks)
-        if len(self.host.slots) != n or (self.gpu is not None and len(self.gpu.ids) != n):
-            raise ValueError(f"StoreJob {self.job_id}: its host slots or GPU ids are not {n} long")
-        tiers = [leg.tier for leg in self.writes]
-        if any(leg.kinds != (Host, OnTier) for leg in self.writes) or Tier.HOST in tiers:
-            raise ValueError(f"StoreJob {self.job_id}: a write is not host slots -> lower tier")
-        if len(set(tiers)) != len(tiers):
-            raise ValueError(f"StoreJob {self.job_id}: two writes to one tier")
+        _check_tier_legs(
+            f"StoreJob {self.job_id}", self.blocks, self.gpu, self.host, self.writes, "write"
+        )
         if self.writes:  # write-through: the check below is a pass over the written blocks
             self.write_positions  # noqa: B018  (raises if a write is not the job's blocks)
 
@@ -304,13 +316,9 @@ class LoadJob:
 
     def __post_init__(self) -> None:
         n = len(self.blocks)
-        if len(self.host.slots) != n or (self.gpu is not None and len(self.gpu.ids) != n):
-            raise ValueError(f"LoadJob {self.job_id}: its host slots or GPU ids are not {n} long")
-        tiers = [leg.tier for leg in self.reads]
-        if any(leg.kinds != (OnTier, Host) for leg in self.reads) or Tier.HOST in tiers:
-            raise ValueError(f"LoadJob {self.job_id}: a read is not lower tier -> host slots")
-        if len(set(tiers)) != len(tiers):
-            raise ValueError(f"LoadJob {self.job_id}: two reads from one tier")
+        _check_tier_legs(
+            f"LoadJob {self.job_id}", self.blocks, self.gpu, self.host, self.reads, "read"
+        )
         if self.missing and not 0 <= self.missing[0] <= self.missing[-1] < n:
             raise ValueError(f"LoadJob {self.job_id}: missing positions outside its {n} blocks")
         if self.reads:  # not the common all-in-host load: a pass over its blocks is fine
