@@ -56,14 +56,17 @@ def _until(cond: Any, timeout_s: float = WAIT_S) -> None:
 def test_slow_ssd_load_times_out_then_loads_bit_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = _config(tmp_path, 8, 64, admission="write_through", ssd_io_timeout_s=TIMEOUT_S)
+    # The short timeout only where the device is slowed: the setup and restart engines write
+    # and read a real (maybe busy) disk, where 0.3 s could pass without any fault.
+    cfg = _config(tmp_path, 8, 64, admission="write_through")
+    slow_cfg = _config(tmp_path, 8, 64, admission="write_through", ssd_io_timeout_s=TIMEOUT_S)
     ns = _ns()
     keys = _keys(ns, 4)
     pages = _pages(keys)
     with _engine(cfg, ns, 8) as eng:
         assert eng.store_pages(keys, pages).ok
     monkeypatch.setenv("FLEXKV_FAULT_INJECTION", f"read:DELAY{SLOW_MS}:1")
-    with _engine(cfg, ns, 8) as eng:
+    with _engine(slow_cfg, ns, 8) as eng:
         assert eng.lookup(keys) == 4  # adopted from SSD, not in host memory
         started = time.monotonic()
         out = eng.submit_load(keys, None).result()
@@ -232,7 +235,8 @@ def test_slow_ssd_load_in_vllm_is_recomputed_not_hung(
 ) -> None:
     extra = vh.with_ssd(tmp_path / "ssd", ssd_io_timeout_s=TIMEOUT_S)
     prompt = vh.prompt_tokens(23, 4 * BS)
-    e1 = vh.Engine(model_dir, vh.connector_transfer_config(extra))
+    # The writer runs on a real (maybe busy) disk: the default timeout, not the slow device's.
+    e1 = vh.Engine(model_dir, vh.connector_transfer_config(vh.with_ssd(tmp_path / "ssd")))
     e1.add(vh.make_request("A", prompt))
     e1.run()
     e1.shutdown()
@@ -269,7 +273,11 @@ class _SubBatchTier:
         self.reads.append([k for k, _ in items])
         if len(self.reads) - 1 == self.hold:
             return _GatedBatch(self.tier, items, self.gate)
-        return self.tier.submit_get(items)
+        batch = self.tier.submit_get(items)
+        # Done before it is handed over: only the held read depends on the clock (a busy disk
+        # must not make a real read look stuck next to it).
+        batch.wait(WAIT_S)
+        return batch
 
 
 class _GatedBatch:
@@ -300,17 +308,15 @@ def _staged_setup(
     geom = describe_kv_caches(caches)
     ns = Namespace("m", "r", "float16", geom.layout, 16, page_bytes=geom.page_nbytes)
     (tmp_path / "ssd").mkdir(mode=0o700)
-    cfg = load_config(
-        {
-            "cpu_cache_gb": 2 * n * geom.slot_nbytes / (1 << 30),
-            "ssd_cache_gb": 4 * n * (geom.slot_nbytes + 4096) / (1 << 30),
-            "ssd_cache_dir": str(tmp_path / "ssd"),
-            "ssd_io_timeout_s": timeout_s,
-        },
-        env={},
-    )
+    values = {
+        "cpu_cache_gb": 2 * n * geom.slot_nbytes / (1 << 30),
+        "ssd_cache_gb": 4 * n * (geom.slot_nbytes + 4096) / (1 << 30),
+        "ssd_cache_dir": str(tmp_path / "ssd"),
+    }
+    cfg = load_config({**values, "ssd_io_timeout_s": timeout_s}, env={})
     keys = ns.keys([f"k{i}".encode().ljust(32, b".") for i in range(n)])
-    ex = JobExecutor.from_kv_caches(cfg, ns, caches)
+    # The store that sets up runs on a real (maybe busy) disk: the default timeout.
+    ex = JobExecutor.from_kv_caches(load_config(values, env={}), ns, caches)
     res = ex.submit(
         store_job(1, Blocks(tuple(keys)), tuple(range(n)), tuple(range(n)), (WRITE_SSD,) * n)
     )
