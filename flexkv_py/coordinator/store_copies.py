@@ -12,7 +12,7 @@ from flexkv_py.coordinator.counters import Counters
 from flexkv_py.coordinator.gpu_reads import Abandoned, GpuReads
 from flexkv_py.coordinator.jobs import StoreJob
 from flexkv_py.coordinator.leg_handlers import Flow, Handlers
-from flexkv_py.coordinator.legs import Gpu, Host, Leg
+from flexkv_py.coordinator.legs import Leg
 from flexkv_py.errors import FlexKVError
 from flexkv_py.transfer.stream_order import StreamMark
 
@@ -30,8 +30,8 @@ class CopyFailed(FlexKVError):
 
 def gpu_to_host(job: StoreJob) -> Leg:
     """The store's GPU -> host leg: each block from its GPU block into its host slot."""
-    assert job.gpu_block_ids is not None
-    return Leg(job.blocks, Gpu(job.gpu_block_ids), Host(job.host_slots))
+    assert job.gpu is not None
+    return Leg(job.blocks, job.gpu, job.host)
 
 
 class StoreCopies:
