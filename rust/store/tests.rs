@@ -157,8 +157,9 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
 fn batches_complete_while_compaction_runs_and_a_crash_mid_compaction_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = StoreConfig::new(vec![dir.path().to_path_buf()], 8 << 20);
-    // The first background compaction spends 3 s before writing its new journal.
-    cfg.fault_injection = Some(crate::io::fault::FaultPlan::parse("journal:DELAY3000:1000").unwrap());
+    // The first background compaction spends 10 s before writing its new journal: far longer
+    // than the batch below may take on a loaded machine (it is given 8 s).
+    cfg.fault_injection = Some(crate::io::fault::FaultPlan::parse("journal:DELAY10000:1000").unwrap());
     let store = Arc::new(BlockStore::open(cfg).unwrap());
     let old: Vec<Vec<u8>> = (0..20).map(|i| format!("old{i}").into_bytes()).collect();
     assert!(put_all(&store, &old, 9000).iter().all(|r| r.status == Status::Ok));
@@ -175,7 +176,7 @@ fn batches_complete_while_compaction_runs_and_a_crash_mid_compaction_loses_nothi
     let items =
         new.iter().zip(&bufs).map(|(k, b)| (k.clone(), RawBuf { ptr: b.as_ptr() as *mut u8, len: b.len() }));
     let batch = store.submit_put(items.collect(), None).unwrap();
-    let results = batch.wait(Some(Duration::from_secs(1))).unwrap();
+    let results = batch.wait(Some(Duration::from_secs(8))).unwrap();
     assert!(results.iter().all(|r| r.status == Status::Ok));
     assert!(store.delete(b"old3").unwrap());
     assert!(compacting(), "the batch should not have waited for the compaction");
