@@ -101,9 +101,12 @@ def test_gc_under_concurrent_writers_keeps_what_live_manifests_reference(s3: S3S
     collector = tier(s3, prefix)
     reports: list[dict[str, int]] = []
     try:
-        # Passes until the old chain and the orphans are past TTL and grace (wall time is
-        # what expires them), while the writers keep going.
-        while time.monotonic() - started < GRACE + 2.5 or len(reports) < 3:
+        # Passes while the writers keep going, until one has started with the old chain and the
+        # orphans past TTL and grace (wall time is what expires them; a pass on a loaded
+        # machine can take seconds, so what counts is when the last one started).
+        last_start = started
+        while last_start - started < max(TTL, GRACE) + 0.5 or len(reports) < 3:
+            last_start = time.monotonic()
             reports.append(collector.gc(ttl_s=TTL, grace_s=GRACE))
     finally:
         stop.set()
