@@ -141,15 +141,18 @@ def test_background_gc_runs_under_the_lease(tmp_path: Path) -> None:
     ns = namespace()
     policy = GcPolicy(ttl_s=60.0, grace_s=0.01, interval_s=0.05, lease_s=5.0)
     url = f"file://{tmp_path}"
-    tier = ObjectTier(url, ns, gc=policy)
     other = ObjectTier(url, ns)
+    # Written before the GC starts: with a 10 ms grace, a pass between a chain's block uploads
+    # and its manifest would take the blocks for orphans (what grace is for).
+    chain_keys = [ns.key(hashlib.sha256(b"kept-%d" % i).digest()) for i in range(5)]
+    items = [(k, bytearray(k)) for k in chain_keys]
+    parents = [None, *chain_keys[:-1]]
+    assert all(r.ok for r in other.submit_put(items, parents=parents).wait(30))
+    orphan = ns.key(hashlib.sha256(b"orphan").digest())
+    assert all(r.ok for r in other.submit_put([(orphan, bytearray(64))]).wait(30))
+    assert other.native.inspect().get("blocks") == 6
+    tier = ObjectTier(url, ns, gc=policy)
     try:
-        chain_keys = [ns.key(hashlib.sha256(b"kept-%d" % i).digest()) for i in range(5)]
-        items = [(k, bytearray(k)) for k in chain_keys]
-        parents = [None, *chain_keys[:-1]]
-        assert all(r.ok for r in tier.submit_put(items, parents=parents).wait(30))
-        orphan = ns.key(hashlib.sha256(b"orphan").digest())
-        assert all(r.ok for r in tier.submit_put([(orphan, bytearray(64))]).wait(30))
         deadline = time.monotonic() + 30
         while other.native.inspect().get("blocks") != 5 and time.monotonic() < deadline:
             time.sleep(0.05)  # polling for the background pass's effect
