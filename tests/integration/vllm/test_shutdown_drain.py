@@ -76,8 +76,9 @@ def _ssd_blocks(e: vh.Engine) -> int:
 
 def test_shutdown_writes_host_only_blocks_to_the_ssd(tmp_path: Path) -> None:
     prompt = vh.prompt_tokens(61, 4 * BS)
-    e1 = _engine(tmp_path / "ssd", shutdown_drain_s=30)  # a busy disk: the drain's budget is
-    bits = _compute(e1, "A", prompt)  # tested apart (BUDGET_S), not here
+    # 30 s: a busy disk may not stop the drain here (its budget is tested apart, BUDGET_S).
+    e1 = _engine(tmp_path / "ssd", shutdown_drain_s=30)
+    bits = _compute(e1, "A", prompt)
     assert _ssd_blocks(e1) == 0  # write-behind off: only in host memory before shutdown
     e1.shutdown()
 
